@@ -1,0 +1,52 @@
+//! The metrics address: `/metrics` (Prometheus text), `/healthz` (the
+//! process serves) and `/readyz` (this member knows a leader and has
+//! applied the log it knows of, so it can serve requests).
+
+use crate::node::CellNode;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use axum::Router;
+use metrics_exporter_prometheus::PrometheusHandle;
+use std::sync::Arc;
+
+#[derive(Clone)]
+struct AdminState {
+    node: Arc<CellNode>,
+    prometheus: PrometheusHandle,
+}
+
+async fn metrics_text(State(s): State<AdminState>) -> String {
+    let m = s.node.raft.metrics().borrow().clone();
+    metrics::gauge!("latchkey_raft_term").set(m.current_term as f64);
+    metrics::gauge!("latchkey_is_leader").set(if s.node.is_leader() { 1.0 } else { 0.0 });
+    metrics::gauge!("latchkey_has_leader").set(if m.current_leader.is_some() { 1.0 } else { 0.0 });
+    metrics::gauge!("latchkey_last_log_index").set(m.last_log_index.unwrap_or(0) as f64);
+    s.prometheus.render()
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+async fn readyz(State(s): State<AdminState>) -> (StatusCode, String) {
+    let m = s.node.raft.metrics().borrow().clone();
+    match m.current_leader {
+        Some(leader) => (
+            StatusCode::OK,
+            format!("ready: leader {leader}, term {}\n", m.current_term),
+        ),
+        None => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: no leader\n".to_string(),
+        ),
+    }
+}
+
+pub fn router(node: Arc<CellNode>, prometheus: PrometheusHandle) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics_text))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .with_state(AdminState { node, prometheus })
+}

@@ -1,0 +1,153 @@
+//! etcd v3 `KV` service.
+
+use super::{check_value, expect_reply, header_into};
+use crate::mvcc::txn;
+use crate::node::CellNode;
+use crate::state_machine::command::{Reply, Request};
+use latchkey_shared::etcdpb::{
+    PbCompactionRequest, PbCompactionResponse, PbDeleteRequest, PbDeleteResponse, PbKvService,
+    PbPutRequest, PbPutResponse, PbRangeRequest, PbRangeResponse, PbRangeStreamResponse,
+    PbTxnRequest, PbTxnResponse,
+};
+use latchkey_shared::ApiError;
+use std::pin::Pin;
+use std::sync::Arc;
+use tokio_stream::Stream;
+use tonic::{Request as GrpcRequest, Response as GrpcResponse, Status};
+
+pub struct KvService {
+    pub node: Arc<CellNode>,
+}
+
+/// How many key-values one RangeStream message carries.
+const RANGE_STREAM_CHUNK: usize = 1000;
+
+impl KvService {
+    /// A range, linearizable unless the client asked for serializable.
+    pub async fn range_inner(&self, req: &PbRangeRequest) -> Result<PbRangeResponse, ApiError> {
+        if !req.serializable {
+            self.node.linearizable_barrier().await?;
+        }
+        let mut resp = self
+            .node
+            .state
+            .read(|s| txn::range(&s.keys, req).map(|r| (r, s.keys.revision())))?;
+        resp.0.header = Some(self.node.header(resp.1));
+        Ok(resp.0)
+    }
+}
+
+#[tonic::async_trait]
+impl PbKvService for KvService {
+    async fn range(
+        &self,
+        request: GrpcRequest<PbRangeRequest>,
+    ) -> Result<GrpcResponse<PbRangeResponse>, Status> {
+        Ok(GrpcResponse::new(
+            self.range_inner(request.get_ref()).await?,
+        ))
+    }
+
+    type RangeStreamStream =
+        Pin<Box<dyn Stream<Item = Result<PbRangeStreamResponse, Status>> + Send + 'static>>;
+
+    async fn range_stream(
+        &self,
+        request: GrpcRequest<PbRangeRequest>,
+    ) -> Result<GrpcResponse<Self::RangeStreamStream>, Status> {
+        let resp = self.range_inner(request.get_ref()).await?;
+        let header = resp.header;
+        let (count, more) = (resp.count, resp.more);
+        let mut chunks: Vec<PbRangeStreamResponse> = resp
+            .kvs
+            .chunks(RANGE_STREAM_CHUNK)
+            .map(|kvs| PbRangeStreamResponse {
+                range_response: Some(PbRangeResponse {
+                    header,
+                    kvs: kvs.to_vec(),
+                    more,
+                    count,
+                }),
+            })
+            .collect();
+        if chunks.is_empty() {
+            chunks.push(PbRangeStreamResponse {
+                range_response: Some(PbRangeResponse {
+                    header,
+                    kvs: vec![],
+                    more,
+                    count,
+                }),
+            });
+        }
+        Ok(GrpcResponse::new(Box::pin(tokio_stream::iter(
+            chunks.into_iter().map(Ok),
+        ))))
+    }
+
+    async fn put(
+        &self,
+        request: GrpcRequest<PbPutRequest>,
+    ) -> Result<GrpcResponse<PbPutResponse>, Status> {
+        let req = request.into_inner();
+        check_value(&self.node, req.value.len())?;
+        let resp = self.node.write(Request::Put(req)).await?;
+        let mut reply = expect_reply!(resp, Reply::Put(r) => r)?;
+        header_into(&self.node, &mut reply.header, resp.revision);
+        Ok(GrpcResponse::new(reply))
+    }
+
+    async fn delete_range(
+        &self,
+        request: GrpcRequest<PbDeleteRequest>,
+    ) -> Result<GrpcResponse<PbDeleteResponse>, Status> {
+        let resp = self
+            .node
+            .write(Request::DeleteRange(request.into_inner()))
+            .await?;
+        let mut reply = expect_reply!(resp, Reply::DeleteRange(r) => r)?;
+        header_into(&self.node, &mut reply.header, resp.revision);
+        Ok(GrpcResponse::new(reply))
+    }
+
+    async fn txn(
+        &self,
+        request: GrpcRequest<PbTxnRequest>,
+    ) -> Result<GrpcResponse<PbTxnResponse>, Status> {
+        let req = request.into_inner();
+        check_value(&self.node, txn::txn_max_value(&req))?;
+        if !txn::txn_writes(&req) {
+            // A read-only txn needs no log entry: evaluate it after the
+            // read index, like a linearizable range.
+            self.node.linearizable_barrier().await?;
+            let (reply, revision) = self.node.state.read(|s| {
+                let mut keys = s.keys.clone();
+                let mut leases = s.leases.clone();
+                let mut kv = txn::Kv {
+                    keys: &mut keys,
+                    leases: &mut leases,
+                };
+                txn::txn(&mut kv, &req).map(|r| (r, s.keys.revision()))
+            })?;
+            let mut reply = reply;
+            reply.header = Some(self.node.header(revision));
+            return Ok(GrpcResponse::new(reply));
+        }
+        let resp = self.node.write(Request::Txn(req)).await?;
+        let mut reply = expect_reply!(resp, Reply::Txn(r) => r)?;
+        header_into(&self.node, &mut reply.header, resp.revision);
+        Ok(GrpcResponse::new(reply))
+    }
+
+    async fn compact(
+        &self,
+        request: GrpcRequest<PbCompactionRequest>,
+    ) -> Result<GrpcResponse<PbCompactionResponse>, Status> {
+        let revision = request.get_ref().revision;
+        let resp = self.node.write(Request::Compact { revision }).await?;
+        expect_reply!(resp, Reply::Compacted => ())?;
+        Ok(GrpcResponse::new(PbCompactionResponse {
+            header: Some(self.node.header(resp.revision)),
+        }))
+    }
+}

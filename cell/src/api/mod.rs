@@ -1,0 +1,78 @@
+//! The etcd v3 gRPC API on the client address, one file per service.
+//!
+//! Handlers validate input, hand the request to the [`CellNode`] (which
+//! decides where it is served) and fill the response header. Errors become
+//! gRPC statuses through the one table in `latchkey_shared::error`.
+
+pub mod cluster;
+pub mod kv;
+pub mod lease;
+pub mod maintenance;
+
+use crate::node::CellNode;
+use latchkey_shared::etcdpb::{
+    PbClusterServer, PbKvServer, PbLeaseServer, PbMaintenanceServer, PbResponseHeader,
+};
+use latchkey_shared::{ApiError, ErrorCode};
+use std::sync::Arc;
+
+/// Takes the reply out of an applied [`Response`](crate::state_machine::command::Response),
+/// or its error.
+macro_rules! expect_reply {
+    ($resp:expr, $pat:pat => $val:expr) => {
+        match $resp.result {
+            Ok($pat) => Ok($val),
+            Ok(other) => Err(latchkey_shared::ApiError::internal(format!(
+                "unexpected apply result {other:?}"
+            ))),
+            Err(e) => Err(e),
+        }
+    };
+}
+pub(crate) use expect_reply;
+
+/// Rejects a value over the configured limit before it is proposed.
+pub fn check_value(node: &CellNode, len: usize) -> Result<(), ApiError> {
+    if len > node.limits.max_value_bytes {
+        return Err(ApiError::new(
+            ErrorCode::ValueTooLarge,
+            format!(
+                "value of {len} bytes exceeds the limit of {} bytes",
+                node.limits.max_value_bytes
+            ),
+        ));
+    }
+    Ok(())
+}
+
+pub fn header_into(node: &CellNode, header: &mut Option<PbResponseHeader>, revision: i64) {
+    *header = Some(node.header(revision));
+}
+
+/// Serves the etcd API until `shutdown` resolves.
+pub async fn serve(
+    node: Arc<CellNode>,
+    listener: tokio::net::TcpListener,
+    max_request_bytes: usize,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let kv = PbKvServer::new(kv::KvService { node: node.clone() })
+        .max_decoding_message_size(max_request_bytes);
+    let lease = PbLeaseServer::new(lease::LeaseService { node: node.clone() })
+        .max_decoding_message_size(max_request_bytes);
+    let maintenance =
+        PbMaintenanceServer::new(maintenance::MaintenanceService { node: node.clone() });
+    let cluster = PbClusterServer::new(cluster::ClusterService { node });
+    tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .add_service(kv)
+        .add_service(lease)
+        .add_service(maintenance)
+        .add_service(cluster)
+        .serve_with_incoming_shutdown(
+            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            shutdown,
+        )
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,229 @@
+//! Command-line configuration, with `LATCHKEY_*` environment fallbacks.
+
+use anyhow::{bail, Context};
+use clap::Parser;
+use latchkey_shared::limits;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+/// latchkey-cell: one member of a Raft-replicated, etcd v3 compatible
+/// coordination store.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "latchkey-cell", version, about, long_about = None)]
+pub struct Config {
+    /// This member's id: a positive integer, unique in the cell and never
+    /// reused. It must match its entry in --initial-cluster.
+    #[arg(long, env = "LATCHKEY_ID")]
+    pub id: Option<u64>,
+
+    /// Directory for the Raft log, vote and snapshots. Created if missing;
+    /// a directory belongs to one member id for life.
+    #[arg(long, env = "LATCHKEY_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+
+    /// Address for clients: the etcd v3 gRPC API.
+    #[arg(long, env = "LATCHKEY_CLIENT_ADDR", default_value = "127.0.0.1:7801")]
+    pub client_addr: String,
+
+    /// Address for the other members (Raft and forwarded requests).
+    #[arg(long, env = "LATCHKEY_PEER_ADDR", default_value = "127.0.0.1:7901")]
+    pub peer_addr: String,
+
+    /// Every voting member as id=peer-address, comma separated, e.g.
+    /// 1=127.0.0.1:7901,2=127.0.0.1:7902,3=127.0.0.1:7903. The same on
+    /// every member; used only to bootstrap a new cell.
+    #[arg(long, env = "LATCHKEY_INITIAL_CLUSTER")]
+    pub initial_cluster: Option<String>,
+
+    /// Address for /metrics (Prometheus), /healthz and /readyz.
+    #[arg(long, env = "LATCHKEY_METRICS_ADDR", default_value = "127.0.0.1:7811")]
+    pub metrics_addr: String,
+
+    /// A one-member cell in ./latchkey-data on the default addresses; no
+    /// other flag needed.
+    #[arg(long, env = "LATCHKEY_DEV")]
+    pub dev: bool,
+
+    /// Member name reported by MemberList (defaults to "cell-<id>").
+    #[arg(long, env = "LATCHKEY_NAME")]
+    pub name: Option<String>,
+
+    /// Largest value a put may carry, in bytes.
+    #[arg(long, env = "LATCHKEY_MAX_VALUE_BYTES", default_value_t = limits::DEFAULT_MAX_VALUE_BYTES)]
+    pub max_value_bytes: usize,
+
+    /// Largest gRPC request accepted, in bytes.
+    #[arg(long, env = "LATCHKEY_MAX_REQUEST_BYTES", default_value_t = limits::DEFAULT_MAX_REQUEST_BYTES)]
+    pub max_request_bytes: usize,
+
+    /// Keyspace quota in bytes (all kept versions of keys and values);
+    /// writes beyond it fail with "database space exceeded".
+    #[arg(long, env = "LATCHKEY_QUOTA_BYTES", default_value_t = limits::DEFAULT_QUOTA_BYTES)]
+    pub quota_bytes: u64,
+
+    /// Shortest lease TTL granted, in seconds.
+    #[arg(long, env = "LATCHKEY_MIN_TTL", default_value_t = limits::DEFAULT_MIN_TTL_SECS)]
+    pub min_ttl: i64,
+
+    /// How long a request waits for a leader (or for its commit) before it
+    /// fails, in milliseconds.
+    #[arg(long, env = "LATCHKEY_REQUEST_TIMEOUT_MS", default_value_t = 5000)]
+    pub request_timeout_ms: u64,
+
+    /// Raft heartbeat interval in milliseconds.
+    #[arg(long, env = "LATCHKEY_HEARTBEAT_MS", default_value_t = 150)]
+    pub heartbeat_ms: u64,
+
+    /// Minimum Raft election timeout in milliseconds (the maximum is twice
+    /// this). A leader failure is noticed after about this long.
+    #[arg(long, env = "LATCHKEY_ELECTION_TIMEOUT_MS", default_value_t = 800)]
+    pub election_timeout_ms: u64,
+
+    /// Take a snapshot every this many applied log entries.
+    #[arg(long, env = "LATCHKEY_SNAPSHOT_ENTRIES", default_value_t = 10_000)]
+    pub snapshot_entries: u64,
+
+    /// Log entries kept behind a snapshot, so slightly lagging followers
+    /// catch up from the log rather than by a snapshot.
+    #[arg(long, env = "LATCHKEY_SNAPSHOT_KEEP_ENTRIES", default_value_t = 1_000)]
+    pub snapshot_keep_entries: u64,
+
+    /// Log filter (tracing's EnvFilter syntax), e.g. "info" or "latchkey_cell=debug".
+    #[arg(long, env = "LATCHKEY_LOG", default_value = "info")]
+    pub log: String,
+}
+
+/// The configuration after `--dev` and defaults are resolved.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    pub id: u64,
+    pub data_dir: PathBuf,
+    pub initial_cluster: BTreeMap<u64, String>,
+    pub name: String,
+    pub cluster_id: u64,
+    pub cfg: Config,
+}
+
+/// Parses "1=host:port,2=host:port".
+pub fn parse_initial_cluster(s: &str) -> anyhow::Result<BTreeMap<u64, String>> {
+    let mut out = BTreeMap::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (id, addr) = part
+            .split_once('=')
+            .with_context(|| format!("'{part}' is not id=address"))?;
+        let id: u64 = id
+            .trim()
+            .parse()
+            .with_context(|| format!("member id '{id}' is not a positive integer"))?;
+        if id == 0 {
+            bail!("member id 0 is reserved; use positive ids");
+        }
+        let addr = addr.trim();
+        if addr.parse::<std::net::SocketAddr>().is_err() && !addr.contains(':') {
+            bail!("member {id} address '{addr}' is not host:port");
+        }
+        if out.insert(id, addr.to_string()).is_some() {
+            bail!("member id {id} appears twice in --initial-cluster");
+        }
+    }
+    if out.is_empty() {
+        bail!("--initial-cluster names no member");
+    }
+    Ok(out)
+}
+
+/// A stable id for the cell: a hash of its initial membership, the same on
+/// every member (FNV-1a, which is fixed, unlike std's hasher).
+fn cluster_id(members: &BTreeMap<u64, String>) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for (id, addr) in members {
+        for b in format!("{id}={addr};").bytes() {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
+}
+
+impl Config {
+    pub fn resolve(self) -> anyhow::Result<Resolved> {
+        let id = match (self.id, self.dev) {
+            (Some(id), _) => id,
+            (None, true) => 1,
+            (None, false) => bail!("--id is required (or --dev for a one-member cell)"),
+        };
+        if id == 0 {
+            bail!("--id must be a positive integer");
+        }
+        let data_dir = match (&self.data_dir, self.dev) {
+            (Some(d), _) => d.clone(),
+            (None, true) => PathBuf::from("latchkey-data"),
+            (None, false) => bail!("--data-dir is required (or --dev)"),
+        };
+        let initial_cluster = match (&self.initial_cluster, self.dev) {
+            (Some(s), _) => parse_initial_cluster(s)?,
+            (None, true) => BTreeMap::from([(id, self.peer_addr.clone())]),
+            (None, false) => {
+                bail!("--initial-cluster is required (or --dev for a one-member cell)")
+            }
+        };
+        match initial_cluster.get(&id) {
+            Some(addr) if addr != &self.peer_addr => {
+                bail!(
+                    "--initial-cluster gives member {id} the address {addr} but --peer-addr is {}",
+                    self.peer_addr
+                )
+            }
+            None => bail!("--initial-cluster does not name this member (id {id})"),
+            _ => {}
+        }
+        if self.min_ttl < 1 {
+            bail!("--min-ttl must be at least 1 second");
+        }
+        if self.election_timeout_ms <= self.heartbeat_ms * 2 {
+            bail!("--election-timeout-ms must be more than twice --heartbeat-ms");
+        }
+        let name = self.name.clone().unwrap_or_else(|| format!("cell-{id}"));
+        Ok(Resolved {
+            id,
+            data_dir,
+            cluster_id: cluster_id(&initial_cluster),
+            initial_cluster,
+            name,
+            cfg: self,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn initial_cluster_parses_and_rejects_bad_input() {
+        let m = parse_initial_cluster("1=127.0.0.1:7901, 2=127.0.0.1:7902").expect("valid");
+        assert_eq!(m.len(), 2);
+        assert!(parse_initial_cluster("1=a:1,1=b:2").is_err());
+        assert!(parse_initial_cluster("x=a:1").is_err());
+        assert!(parse_initial_cluster("0=a:1").is_err());
+        assert!(parse_initial_cluster("").is_err());
+    }
+
+    #[test]
+    fn dev_needs_no_other_flag() {
+        let cfg = Config::parse_from(["latchkey-cell", "--dev"]);
+        let r = cfg.resolve().expect("dev resolves");
+        assert_eq!(r.id, 1);
+        assert_eq!(
+            r.initial_cluster.get(&1).map(String::as_str),
+            Some("127.0.0.1:7901")
+        );
+    }
+
+    #[test]
+    fn the_cluster_id_is_the_same_for_the_same_membership() {
+        let a = parse_initial_cluster("1=h:1,2=h:2").expect("valid");
+        let b = parse_initial_cluster("2=h:2,1=h:1").expect("valid");
+        assert_eq!(cluster_id(&a), cluster_id(&b));
+    }
+}

@@ -1,0 +1,104 @@
+//! The replicated part of leases: which leases exist, their granted TTL and
+//! the keys attached to each. Deadlines are not here: they live in the
+//! leader's [`Lessor`](super::lessor::Lessor), because refreshes do not go
+//! through Raft.
+
+use imbl::{OrdMap, OrdSet};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseRecord {
+    pub id: i64,
+    /// The TTL granted, in seconds.
+    pub ttl: i64,
+    pub keys: OrdSet<Vec<u8>>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct LeaseTable {
+    leases: OrdMap<i64, LeaseRecord>,
+}
+
+/// Snapshot form of one lease.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LeaseImage {
+    pub id: i64,
+    pub ttl: i64,
+    pub keys: Vec<Vec<u8>>,
+}
+
+impl LeaseTable {
+    pub fn get(&self, id: i64) -> Option<&LeaseRecord> {
+        self.leases.get(&id)
+    }
+
+    pub fn contains(&self, id: i64) -> bool {
+        self.leases.contains_key(&id)
+    }
+
+    pub fn len(&self) -> usize {
+        self.leases.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.leases.is_empty()
+    }
+
+    /// Every lease as `(id, ttl)`, in id order.
+    pub fn ids_and_ttls(&self) -> Vec<(i64, i64)> {
+        self.leases.values().map(|l| (l.id, l.ttl)).collect()
+    }
+
+    pub fn insert(&mut self, id: i64, ttl: i64) {
+        self.leases.insert(
+            id,
+            LeaseRecord {
+                id,
+                ttl,
+                keys: OrdSet::new(),
+            },
+        );
+    }
+
+    pub fn remove(&mut self, id: i64) -> Option<LeaseRecord> {
+        self.leases.remove(&id)
+    }
+
+    pub fn attach(&mut self, id: i64, key: &[u8]) {
+        if let Some(lease) = self.leases.get_mut(&id) {
+            lease.keys.insert(key.to_vec());
+        }
+    }
+
+    pub fn detach(&mut self, id: i64, key: &[u8]) {
+        if let Some(lease) = self.leases.get_mut(&id) {
+            lease.keys.remove(key);
+        }
+    }
+
+    pub fn image(&self) -> Vec<LeaseImage> {
+        self.leases
+            .values()
+            .map(|l| LeaseImage {
+                id: l.id,
+                ttl: l.ttl,
+                keys: l.keys.iter().cloned().collect(),
+            })
+            .collect()
+    }
+
+    pub fn from_image(image: Vec<LeaseImage>) -> Self {
+        let mut table = LeaseTable::default();
+        for l in image {
+            table.leases.insert(
+                l.id,
+                LeaseRecord {
+                    id: l.id,
+                    ttl: l.ttl,
+                    keys: l.keys.into_iter().collect(),
+                },
+            );
+        }
+        table
+    }
+}

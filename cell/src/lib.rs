@@ -1,0 +1,36 @@
+//! # latchkey-cell
+//!
+//! One member of a cell: a Raft-replicated MVCC store that speaks the etcd
+//! v3 API.
+//!
+//! ## Layout
+//! - [`config`]: flags and their `LATCHKEY_*` environment fallbacks.
+//! - [`startup`]: opens storage, starts Raft, the servers and background tasks.
+//! - [`raft`]: openraft types, the RocksDB log store, the peer network.
+//! - [`storage`]: the data directory; every RocksDB key encoding in `keys.rs`.
+//! - [`state_machine`]: what the log carries and the deterministic apply.
+//! - [`mvcc`]: the multi-version keyspace and etcd's KV operations on it.
+//! - [`lease`]: the replicated lease table and the leader's lessor.
+//! - [`node`]: where each request is served (leader, forwarding, read index).
+//! - [`api`]: the etcd gRPC services, one file each.
+//! - [`admin`]: `/metrics`, `/healthz`, `/readyz`.
+//!
+//! ## Data flow
+//! A write arrives at [`api`], goes to [`node::CellNode::write`], which
+//! proposes it on the leader (forwarding from a follower). openraft appends
+//! it to the [`raft::log_store`] (fsynced, group-committed), replicates it,
+//! and once a quorum holds it, [`state_machine::store`] applies it to the
+//! [`state_machine::CellState`]; the applied [`state_machine::command::Response`]
+//! travels back to the handler. A linearizable read asks the leader for its
+//! read index, waits until the local state has applied it, and reads locally.
+
+pub mod admin;
+pub mod api;
+pub mod config;
+pub mod lease;
+pub mod mvcc;
+pub mod node;
+pub mod raft;
+pub mod startup;
+pub mod state_machine;
+pub mod storage;

@@ -1,0 +1,418 @@
+//! The multi-version keyspace: every key with its history of versions, the
+//! global revision and the compaction point.
+//!
+//! It is a plain value (persistent maps from `imbl`, so a clone is O(1) and
+//! shares structure): the state machine mutates it while a snapshot of an
+//! earlier clone is being serialised on another thread.
+
+use imbl::{OrdMap, Vector};
+use latchkey_shared::{ApiError, ErrorCode};
+use serde::{Deserialize, Serialize};
+use std::ops::Bound;
+
+/// One version of a key, as etcd's `mvccpb.KeyValue` describes it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyValue {
+    pub key: Vec<u8>,
+    pub value: Vec<u8>,
+    pub create_revision: i64,
+    pub mod_revision: i64,
+    pub version: i64,
+    pub lease: i64,
+}
+
+/// A change to a key at some revision: a new version, or a tombstone.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Version {
+    pub mod_revision: i64,
+    /// `None` is a deletion (tombstone).
+    pub kv: Option<KeyValue>,
+}
+
+impl Version {
+    fn bytes(&self) -> u64 {
+        // A fixed overhead per version stands for the revision, version and
+        // lease fields and the index entry, so a quota also bounds the number
+        // of versions, not only their payload.
+        const VERSION_OVERHEAD: u64 = 48;
+        VERSION_OVERHEAD
+            + self
+                .kv
+                .as_ref()
+                .map_or(0, |kv| (kv.key.len() + kv.value.len()) as u64)
+    }
+}
+
+/// A key range as etcd encodes it: `end` empty means the single key,
+/// `end == [0]` means every key `>= start`, otherwise `[start, end)`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyRange {
+    pub start: Vec<u8>,
+    pub end: Vec<u8>,
+}
+
+impl KeyRange {
+    pub fn new(start: Vec<u8>, end: Vec<u8>) -> Self {
+        KeyRange { start, end }
+    }
+
+    pub fn single(key: Vec<u8>) -> Self {
+        KeyRange {
+            start: key,
+            end: Vec::new(),
+        }
+    }
+
+    fn bounds(&self) -> (Bound<&[u8]>, Bound<&[u8]>) {
+        if self.end.is_empty() {
+            (
+                Bound::Included(&self.start[..]),
+                Bound::Included(&self.start[..]),
+            )
+        } else if self.end == [0] {
+            (Bound::Included(&self.start[..]), Bound::Unbounded)
+        } else {
+            (
+                Bound::Included(&self.start[..]),
+                Bound::Excluded(&self.end[..]),
+            )
+        }
+    }
+
+    /// An inverted range (`end <= start`) selects nothing, as in etcd.
+    fn is_empty(&self) -> bool {
+        !self.end.is_empty() && self.end != [0] && self.end <= self.start
+    }
+}
+
+/// The keyspace with its history.
+#[derive(Debug, Clone, Default)]
+pub struct KeySpace {
+    keys: OrdMap<Vec<u8>, Vector<Version>>,
+    revision: i64,
+    compact_revision: i64,
+    /// Bytes of every version kept, for the quota.
+    bytes: u64,
+    live_keys: u64,
+}
+
+/// Everything needed to rebuild a keyspace; the snapshot format.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct KeySpaceImage {
+    pub revision: i64,
+    pub compact_revision: i64,
+    pub keys: Vec<(Vec<u8>, Vec<Version>)>,
+}
+
+impl KeySpace {
+    pub fn revision(&self) -> i64 {
+        self.revision
+    }
+
+    pub fn compact_revision(&self) -> i64 {
+        self.compact_revision
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    pub fn live_keys(&self) -> u64 {
+        self.live_keys
+    }
+
+    /// Checks that `revision` (0 = current) can be read.
+    pub fn check_readable(&self, revision: i64) -> Result<i64, ApiError> {
+        if revision <= 0 {
+            return Ok(self.revision);
+        }
+        if revision > self.revision {
+            return Err(ApiError::new(
+                ErrorCode::FutureRevision,
+                format!(
+                    "revision {revision} is newer than the current revision {}",
+                    self.revision
+                ),
+            ));
+        }
+        if revision < self.compact_revision {
+            return Err(ApiError::new(
+                ErrorCode::Compacted,
+                format!(
+                    "revision {revision} has been compacted at {}",
+                    self.compact_revision
+                ),
+            ));
+        }
+        Ok(revision)
+    }
+
+    /// The live key-values in `range` at `revision` (must be readable), in
+    /// key order. `visit` returns false to stop early.
+    pub fn scan<'a>(
+        &'a self,
+        range: &KeyRange,
+        revision: i64,
+        mut visit: impl FnMut(&'a KeyValue) -> bool,
+    ) {
+        if range.is_empty() {
+            return;
+        }
+        for (_, versions) in self.keys.range::<_, [u8]>(range.bounds()) {
+            if let Some(kv) = visible(versions, revision) {
+                if !visit(kv) {
+                    return;
+                }
+            }
+        }
+    }
+
+    /// The live value of one key now.
+    pub fn get(&self, key: &[u8]) -> Option<&KeyValue> {
+        self.keys.get(key).and_then(|v| visible(v, self.revision))
+    }
+
+    /// Starts a write transaction: the revision it will commit at.
+    pub fn next_revision(&self) -> i64 {
+        self.revision + 1
+    }
+
+    /// Writes `key` at revision `rev` (from [`Self::next_revision`]).
+    /// Returns the previous live value.
+    pub fn put(&mut self, rev: i64, key: &[u8], value: Vec<u8>, lease: i64) -> Option<KeyValue> {
+        let versions = self.keys.entry(key.to_vec()).or_default();
+        let prev = versions.last().and_then(|v| v.kv.clone());
+        let kv = KeyValue {
+            key: key.to_vec(),
+            value,
+            create_revision: prev.as_ref().map_or(rev, |p| p.create_revision),
+            mod_revision: rev,
+            version: prev.as_ref().map_or(1, |p| p.version + 1),
+            lease,
+        };
+        let version = Version {
+            mod_revision: rev,
+            kv: Some(kv),
+        };
+        self.bytes += version.bytes();
+        // Two writes of one key in one revision (a nested txn) keep only the
+        // last, as etcd does.
+        if let Some(last) = versions.last() {
+            if last.mod_revision == rev {
+                let old = versions.pop_back().map_or(0, |v| v.bytes());
+                self.bytes -= old;
+            }
+        }
+        versions.push_back(version);
+        if prev.is_none() {
+            self.live_keys += 1;
+        }
+        self.revision = self.revision.max(rev);
+        prev
+    }
+
+    /// Deletes `key` at revision `rev`; returns the deleted value, if live.
+    pub fn delete(&mut self, rev: i64, key: &[u8]) -> Option<KeyValue> {
+        let versions = self.keys.get_mut(key)?;
+        let prev = versions.last().and_then(|v| v.kv.clone())?;
+        let tombstone = Version {
+            mod_revision: rev,
+            kv: None,
+        };
+        self.bytes += tombstone.bytes();
+        versions.push_back(tombstone);
+        self.live_keys -= 1;
+        self.revision = self.revision.max(rev);
+        Some(prev)
+    }
+
+    /// The live keys in `range` now.
+    pub fn live_keys_in(&self, range: &KeyRange) -> Vec<KeyValue> {
+        let mut out = Vec::new();
+        self.scan(range, self.revision, |kv| {
+            out.push(kv.clone());
+            true
+        });
+        out
+    }
+
+    /// Drops history older than `revision`: each key keeps its newest
+    /// version at or before it (unless that is a tombstone) and everything
+    /// after it. Reads at `revision` and later are unaffected.
+    pub fn compact(&mut self, revision: i64) -> Result<(), ApiError> {
+        if revision <= self.compact_revision {
+            return Err(ApiError::new(
+                ErrorCode::Compacted,
+                format!(
+                    "revision {revision} is not after the compact revision {}",
+                    self.compact_revision
+                ),
+            ));
+        }
+        if revision > self.revision {
+            return Err(ApiError::new(
+                ErrorCode::FutureRevision,
+                format!(
+                    "revision {revision} is newer than the current revision {}",
+                    self.revision
+                ),
+            ));
+        }
+        let mut emptied = Vec::new();
+        let keys: Vec<Vec<u8>> = self.keys.keys().cloned().collect();
+        for key in keys {
+            let Some(versions) = self.keys.get_mut(&key) else {
+                continue;
+            };
+            // Index of the newest version at or before `revision`.
+            let Some(pivot) = versions.iter().rposition(|v| v.mod_revision <= revision) else {
+                continue;
+            };
+            let drop = if versions[pivot].kv.is_none() {
+                pivot + 1
+            } else {
+                pivot
+            };
+            if drop == 0 {
+                continue;
+            }
+            let kept = versions.split_off(drop);
+            let dropped: u64 = versions.iter().map(Version::bytes).sum();
+            self.bytes -= dropped;
+            *versions = kept;
+            if versions.is_empty() {
+                emptied.push(key);
+            }
+        }
+        for key in emptied {
+            self.keys.remove(&key);
+        }
+        self.compact_revision = revision;
+        Ok(())
+    }
+
+    pub fn image(&self) -> KeySpaceImage {
+        KeySpaceImage {
+            revision: self.revision,
+            compact_revision: self.compact_revision,
+            keys: self
+                .keys
+                .iter()
+                .map(|(k, v)| (k.clone(), v.iter().cloned().collect()))
+                .collect(),
+        }
+    }
+
+    pub fn from_image(image: KeySpaceImage) -> Self {
+        let mut ks = KeySpace {
+            revision: image.revision,
+            compact_revision: image.compact_revision,
+            ..KeySpace::default()
+        };
+        for (key, versions) in image.keys {
+            ks.bytes += versions.iter().map(Version::bytes).sum::<u64>();
+            if versions.last().is_some_and(|v| v.kv.is_some()) {
+                ks.live_keys += 1;
+            }
+            ks.keys.insert(key, versions.into_iter().collect());
+        }
+        ks
+    }
+}
+
+/// The version of a key visible at `revision`, if it is live there.
+fn visible(versions: &Vector<Version>, revision: i64) -> Option<&KeyValue> {
+    // Histories are short after compaction; newest first is the common case.
+    versions
+        .iter()
+        .rev()
+        .find(|v| v.mod_revision <= revision)
+        .and_then(|v| v.kv.as_ref())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn all() -> KeyRange {
+        KeyRange::new(vec![0], vec![0])
+    }
+
+    fn keys_at(ks: &KeySpace, rev: i64) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        ks.scan(&all(), rev, |kv| {
+            out.push((
+                String::from_utf8_lossy(&kv.key).into(),
+                String::from_utf8_lossy(&kv.value).into(),
+            ));
+            true
+        });
+        out
+    }
+
+    #[test]
+    fn versions_and_revisions_follow_etcd() {
+        let mut ks = KeySpace::default();
+        ks.put(1, b"a", b"1".to_vec(), 0);
+        ks.put(2, b"a", b"2".to_vec(), 0);
+        let kv = ks.get(b"a").expect("live");
+        assert_eq!((kv.create_revision, kv.mod_revision, kv.version), (1, 2, 2));
+        ks.delete(3, b"a");
+        assert!(ks.get(b"a").is_none());
+        ks.put(4, b"a", b"3".to_vec(), 0);
+        let kv = ks.get(b"a").expect("live again");
+        assert_eq!((kv.create_revision, kv.mod_revision, kv.version), (4, 4, 1));
+        assert_eq!(keys_at(&ks, 1), vec![("a".into(), "1".into())]);
+        assert_eq!(keys_at(&ks, 3), vec![]);
+    }
+
+    #[test]
+    fn compaction_keeps_reads_at_and_after_the_compact_revision() {
+        let mut ks = KeySpace::default();
+        ks.put(1, b"a", b"1".to_vec(), 0);
+        ks.put(2, b"b", b"1".to_vec(), 0);
+        ks.put(3, b"a", b"2".to_vec(), 0);
+        ks.delete(4, b"b");
+        ks.put(5, b"c", b"1".to_vec(), 0);
+        let before: Vec<_> = (4..=5).map(|r| keys_at(&ks, r)).collect();
+        let bytes_before = ks.bytes();
+        ks.compact(4).expect("compact");
+        let after: Vec<_> = (4..=5).map(|r| keys_at(&ks, r)).collect();
+        assert_eq!(before, after);
+        assert!(ks.bytes() < bytes_before);
+        assert_eq!(ks.check_readable(3).unwrap_err().code, ErrorCode::Compacted);
+        assert_eq!(
+            ks.check_readable(6).unwrap_err().code,
+            ErrorCode::FutureRevision
+        );
+        assert_eq!(ks.compact(4).unwrap_err().code, ErrorCode::Compacted);
+    }
+
+    #[test]
+    fn ranges_select_like_etcd() {
+        let mut ks = KeySpace::default();
+        for (i, k) in ["a", "b", "c"].iter().enumerate() {
+            ks.put(i as i64 + 1, k.as_bytes(), vec![], 0);
+        }
+        let count = |r: KeyRange| ks.live_keys_in(&r).len();
+        assert_eq!(count(KeyRange::single(b"b".to_vec())), 1);
+        assert_eq!(count(KeyRange::new(b"a".to_vec(), b"c".to_vec())), 2);
+        assert_eq!(count(KeyRange::new(b"b".to_vec(), vec![0])), 2);
+        assert_eq!(count(KeyRange::new(b"c".to_vec(), b"a".to_vec())), 0);
+    }
+
+    #[test]
+    fn image_round_trip_keeps_history_and_accounting() {
+        let mut ks = KeySpace::default();
+        ks.put(1, b"a", b"1".to_vec(), 0);
+        ks.put(2, b"a", b"2".to_vec(), 7);
+        ks.delete(3, b"a");
+        ks.put(4, b"b", b"x".to_vec(), 0);
+        let copy = KeySpace::from_image(ks.image());
+        assert_eq!(copy.bytes(), ks.bytes());
+        assert_eq!(copy.live_keys(), 1);
+        for rev in 1..=4 {
+            assert_eq!(keys_at(&copy, rev), keys_at(&ks, rev));
+        }
+    }
+}

@@ -1,0 +1,632 @@
+//! etcd's KV operations (Range, Put, DeleteRange, Txn) over the keyspace
+//! and the lease table.
+//!
+//! Everything here is deterministic: no clock, no randomness. A write
+//! transaction takes one revision, whatever number of keys it changes, and
+//! is validated completely before it changes anything, so a failing request
+//! leaves no partial write behind.
+
+use super::keyspace::{KeyRange, KeySpace, KeyValue};
+use crate::lease::lease_table::LeaseTable;
+use latchkey_shared::etcdpb::{
+    PbCompare, PbDeleteRequest, PbDeleteResponse, PbKeyValue, PbPutRequest, PbPutResponse,
+    PbRangeRequest, PbRangeResponse, PbResponseOp, PbTargetUnion, PbTxnOpRequest, PbTxnOpResponse,
+    PbTxnRequest, PbTxnResponse,
+};
+use latchkey_shared::limits::MAX_TXN_OPS;
+use latchkey_shared::{ApiError, ErrorCode};
+
+/// The state a KV operation reads and writes.
+pub struct Kv<'a> {
+    pub keys: &'a mut KeySpace,
+    pub leases: &'a mut LeaseTable,
+}
+
+pub fn to_pb(kv: &KeyValue, keys_only: bool) -> PbKeyValue {
+    PbKeyValue {
+        key: kv.key.clone(),
+        create_revision: kv.create_revision,
+        mod_revision: kv.mod_revision,
+        version: kv.version,
+        value: if keys_only {
+            Vec::new()
+        } else {
+            kv.value.clone()
+        },
+        lease: kv.lease,
+    }
+}
+
+// etcd's enum values (rpc.proto), named here because the generated enums
+// are not re-exported by etcd-client.
+const SORT_NONE: i32 = 0;
+const SORT_ASCEND: i32 = 1;
+const SORT_DESCEND: i32 = 2;
+const TARGET_KEY: i32 = 0;
+const TARGET_VERSION: i32 = 1;
+const TARGET_CREATE: i32 = 2;
+const TARGET_MOD: i32 = 3;
+const TARGET_VALUE: i32 = 4;
+
+/// A Range request against the keyspace (read-only).
+pub fn range(keys: &KeySpace, req: &PbRangeRequest) -> Result<PbRangeResponse, ApiError> {
+    if req.key.is_empty() {
+        return Err(ApiError::new(
+            ErrorCode::InvalidArgument,
+            "etcdserver: key is not provided",
+        ));
+    }
+    if req.limit < 0 {
+        return Err(ApiError::invalid("limit must not be negative"));
+    }
+    if !(SORT_NONE..=SORT_DESCEND).contains(&req.sort_order)
+        || !(TARGET_KEY..=TARGET_VALUE).contains(&req.sort_target)
+    {
+        return Err(ApiError::invalid("unknown sort order or sort target"));
+    }
+    let rev = keys.check_readable(req.revision)?;
+    let range = KeyRange::new(req.key.clone(), req.range_end.clone());
+    let filtered = |kv: &KeyValue| {
+        (req.min_mod_revision == 0 || kv.mod_revision >= req.min_mod_revision)
+            && (req.max_mod_revision == 0 || kv.mod_revision <= req.max_mod_revision)
+            && (req.min_create_revision == 0 || kv.create_revision >= req.min_create_revision)
+            && (req.max_create_revision == 0 || kv.create_revision <= req.max_create_revision)
+    };
+    // Key order is the store's order, so an ascending key sort (or none)
+    // can stop at the limit; any other sort needs every match first.
+    let key_ordered = req.sort_target == TARGET_KEY && req.sort_order != SORT_DESCEND;
+    let limit = if req.limit > 0 {
+        req.limit as usize
+    } else {
+        usize::MAX
+    };
+    let mut count: i64 = 0;
+    let mut matched: Vec<&KeyValue> = Vec::new();
+    keys.scan(&range, rev, |kv| {
+        if filtered(kv) {
+            count += 1;
+            if !req.count_only && (!key_ordered || matched.len() < limit) {
+                matched.push(kv);
+            }
+        }
+        true
+    });
+    if !key_ordered {
+        let order = if req.sort_order == SORT_NONE {
+            SORT_ASCEND
+        } else {
+            req.sort_order
+        };
+        matched.sort_by(|a, b| {
+            let ord = match req.sort_target {
+                TARGET_VERSION => a.version.cmp(&b.version),
+                TARGET_CREATE => a.create_revision.cmp(&b.create_revision),
+                TARGET_MOD => a.mod_revision.cmp(&b.mod_revision),
+                TARGET_VALUE => a.value.cmp(&b.value),
+                _ => a.key.cmp(&b.key),
+            };
+            if order == SORT_DESCEND {
+                ord.reverse()
+            } else {
+                ord
+            }
+        });
+        matched.truncate(limit);
+    }
+    let kvs: Vec<PbKeyValue> = matched.iter().map(|kv| to_pb(kv, req.keys_only)).collect();
+    Ok(PbRangeResponse {
+        header: None,
+        more: !req.count_only && (kvs.len() as i64) < count,
+        count,
+        kvs,
+    })
+}
+
+/// Checks a put against the current state without changing anything.
+fn check_put(kv: &Kv<'_>, req: &PbPutRequest) -> Result<(), ApiError> {
+    if req.key.is_empty() {
+        return Err(ApiError::new(
+            ErrorCode::InvalidArgument,
+            "etcdserver: key is not provided",
+        ));
+    }
+    if req.ignore_value && !req.value.is_empty() {
+        return Err(ApiError::new(
+            ErrorCode::InvalidArgument,
+            "etcdserver: value is provided",
+        ));
+    }
+    if req.ignore_lease && req.lease != 0 {
+        return Err(ApiError::new(
+            ErrorCode::InvalidArgument,
+            "etcdserver: lease is provided",
+        ));
+    }
+    if (req.ignore_value || req.ignore_lease) && kv.keys.get(&req.key).is_none() {
+        return Err(ApiError::etcd(ErrorCode::KeyNotFound));
+    }
+    if req.lease != 0 && !kv.leases.contains(req.lease) {
+        return Err(ApiError::new(
+            ErrorCode::LeaseNotFound,
+            format!("lease {:x} not found", req.lease),
+        ));
+    }
+    Ok(())
+}
+
+fn check_delete(req: &PbDeleteRequest) -> Result<(), ApiError> {
+    if req.key.is_empty() {
+        return Err(ApiError::new(
+            ErrorCode::InvalidArgument,
+            "etcdserver: key is not provided",
+        ));
+    }
+    Ok(())
+}
+
+fn do_put(kv: &mut Kv<'_>, rev: i64, req: &PbPutRequest) -> PbPutResponse {
+    let current = kv.keys.get(&req.key).cloned();
+    let value = match (&current, req.ignore_value) {
+        (Some(c), true) => c.value.clone(),
+        _ => req.value.clone(),
+    };
+    let lease = match (&current, req.ignore_lease) {
+        (Some(c), true) => c.lease,
+        _ => req.lease,
+    };
+    let prev = kv.keys.put(rev, &req.key, value, lease);
+    if let Some(p) = &prev {
+        if p.lease != 0 && p.lease != lease {
+            kv.leases.detach(p.lease, &req.key);
+        }
+    }
+    if lease != 0 {
+        kv.leases.attach(lease, &req.key);
+    }
+    PbPutResponse {
+        header: None,
+        prev_kv: if req.prev_kv {
+            prev.as_ref().map(|p| to_pb(p, false))
+        } else {
+            None
+        },
+    }
+}
+
+fn do_delete(kv: &mut Kv<'_>, rev: i64, req: &PbDeleteRequest) -> PbDeleteResponse {
+    let range = KeyRange::new(req.key.clone(), req.range_end.clone());
+    let victims = kv.keys.live_keys_in(&range);
+    let mut prev_kvs = Vec::new();
+    for victim in &victims {
+        kv.keys.delete(rev, &victim.key);
+        if victim.lease != 0 {
+            kv.leases.detach(victim.lease, &victim.key);
+        }
+        if req.prev_kv {
+            prev_kvs.push(to_pb(victim, false));
+        }
+    }
+    PbDeleteResponse {
+        header: None,
+        deleted: victims.len() as i64,
+        prev_kvs,
+    }
+}
+
+/// Deletes every key in `keys` at one new revision (lease revoke and
+/// expiry). Returns whether anything was deleted.
+pub fn delete_keys(kv: &mut Kv<'_>, keys: impl IntoIterator<Item = Vec<u8>>) -> bool {
+    let rev = kv.keys.next_revision();
+    let mut any = false;
+    for key in keys {
+        any |= kv.keys.delete(rev, &key).is_some();
+    }
+    any
+}
+
+pub fn put(kv: &mut Kv<'_>, req: &PbPutRequest) -> Result<PbPutResponse, ApiError> {
+    check_put(kv, req)?;
+    let rev = kv.keys.next_revision();
+    Ok(do_put(kv, rev, req))
+}
+
+pub fn delete_range(kv: &mut Kv<'_>, req: &PbDeleteRequest) -> Result<PbDeleteResponse, ApiError> {
+    check_delete(req)?;
+    let rev = kv.keys.next_revision();
+    Ok(do_delete(kv, rev, req))
+}
+
+/// Evaluates one compare against the current state, with etcd's rules: a
+/// compare over a range holds only if it holds for every key in it, and a
+/// value compare on a missing key always fails.
+fn compare(keys: &KeySpace, c: &PbCompare) -> bool {
+    let range = KeyRange::new(c.key.clone(), c.range_end.clone());
+    let found = keys.live_keys_in(&range);
+    if found.is_empty() {
+        if matches!(c.target_union, Some(PbTargetUnion::Value(_))) {
+            return false;
+        }
+        let absent = KeyValue {
+            key: c.key.clone(),
+            value: vec![],
+            create_revision: 0,
+            mod_revision: 0,
+            version: 0,
+            lease: 0,
+        };
+        return compare_kv(c, &absent);
+    }
+    found.iter().all(|kv| compare_kv(c, kv))
+}
+
+fn compare_kv(c: &PbCompare, kv: &KeyValue) -> bool {
+    use std::cmp::Ordering;
+    let ord: Ordering = match &c.target_union {
+        Some(PbTargetUnion::Version(v)) => kv.version.cmp(v),
+        Some(PbTargetUnion::CreateRevision(v)) => kv.create_revision.cmp(v),
+        Some(PbTargetUnion::ModRevision(v)) => kv.mod_revision.cmp(v),
+        Some(PbTargetUnion::Value(v)) => kv.value.as_slice().cmp(v.as_slice()),
+        Some(PbTargetUnion::Lease(v)) => kv.lease.cmp(v),
+        None => return false,
+    };
+    match c.result {
+        0 => ord == Ordering::Equal,
+        1 => ord == Ordering::Greater,
+        2 => ord == Ordering::Less,
+        3 => ord != Ordering::Equal,
+        _ => false,
+    }
+}
+
+/// The branch taken at every level of a (nested) txn, decided against the
+/// state before the txn, as etcd does.
+struct TxnPath {
+    succeeded: bool,
+    nested: Vec<TxnPath>,
+}
+
+fn decide(keys: &KeySpace, req: &PbTxnRequest) -> TxnPath {
+    let succeeded = req.compare.iter().all(|c| compare(keys, c));
+    let branch = if succeeded {
+        &req.success
+    } else {
+        &req.failure
+    };
+    let nested = branch
+        .iter()
+        .filter_map(|op| match &op.request {
+            Some(PbTxnOpRequest::RequestTxn(t)) => Some(decide(keys, t)),
+            _ => None,
+        })
+        .collect();
+    TxnPath { succeeded, nested }
+}
+
+/// Static checks of a txn: sizes, compares, and no key written twice on
+/// one branch (etcd's "duplicate key given in txn request").
+fn check_txn_shape(req: &PbTxnRequest) -> Result<(), ApiError> {
+    if req.compare.len() > MAX_TXN_OPS
+        || req.success.len() > MAX_TXN_OPS
+        || req.failure.len() > MAX_TXN_OPS
+    {
+        return Err(ApiError::new(
+            ErrorCode::InvalidArgument,
+            "etcdserver: too many operations in txn request",
+        ));
+    }
+    for c in &req.compare {
+        if c.key.is_empty() {
+            return Err(ApiError::new(
+                ErrorCode::InvalidArgument,
+                "etcdserver: key is not provided",
+            ));
+        }
+        if !(0..=3).contains(&c.result) || c.target_union.is_none() {
+            return Err(ApiError::invalid(
+                "compare has an unknown result or no target",
+            ));
+        }
+    }
+    for branch in [&req.success, &req.failure] {
+        let mut puts: Vec<&[u8]> = Vec::new();
+        let mut deletes: Vec<KeyRange> = Vec::new();
+        for op in branch {
+            match &op.request {
+                Some(PbTxnOpRequest::RequestPut(p)) => puts.push(&p.key),
+                Some(PbTxnOpRequest::RequestDeleteRange(d)) => {
+                    deletes.push(KeyRange::new(d.key.clone(), d.range_end.clone()))
+                }
+                Some(PbTxnOpRequest::RequestTxn(t)) => check_txn_shape(t)?,
+                Some(PbTxnOpRequest::RequestRange(_)) => {}
+                None => return Err(ApiError::invalid("txn operation without a request")),
+            }
+        }
+        let mut sorted = puts.clone();
+        sorted.sort();
+        if sorted.windows(2).any(|w| w[0] == w[1]) {
+            return Err(ApiError::new(
+                ErrorCode::InvalidArgument,
+                "etcdserver: duplicate key given in txn request",
+            ));
+        }
+        if puts.iter().any(|k| deletes.iter().any(|d| d.contains(k))) {
+            return Err(ApiError::new(
+                ErrorCode::InvalidArgument,
+                "etcdserver: duplicate key given in txn request",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks every operation on the chosen path against the current state.
+fn check_path(kv: &Kv<'_>, req: &PbTxnRequest, path: &TxnPath) -> Result<(), ApiError> {
+    let branch = if path.succeeded {
+        &req.success
+    } else {
+        &req.failure
+    };
+    let mut nested = path.nested.iter();
+    for op in branch {
+        match &op.request {
+            Some(PbTxnOpRequest::RequestPut(p)) => check_put(kv, p)?,
+            Some(PbTxnOpRequest::RequestDeleteRange(d)) => check_delete(d)?,
+            Some(PbTxnOpRequest::RequestRange(r)) => {
+                if r.key.is_empty() {
+                    return Err(ApiError::new(
+                        ErrorCode::InvalidArgument,
+                        "etcdserver: key is not provided",
+                    ));
+                }
+                kv.keys.check_readable(r.revision)?;
+            }
+            Some(PbTxnOpRequest::RequestTxn(t)) => {
+                let p = nested
+                    .next()
+                    .ok_or_else(|| ApiError::internal("txn path out of step"))?;
+                check_path(kv, t, p)?;
+            }
+            None => return Err(ApiError::invalid("txn operation without a request")),
+        }
+    }
+    Ok(())
+}
+
+fn run_path(
+    kv: &mut Kv<'_>,
+    rev: i64,
+    req: &PbTxnRequest,
+    path: &TxnPath,
+) -> Result<PbTxnResponse, ApiError> {
+    let branch = if path.succeeded {
+        &req.success
+    } else {
+        &req.failure
+    };
+    let mut nested = path.nested.iter();
+    let mut responses = Vec::with_capacity(branch.len());
+    for op in branch {
+        let response = match &op.request {
+            Some(PbTxnOpRequest::RequestRange(r)) => {
+                PbTxnOpResponse::ResponseRange(range(kv.keys, r)?)
+            }
+            Some(PbTxnOpRequest::RequestPut(p)) => PbTxnOpResponse::ResponsePut(do_put(kv, rev, p)),
+            Some(PbTxnOpRequest::RequestDeleteRange(d)) => {
+                PbTxnOpResponse::ResponseDeleteRange(do_delete(kv, rev, d))
+            }
+            Some(PbTxnOpRequest::RequestTxn(t)) => {
+                let p = nested
+                    .next()
+                    .ok_or_else(|| ApiError::internal("txn path out of step"))?;
+                PbTxnOpResponse::ResponseTxn(run_path(kv, rev, t, p)?)
+            }
+            None => return Err(ApiError::invalid("txn operation without a request")),
+        };
+        responses.push(PbResponseOp {
+            response: Some(response),
+        });
+    }
+    Ok(PbTxnResponse {
+        header: None,
+        succeeded: path.succeeded,
+        responses,
+    })
+}
+
+/// A Txn: compares decide the branch, then the branch runs at one revision.
+pub fn txn(kv: &mut Kv<'_>, req: &PbTxnRequest) -> Result<PbTxnResponse, ApiError> {
+    check_txn_shape(req)?;
+    let path = decide(kv.keys, req);
+    check_path(kv, req, &path)?;
+    let rev = kv.keys.next_revision();
+    run_path(kv, rev, req, &path)
+}
+
+/// Whether a txn request can write (then it must go through Raft).
+pub fn txn_writes(req: &PbTxnRequest) -> bool {
+    req.success
+        .iter()
+        .chain(req.failure.iter())
+        .any(|op| match &op.request {
+            Some(PbTxnOpRequest::RequestPut(_)) | Some(PbTxnOpRequest::RequestDeleteRange(_)) => {
+                true
+            }
+            Some(PbTxnOpRequest::RequestTxn(t)) => txn_writes(t),
+            _ => false,
+        })
+}
+
+/// Bytes a txn may add to the keyspace, for the quota check.
+pub fn txn_put_bytes(req: &PbTxnRequest) -> u64 {
+    req.success
+        .iter()
+        .chain(req.failure.iter())
+        .map(|op| match &op.request {
+            Some(PbTxnOpRequest::RequestPut(p)) => (p.key.len() + p.value.len()) as u64,
+            Some(PbTxnOpRequest::RequestTxn(t)) => txn_put_bytes(t),
+            _ => 0,
+        })
+        .sum()
+}
+
+/// Largest value a txn puts, for the value size limit.
+pub fn txn_max_value(req: &PbTxnRequest) -> usize {
+    req.success
+        .iter()
+        .chain(req.failure.iter())
+        .map(|op| match &op.request {
+            Some(PbTxnOpRequest::RequestPut(p)) => p.value.len(),
+            Some(PbTxnOpRequest::RequestTxn(t)) => txn_max_value(t),
+            _ => 0,
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+impl KeyRange {
+    /// Whether `key` lies in this range.
+    pub fn contains(&self, key: &[u8]) -> bool {
+        if self.end.is_empty() {
+            key == self.start.as_slice()
+        } else if self.end == [0] {
+            key >= self.start.as_slice()
+        } else {
+            key >= self.start.as_slice() && key < self.end.as_slice()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use latchkey_shared::etcdpb::PbTxnRequestOp;
+
+    fn put_req(key: &str, value: &str) -> PbPutRequest {
+        PbPutRequest {
+            key: key.into(),
+            value: value.into(),
+            ..Default::default()
+        }
+    }
+
+    fn op_put(key: &str, value: &str) -> PbTxnRequestOp {
+        PbTxnRequestOp {
+            request: Some(PbTxnOpRequest::RequestPut(put_req(key, value))),
+        }
+    }
+
+    fn cmp_value(key: &str, value: &str) -> PbCompare {
+        PbCompare {
+            result: 0,
+            target: 3,
+            key: key.into(),
+            range_end: vec![],
+            target_union: Some(PbTargetUnion::Value(value.into())),
+        }
+    }
+
+    #[test]
+    fn txn_takes_one_revision_and_the_else_branch_when_compare_fails() {
+        let (mut keys, mut leases) = (KeySpace::default(), LeaseTable::default());
+        let mut kv = Kv {
+            keys: &mut keys,
+            leases: &mut leases,
+        };
+        put(&mut kv, &put_req("a", "1")).expect("put");
+        let req = PbTxnRequest {
+            compare: vec![cmp_value("a", "2")],
+            success: vec![op_put("b", "then")],
+            failure: vec![op_put("b", "else"), op_put("c", "else")],
+        };
+        let resp = txn(&mut kv, &req).expect("txn");
+        assert!(!resp.succeeded);
+        assert_eq!(kv.keys.revision(), 2);
+        assert_eq!(
+            kv.keys.get(b"b").map(|k| k.value.clone()),
+            Some(b"else".to_vec())
+        );
+        assert_eq!(kv.keys.get(b"c").map(|k| k.mod_revision), Some(2));
+    }
+
+    #[test]
+    fn a_failing_txn_writes_nothing() {
+        let (mut keys, mut leases) = (KeySpace::default(), LeaseTable::default());
+        let mut kv = Kv {
+            keys: &mut keys,
+            leases: &mut leases,
+        };
+        let mut leased = put_req("b", "x");
+        leased.lease = 42;
+        let req = PbTxnRequest {
+            compare: vec![],
+            success: vec![
+                op_put("a", "1"),
+                PbTxnRequestOp {
+                    request: Some(PbTxnOpRequest::RequestPut(leased)),
+                },
+            ],
+            failure: vec![],
+        };
+        let err = txn(&mut kv, &req).unwrap_err();
+        assert_eq!(err.code, ErrorCode::LeaseNotFound);
+        assert_eq!(kv.keys.revision(), 0);
+        assert!(kv.keys.get(b"a").is_none());
+    }
+
+    #[test]
+    fn duplicate_keys_in_one_branch_are_rejected() {
+        let (mut keys, mut leases) = (KeySpace::default(), LeaseTable::default());
+        let mut kv = Kv {
+            keys: &mut keys,
+            leases: &mut leases,
+        };
+        let req = PbTxnRequest {
+            compare: vec![],
+            success: vec![op_put("a", "1"), op_put("a", "2")],
+            failure: vec![],
+        };
+        assert_eq!(
+            txn(&mut kv, &req).unwrap_err().message,
+            "etcdserver: duplicate key given in txn request"
+        );
+    }
+
+    #[test]
+    fn value_compare_on_a_missing_key_fails_but_version_zero_holds() {
+        let keys = KeySpace::default();
+        assert!(!compare(&keys, &cmp_value("nope", "")));
+        let version_zero = PbCompare {
+            result: 0,
+            target: 0,
+            key: b"nope".to_vec(),
+            range_end: vec![],
+            target_union: Some(PbTargetUnion::Version(0)),
+        };
+        assert!(compare(&keys, &version_zero));
+    }
+
+    #[test]
+    fn range_sorts_limits_and_counts() {
+        let (mut keys, mut leases) = (KeySpace::default(), LeaseTable::default());
+        let mut kv = Kv {
+            keys: &mut keys,
+            leases: &mut leases,
+        };
+        for (k, v) in [("k1", "c"), ("k2", "a"), ("k3", "b")] {
+            put(&mut kv, &put_req(k, v)).expect("put");
+        }
+        let req = PbRangeRequest {
+            key: b"k".to_vec(),
+            range_end: b"l".to_vec(),
+            limit: 2,
+            sort_order: SORT_DESCEND,
+            sort_target: TARGET_VALUE,
+            ..Default::default()
+        };
+        let resp = range(kv.keys, &req).expect("range");
+        let got: Vec<_> = resp.kvs.iter().map(|k| k.key.clone()).collect();
+        assert_eq!(got, vec![b"k1".to_vec(), b"k3".to_vec()]);
+        assert_eq!(resp.count, 3);
+        assert!(resp.more);
+    }
+}

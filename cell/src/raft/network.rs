@@ -1,0 +1,212 @@
+//! The client side of cell-to-cell RPCs: openraft's `RaftNetwork` over the
+//! tonic `Peer` service, plus forwarding of client requests to the leader.
+//!
+//! Each payload is a bincode-encoded openraft request; each reply is an
+//! encoded `Result` carrying openraft's own error, so a remote Raft error
+//! reaches openraft unchanged.
+
+use super::codec::{decode, encode};
+use super::{Member, NodeId, Snapshot, TypeConfig, Vote};
+use latchkey_shared::peer::peer_client::PeerClient;
+use latchkey_shared::peer::Payload;
+use openraft::error::{
+    Fatal, InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, ReplicationClosed,
+    StreamingError, Unreachable,
+};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    SnapshotResponse, VoteRequest, VoteResponse,
+};
+use serde::de::DeserializeOwned;
+use std::future::Future;
+use std::time::Duration;
+use tonic::transport::{Channel, Endpoint};
+
+/// Peer RPCs may carry a whole snapshot; allow messages this large.
+pub const MAX_PEER_MESSAGE_BYTES: usize = 1024 * 1024 * 1024;
+
+/// A lazily connecting channel to a peer address.
+pub fn peer_channel(addr: &str) -> Result<Channel, tonic::transport::Error> {
+    let endpoint = Endpoint::from_shared(format!("http://{addr}"))?
+        // A peer that does not answer a connect within this is down for
+        // replication purposes; openraft backs off and retries.
+        .connect_timeout(Duration::from_millis(500))
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(Duration::from_secs(5))
+        .keep_alive_timeout(Duration::from_secs(5));
+    Ok(endpoint.connect_lazy())
+}
+
+pub fn peer_client(channel: Channel) -> PeerClient<Channel> {
+    PeerClient::new(channel)
+        .max_decoding_message_size(MAX_PEER_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES)
+}
+
+#[derive(Clone, Default)]
+pub struct NetworkFactory;
+
+pub struct PeerConnection {
+    target: NodeId,
+    client: Option<PeerClient<Channel>>,
+    addr: String,
+}
+
+impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
+    type Network = PeerConnection;
+
+    async fn new_client(&mut self, target: NodeId, node: &Member) -> Self::Network {
+        let client = peer_channel(&node.peer_addr).ok().map(peer_client);
+        PeerConnection {
+            target,
+            client,
+            addr: node.peer_addr.clone(),
+        }
+    }
+}
+
+/// A transport failure, as an error openraft understands.
+#[derive(Debug, thiserror::Error)]
+#[error("peer {addr}: {message}")]
+struct TransportError {
+    addr: String,
+    message: String,
+}
+
+enum CallError {
+    Unreachable(Unreachable),
+    Network(NetworkError),
+}
+
+impl PeerConnection {
+    async fn call<Req, Resp, Fut>(
+        &mut self,
+        req: &Req,
+        timeout: Duration,
+        rpc: impl FnOnce(PeerClient<Channel>, tonic::Request<Payload>) -> Fut,
+    ) -> Result<Resp, CallError>
+    where
+        Req: serde::Serialize,
+        Resp: DeserializeOwned,
+        Fut: Future<Output = Result<tonic::Response<Payload>, tonic::Status>>,
+    {
+        let err = |message: String| TransportError {
+            addr: self.addr.clone(),
+            message,
+        };
+        let Some(client) = self.client.clone() else {
+            return Err(CallError::Unreachable(Unreachable::new(&err(
+                "invalid peer address".into(),
+            ))));
+        };
+        let data =
+            encode(req).map_err(|e| CallError::Network(NetworkError::new(&err(e.to_string()))))?;
+        let mut request = tonic::Request::new(Payload { data });
+        request.set_timeout(timeout);
+        match rpc(client, request).await {
+            Ok(resp) => decode(&resp.into_inner().data).map_err(|e| {
+                CallError::Network(NetworkError::new(&err(format!("bad reply: {e}"))))
+            }),
+            Err(status) if status.code() == tonic::Code::Unavailable => Err(
+                CallError::Unreachable(Unreachable::new(&err(status.to_string()))),
+            ),
+            Err(status) => Err(CallError::Network(NetworkError::new(&err(
+                status.to_string()
+            )))),
+        }
+    }
+}
+
+fn rpc_error<E: std::error::Error>(e: CallError) -> RPCError<NodeId, Member, E> {
+    match e {
+        CallError::Unreachable(u) => RPCError::Unreachable(u),
+        CallError::Network(n) => RPCError::Network(n),
+    }
+}
+
+impl RaftNetwork<TypeConfig> for PeerConnection {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, Member, RaftError<NodeId>>> {
+        let reply: Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>> = self
+            .call(&rpc, option.hard_ttl(), |mut c, r| async move {
+                c.append_entries(r).await
+            })
+            .await
+            .map_err(rpc_error)?;
+        reply.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<
+        InstallSnapshotResponse<NodeId>,
+        RPCError<NodeId, Member, RaftError<NodeId, InstallSnapshotError>>,
+    > {
+        let reply: Result<
+            InstallSnapshotResponse<NodeId>,
+            RaftError<NodeId, InstallSnapshotError>,
+        > = self
+            .call(&rpc, option.hard_ttl(), |mut c, r| async move {
+                c.install_snapshot(r).await
+            })
+            .await
+            .map_err(rpc_error)?;
+        reply.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, Member, RaftError<NodeId>>> {
+        let reply: Result<VoteResponse<NodeId>, RaftError<NodeId>> = self
+            .call(&rpc, option.hard_ttl(), |mut c, r| async move {
+                c.vote(r).await
+            })
+            .await
+            .map_err(rpc_error)?;
+        reply.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+    }
+
+    /// Sends the whole snapshot in one message: coordination state is small
+    /// (bounded by the keyspace quota) and one message needs no reassembly.
+    async fn full_snapshot(
+        &mut self,
+        vote: Vote,
+        snapshot: Snapshot,
+        cancel: impl Future<Output = ReplicationClosed> + Send + 'static,
+        option: RPCOption,
+    ) -> Result<SnapshotResponse<NodeId>, StreamingError<TypeConfig, Fatal<NodeId>>> {
+        let req = (vote, snapshot.meta, snapshot.snapshot.into_inner());
+        let send = self.call::<_, Result<SnapshotResponse<NodeId>, Fatal<NodeId>>, _>(
+            &req,
+            option.hard_ttl(),
+            |mut c, r| async move { c.full_snapshot(r).await },
+        );
+        let reply = tokio::select! {
+            closed = cancel => return Err(StreamingError::Closed(closed)),
+            reply = send => reply,
+        };
+        match reply {
+            Ok(Ok(resp)) => Ok(resp),
+            Ok(Err(fatal)) => Err(StreamingError::RemoteError(RemoteError::new(
+                self.target,
+                fatal,
+            ))),
+            Err(CallError::Unreachable(u)) => Err(StreamingError::Unreachable(u)),
+            Err(CallError::Network(n)) => Err(StreamingError::Network(n)),
+        }
+    }
+
+    fn backoff(&self) -> openraft::network::Backoff {
+        // Retry a down peer every 200 ms: a restarted node rejoins quickly,
+        // and a dead one costs a connect attempt five times a second.
+        openraft::network::Backoff::new(std::iter::repeat(Duration::from_millis(200)))
+    }
+}

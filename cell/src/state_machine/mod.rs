@@ -1,0 +1,248 @@
+//! The replicated state machine.
+//!
+//! - [`command`]: what the Raft log carries and what applying returns.
+//! - [`CellState`] (here): the pure state and its deterministic apply; it
+//!   reads no clock and no randomness, so it is tested without tokio or disk.
+//! - [`store`]: openraft's `RaftStateMachine` over a shared `CellState`, with
+//!   snapshots written to a file in the data directory.
+
+pub mod command;
+pub mod store;
+
+use crate::lease::lease_table::{LeaseImage, LeaseTable};
+use crate::mvcc::keyspace::{KeySpace, KeySpaceImage};
+use crate::mvcc::txn::{self, Kv};
+use crate::raft::{LogId, StoredMembership};
+use command::{Reply, Request, Response};
+use imbl::OrdMap;
+use latchkey_shared::{ApiError, ErrorCode};
+use serde::{Deserialize, Serialize};
+
+/// Attributes a member publishes about itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberAttrs {
+    pub name: String,
+    pub client_urls: Vec<String>,
+}
+
+/// Everything the log has built: keyspace, leases, member attributes and
+/// how far the log has been applied.
+#[derive(Debug, Clone, Default)]
+pub struct CellState {
+    pub keys: KeySpace,
+    pub leases: LeaseTable,
+    pub members: OrdMap<u64, MemberAttrs>,
+    pub last_applied: Option<LogId>,
+    pub last_membership: StoredMembership,
+}
+
+/// The serialised form of a [`CellState`]: the snapshot format.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StateImage {
+    pub keys: KeySpaceImage,
+    pub leases: Vec<LeaseImage>,
+    pub members: Vec<(u64, MemberAttrs)>,
+    pub last_applied: Option<LogId>,
+    pub last_membership: StoredMembership,
+}
+
+/// A stateless mix of the log index into a well-spread positive id, so
+/// server-assigned lease ids look like etcd's and do not collide with small
+/// client-chosen ones (splitmix64's finaliser).
+fn lease_id_candidate(seed: u64) -> i64 {
+    let mut z = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    ((z ^ (z >> 31)) & (i64::MAX as u64)) as i64
+}
+
+impl CellState {
+    /// Applies one client request committed at log `index`.
+    pub fn apply(&mut self, index: u64, req: &Request) -> Response {
+        let result = self.apply_inner(index, req);
+        Response {
+            revision: self.keys.revision(),
+            result,
+        }
+    }
+
+    fn kv(&mut self) -> Kv<'_> {
+        Kv {
+            keys: &mut self.keys,
+            leases: &mut self.leases,
+        }
+    }
+
+    fn apply_inner(&mut self, index: u64, req: &Request) -> Result<Reply, ApiError> {
+        match req {
+            Request::Put(p) => txn::put(&mut self.kv(), p).map(Reply::Put),
+            Request::DeleteRange(d) => txn::delete_range(&mut self.kv(), d).map(Reply::DeleteRange),
+            Request::Txn(t) => txn::txn(&mut self.kv(), t).map(Reply::Txn),
+            Request::Compact { revision } => self.keys.compact(*revision).map(|_| Reply::Compacted),
+            Request::LeaseGrant { id, ttl } => {
+                let id = if *id == 0 {
+                    let mut candidate = lease_id_candidate(index);
+                    while candidate == 0 || self.leases.contains(candidate) {
+                        candidate = lease_id_candidate(candidate as u64);
+                    }
+                    candidate
+                } else {
+                    *id
+                };
+                if id < 0 {
+                    return Err(ApiError::invalid("lease id must be positive"));
+                }
+                if self.leases.contains(id) {
+                    return Err(ApiError::etcd(ErrorCode::LeaseExists));
+                }
+                self.leases.insert(id, *ttl);
+                Ok(Reply::LeaseGranted { id, ttl: *ttl })
+            }
+            Request::LeaseRevoke { id } => {
+                if !self.leases.contains(*id) {
+                    return Err(ApiError::new(
+                        ErrorCode::LeaseNotFound,
+                        format!("lease {id:x} not found"),
+                    ));
+                }
+                self.remove_lease(*id);
+                Ok(Reply::LeaseRevoked)
+            }
+            Request::LeaseExpire { ids } => {
+                let mut expired = Vec::new();
+                for id in ids {
+                    if self.leases.contains(*id) {
+                        self.remove_lease(*id);
+                        expired.push(*id);
+                    }
+                }
+                Ok(Reply::LeasesExpired { expired })
+            }
+            Request::PublishMember {
+                id,
+                name,
+                client_urls,
+            } => {
+                self.members.insert(
+                    *id,
+                    MemberAttrs {
+                        name: name.clone(),
+                        client_urls: client_urls.clone(),
+                    },
+                );
+                Ok(Reply::Published)
+            }
+        }
+    }
+
+    /// Removes a lease and deletes all its keys in ONE revision.
+    fn remove_lease(&mut self, id: i64) {
+        if let Some(lease) = self.leases.remove(id) {
+            let keys: Vec<Vec<u8>> = lease.keys.iter().cloned().collect();
+            txn::delete_keys(&mut self.kv(), keys);
+        }
+    }
+
+    pub fn image(&self) -> StateImage {
+        StateImage {
+            keys: self.keys.image(),
+            leases: self.leases.image(),
+            members: self.members.iter().map(|(k, v)| (*k, v.clone())).collect(),
+            last_applied: self.last_applied,
+            last_membership: self.last_membership.clone(),
+        }
+    }
+
+    pub fn from_image(image: StateImage) -> Self {
+        CellState {
+            keys: KeySpace::from_image(image.keys),
+            leases: LeaseTable::from_image(image.leases),
+            members: image.members.into_iter().collect(),
+            last_applied: image.last_applied,
+            last_membership: image.last_membership,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use latchkey_shared::etcdpb::PbPutRequest;
+
+    fn put(key: &str, lease: i64) -> Request {
+        Request::Put(PbPutRequest {
+            key: key.into(),
+            value: b"v".to_vec(),
+            lease,
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn revoking_a_lease_deletes_all_its_keys_in_one_revision() {
+        let mut s = CellState::default();
+        let granted = s.apply(1, &Request::LeaseGrant { id: 0, ttl: 10 });
+        let Ok(Reply::LeaseGranted { id, .. }) = granted.result else {
+            panic!("grant failed: {granted:?}")
+        };
+        assert!(id > 0);
+        for (i, k) in ["a", "b", "c"].iter().enumerate() {
+            assert!(s.apply(2 + i as u64, &put(k, id)).result.is_ok());
+        }
+        assert!(s.apply(5, &put("other", 0)).result.is_ok());
+        let before = s.keys.revision();
+        let resp = s.apply(
+            6,
+            &Request::LeaseExpire {
+                ids: vec![id, 12345],
+            },
+        );
+        assert!(
+            matches!(resp.result, Ok(Reply::LeasesExpired { ref expired }) if expired == &vec![id])
+        );
+        assert_eq!(s.keys.revision(), before + 1);
+        assert_eq!(s.keys.live_keys(), 1);
+        assert!(!s.leases.contains(id));
+    }
+
+    #[test]
+    fn lease_errors_are_the_etcd_ones() {
+        let mut s = CellState::default();
+        assert!(s
+            .apply(1, &Request::LeaseGrant { id: 7, ttl: 10 })
+            .result
+            .is_ok());
+        let dup = s
+            .apply(2, &Request::LeaseGrant { id: 7, ttl: 10 })
+            .result
+            .unwrap_err();
+        assert_eq!(dup.code, ErrorCode::LeaseExists);
+        let missing = s
+            .apply(3, &Request::LeaseRevoke { id: 8 })
+            .result
+            .unwrap_err();
+        assert_eq!(missing.code, ErrorCode::LeaseNotFound);
+        let orphan = s.apply(4, &put("k", 8)).result.unwrap_err();
+        assert_eq!(orphan.code, ErrorCode::LeaseNotFound);
+    }
+
+    #[test]
+    fn the_same_log_gives_the_same_state() {
+        let log: Vec<Request> = vec![
+            Request::LeaseGrant { id: 0, ttl: 5 },
+            Request::LeaseGrant { id: 0, ttl: 5 },
+            put("x", 0),
+            Request::Compact { revision: 1 },
+        ];
+        let run = || {
+            let mut s = CellState::default();
+            let out: Vec<String> = log
+                .iter()
+                .enumerate()
+                .map(|(i, r)| format!("{:?}", s.apply(i as u64 + 1, r)))
+                .collect();
+            (out, s.leases.ids_and_ttls())
+        };
+        assert_eq!(run(), run());
+    }
+}

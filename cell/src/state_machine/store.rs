@@ -1,0 +1,302 @@
+//! openraft's `RaftStateMachine` over a shared [`CellState`].
+//!
+//! The state lives in memory behind a std `RwLock` (readers take it for one
+//! range scan, apply for one batch; never across an `.await`). It is made
+//! durable by snapshots: a snapshot clones the state (O(1): the maps are
+//! persistent), serialises the clone on a blocking thread while apply goes
+//! on, and replaces `snapshot.bin` atomically. A restart loads that file and
+//! openraft replays the log after it.
+
+use super::command::{Reply, Request, Response};
+use super::{CellState, StateImage};
+use crate::lease::lessor::Lessor;
+use crate::raft::codec::{decode, encode};
+use crate::raft::{
+    Entry, LogId, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
+};
+use crate::storage::keys::{SNAPSHOT_FILE, SNAPSHOT_TMP_FILE};
+use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine};
+use openraft::{EntryPayload, OptionalSend, RaftLogId, StorageIOError};
+use serde::{Deserialize, Serialize};
+use std::io::{Cursor, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use tokio::sync::watch;
+
+/// What `snapshot.bin` holds.
+#[derive(Serialize, Deserialize)]
+struct SnapshotFile {
+    meta: SnapshotMeta,
+    /// An encoded [`StateImage`]; also exactly what is sent to followers.
+    data: Vec<u8>,
+}
+
+/// The shared view of the state machine that API handlers read.
+#[derive(Clone)]
+pub struct SharedState {
+    state: Arc<RwLock<CellState>>,
+    applied: watch::Receiver<u64>,
+}
+
+impl SharedState {
+    /// Runs `f` on the current state under the read lock.
+    pub fn read<T>(&self, f: impl FnOnce(&CellState) -> T) -> T {
+        let guard = self.state.read().unwrap_or_else(|e| e.into_inner());
+        f(&guard)
+    }
+
+    /// The last applied log index.
+    pub fn applied_index(&self) -> u64 {
+        *self.applied.borrow()
+    }
+
+    /// Waits until the state machine has applied `index`.
+    pub async fn wait_applied(&self, index: u64) -> bool {
+        let mut rx = self.applied.clone();
+        let ok = rx.wait_for(|applied| *applied >= index).await.is_ok();
+        ok
+    }
+}
+
+pub struct StateMachineStore {
+    state: Arc<RwLock<CellState>>,
+    dir: PathBuf,
+    applied_tx: watch::Sender<u64>,
+    applied_rx: watch::Receiver<u64>,
+    lessor: Option<Arc<Lessor>>,
+    snapshot_seq: Arc<AtomicU64>,
+}
+
+fn read_snapshot_file(dir: &Path) -> std::io::Result<Option<SnapshotFile>> {
+    match std::fs::read(dir.join(SNAPSHOT_FILE)) {
+        Ok(bytes) => decode(&bytes).map(Some).map_err(std::io::Error::other),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Writes the snapshot file durably: temp file, fsync, rename, fsync dir.
+fn write_snapshot_file(dir: &Path, file: &SnapshotFile) -> std::io::Result<()> {
+    let bytes = encode(file).map_err(std::io::Error::other)?;
+    let tmp = dir.join(SNAPSHOT_TMP_FILE);
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(&bytes)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, dir.join(SNAPSHOT_FILE))?;
+    std::fs::File::open(dir)?.sync_all()?;
+    Ok(())
+}
+
+impl StateMachineStore {
+    /// Opens the state machine of `dir`, starting from its snapshot if any.
+    pub async fn open(dir: &Path, lessor: Option<Arc<Lessor>>) -> std::io::Result<Self> {
+        let state = match read_snapshot_file(dir)? {
+            Some(file) => {
+                let image: StateImage = decode(&file.data).map_err(std::io::Error::other)?;
+                CellState::from_image(image)
+            }
+            None => CellState::default(),
+        };
+        let applied = state.last_applied.map_or(0, |l| l.index);
+        let (applied_tx, applied_rx) = watch::channel(applied);
+        Ok(StateMachineStore {
+            state: Arc::new(RwLock::new(state)),
+            dir: dir.to_path_buf(),
+            applied_tx,
+            applied_rx,
+            lessor,
+            snapshot_seq: Arc::new(AtomicU64::new(0)),
+        })
+    }
+
+    pub fn shared(&self) -> SharedState {
+        SharedState {
+            state: self.state.clone(),
+            applied: self.applied_rx.clone(),
+        }
+    }
+
+    fn write_lock(&self) -> std::sync::RwLockWriteGuard<'_, CellState> {
+        self.state.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Tells the lessor what an applied request changed.
+    fn notify_lessor(&self, req: &Request, resp: &Response) {
+        let Some(lessor) = &self.lessor else { return };
+        let now = tokio::time::Instant::now();
+        match (req, &resp.result) {
+            (_, Ok(Reply::LeaseGranted { id, ttl })) => lessor.on_grant(*id, *ttl, now),
+            (Request::LeaseRevoke { id }, Ok(_)) => lessor.on_remove(*id),
+            (_, Ok(Reply::LeasesExpired { expired })) => {
+                expired.iter().for_each(|id| lessor.on_remove(*id))
+            }
+            _ => {}
+        }
+    }
+}
+
+pub struct SnapshotBuilder {
+    state: CellState,
+    dir: PathBuf,
+    seq: u64,
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
+    async fn build_snapshot(&mut self) -> Result<Snapshot, StorageError> {
+        let state = std::mem::take(&mut self.state);
+        let dir = self.dir.clone();
+        let seq = self.seq;
+        let started = std::time::Instant::now();
+        let (meta, data) =
+            tokio::task::spawn_blocking(move || -> std::io::Result<(SnapshotMeta, Vec<u8>)> {
+                let image = state.image();
+                let data = encode(&image).map_err(std::io::Error::other)?;
+                let snapshot_id = match image.last_applied {
+                    Some(l) => format!("{}-{}-{}", l.leader_id.term, l.index, seq),
+                    None => format!("0-0-{seq}"),
+                };
+                let meta = SnapshotMeta {
+                    last_log_id: image.last_applied,
+                    last_membership: image.last_membership.clone(),
+                    snapshot_id,
+                };
+                write_snapshot_file(
+                    &dir,
+                    &SnapshotFile {
+                        meta: meta.clone(),
+                        data: data.clone(),
+                    },
+                )?;
+                Ok((meta, data))
+            })
+            .await
+            .map_err(|e| StorageIOError::write_snapshot(None, &e))?
+            .map_err(|e| StorageIOError::write_snapshot(None, &e))?;
+        metrics::histogram!("latchkey_snapshot_build_seconds")
+            .record(started.elapsed().as_secs_f64());
+        metrics::counter!("latchkey_snapshots_built_total").increment(1);
+        tracing::info!(snapshot_id = %meta.snapshot_id, bytes = data.len(), "snapshot built");
+        Ok(Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(data)),
+        })
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachineStore {
+    type SnapshotBuilder = SnapshotBuilder;
+
+    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), StorageError> {
+        let s = self.state.read().unwrap_or_else(|e| e.into_inner());
+        Ok((s.last_applied, s.last_membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Response>, StorageError>
+    where
+        I: IntoIterator<Item = Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let mut out = Vec::new();
+        let mut last_index = None;
+        {
+            let mut s = self.write_lock();
+            for entry in entries {
+                let log_id = *entry.get_log_id();
+                s.last_applied = Some(log_id);
+                last_index = Some(log_id.index);
+                let resp = match &entry.payload {
+                    EntryPayload::Blank => Response {
+                        revision: s.keys.revision(),
+                        result: Ok(Reply::None),
+                    },
+                    EntryPayload::Membership(m) => {
+                        s.last_membership = StoredMembership::new(Some(log_id), m.clone());
+                        Response {
+                            revision: s.keys.revision(),
+                            result: Ok(Reply::None),
+                        }
+                    }
+                    EntryPayload::Normal(req) => {
+                        let resp = s.apply(log_id.index, req);
+                        self.notify_lessor(req, &resp);
+                        resp
+                    }
+                };
+                out.push(resp);
+            }
+            metrics::gauge!("latchkey_revision").set(s.keys.revision() as f64);
+            metrics::gauge!("latchkey_keys").set(s.keys.live_keys() as f64);
+            metrics::gauge!("latchkey_leases").set(s.leases.len() as f64);
+            metrics::gauge!("latchkey_keyspace_bytes").set(s.keys.bytes() as f64);
+        }
+        if let Some(index) = last_index {
+            metrics::gauge!("latchkey_applied_index").set(index as f64);
+            self.applied_tx.send_replace(index);
+        }
+        Ok(out)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        let state = self.state.read().unwrap_or_else(|e| e.into_inner()).clone();
+        let seq = self.snapshot_seq.fetch_add(1, Ordering::Relaxed);
+        SnapshotBuilder {
+            state,
+            dir: self.dir.clone(),
+            seq,
+        }
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), StorageError> {
+        let data = snapshot.into_inner();
+        let image: StateImage =
+            decode(&data).map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), &e))?;
+        let mut state = CellState::from_image(image);
+        // The meta is authoritative for what the snapshot covers.
+        state.last_applied = meta.last_log_id;
+        state.last_membership = meta.last_membership.clone();
+        let dir = self.dir.clone();
+        let file = SnapshotFile {
+            meta: meta.clone(),
+            data,
+        };
+        tokio::task::spawn_blocking(move || write_snapshot_file(&dir, &file))
+            .await
+            .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?
+            .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
+        let applied = state.last_applied.map_or(0, |l| l.index);
+        let leases = state.leases.ids_and_ttls();
+        *self.write_lock() = state;
+        if let Some(lessor) = &self.lessor {
+            // A node installing a snapshot is a follower; a primary lessor
+            // here would be stale, but keep it coherent if it ever is.
+            if lessor.is_primary() {
+                lessor.promote(&leases, tokio::time::Instant::now());
+            }
+        }
+        self.applied_tx.send_replace(applied);
+        metrics::counter!("latchkey_snapshots_installed_total").increment(1);
+        tracing::info!(snapshot_id = %meta.snapshot_id, applied, "snapshot installed");
+        Ok(())
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, StorageError> {
+        let dir = self.dir.clone();
+        let file = tokio::task::spawn_blocking(move || read_snapshot_file(&dir))
+            .await
+            .map_err(|e| StorageIOError::read_snapshot(None, &e))?
+            .map_err(|e| StorageIOError::read_snapshot(None, &e))?;
+        Ok(file.map(|f| Snapshot {
+            meta: f.meta,
+            snapshot: Box::new(Cursor::new(f.data)),
+        }))
+    }
+}

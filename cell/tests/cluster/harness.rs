@@ -1,0 +1,311 @@
+//! Real `latchkey-cell` processes on 127.0.0.1 for integration tests.
+//!
+//! A [`Cluster`] owns its processes and temporary data directories: dropping
+//! it SIGKILLs every process and removes the directories, so a failing test
+//! leaves nothing behind. Every wait is bounded.
+
+use etcd_client::{Client, ConnectOptions};
+use latchkey_shared::etcdpb::{PbLeaseKeepAliveRequest, PbLeaseKeepAliveResponse};
+use std::collections::BTreeMap;
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use tonic::codegen::http::uri::PathAndQuery;
+
+pub const CELL_BIN: &str = env!("CARGO_BIN_EXE_latchkey-cell");
+
+/// Ports handed out so far in this test process, so parallel tests never
+/// pick the same free port twice.
+static NEXT_PORT: std::sync::Mutex<u16> = std::sync::Mutex::new(0);
+
+/// A free port on 127.0.0.1 (checked by binding it).
+pub fn free_port() -> u16 {
+    let mut next = NEXT_PORT.lock().unwrap_or_else(|e| e.into_inner());
+    if *next == 0 {
+        // Start from a spread based on the pid so concurrent test binaries
+        // rarely collide; the bind check below settles the rest.
+        *next = 20_000 + (std::process::id() % 20_000) as u16;
+    }
+    loop {
+        *next = if *next >= 60_000 { 20_000 } else { *next + 1 };
+        if TcpListener::bind(("127.0.0.1", *next)).is_ok() {
+            return *next;
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct MemberSpec {
+    pub id: u64,
+    pub client: String,
+    pub peer: String,
+    pub metrics: String,
+    pub data_dir: PathBuf,
+}
+
+pub struct Cluster {
+    pub members: Vec<MemberSpec>,
+    procs: BTreeMap<u64, Child>,
+    initial_cluster: String,
+    extra_args: Vec<String>,
+    _dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    /// Starts `n` members with extra flags for every member.
+    pub async fn start(n: usize, extra_args: &[&str]) -> Cluster {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let members: Vec<MemberSpec> = (1..=n as u64)
+            .map(|id| MemberSpec {
+                id,
+                client: format!("127.0.0.1:{}", free_port()),
+                peer: format!("127.0.0.1:{}", free_port()),
+                metrics: format!("127.0.0.1:{}", free_port()),
+                data_dir: dir.path().join(format!("m{id}")),
+            })
+            .collect();
+        let initial_cluster = members
+            .iter()
+            .map(|m| format!("{}={}", m.id, m.peer))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut cluster = Cluster {
+            members,
+            procs: BTreeMap::new(),
+            initial_cluster,
+            extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
+            _dir: dir,
+        };
+        for id in 1..=n as u64 {
+            cluster.spawn(id);
+        }
+        cluster.wait_leader(Duration::from_secs(20)).await;
+        cluster
+    }
+
+    pub fn member(&self, id: u64) -> &MemberSpec {
+        self.members
+            .iter()
+            .find(|m| m.id == id)
+            .expect("known member")
+    }
+
+    /// Starts (or restarts) member `id` with its data directory.
+    pub fn spawn(&mut self, id: u64) {
+        let m = self.member(id).clone();
+        let log = std::fs::File::create(self._dir.path().join(format!("m{id}.log")))
+            .or_else(|_| std::fs::File::create("/dev/null"))
+            .expect("log file");
+        let child = Command::new(CELL_BIN)
+            .args(["--id", &id.to_string()])
+            .args(["--data-dir", m.data_dir.to_str().expect("utf-8 path")])
+            .args([
+                "--client-addr",
+                &m.client,
+                "--peer-addr",
+                &m.peer,
+                "--metrics-addr",
+                &m.metrics,
+            ])
+            .args(["--initial-cluster", &self.initial_cluster])
+            .args(&self.extra_args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn latchkey-cell");
+        self.procs.insert(id, child);
+    }
+
+    /// SIGKILLs member `id` (no chance to flush or say goodbye).
+    pub fn kill(&mut self, id: u64) {
+        if let Some(mut child) = self.procs.remove(&id) {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERMs every member and waits for them to exit.
+    pub fn stop_all(&mut self) {
+        for (_, child) in self.procs.iter_mut() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status();
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for (_, mut child) in std::mem::take(&mut self.procs) {
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    pub fn running(&self) -> Vec<u64> {
+        self.procs.keys().copied().collect()
+    }
+
+    /// An etcd client connected to member `id` only.
+    pub async fn client(&self, id: u64) -> Client {
+        let endpoint = format!("http://{}", self.member(id).client);
+        let opts = ConnectOptions::new()
+            .with_timeout(Duration::from_secs(10))
+            .with_connect_timeout(Duration::from_secs(2));
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            match Client::connect([endpoint.as_str()], Some(opts.clone())).await {
+                Ok(c) => return c,
+                Err(e) if Instant::now() < deadline => {
+                    let _ = e;
+                    tokio::time::sleep(Duration::from_millis(100)).await
+                }
+                Err(e) => panic!("cannot connect to member {id}: {e}"),
+            }
+        }
+    }
+
+    /// The leader as seen by member `id`, if it knows one.
+    pub async fn leader_seen_by(&self, id: u64) -> Option<u64> {
+        let endpoint = format!("http://{}", self.member(id).client);
+        let opts = ConnectOptions::new()
+            .with_timeout(Duration::from_secs(1))
+            .with_connect_timeout(Duration::from_millis(500));
+        let mut c = Client::connect([endpoint.as_str()], Some(opts))
+            .await
+            .ok()?;
+        let status = c.status().await.ok()?;
+        (status.leader() != 0).then_some(status.leader())
+    }
+
+    /// Waits until every running member agrees on one leader that is running.
+    pub async fn wait_leader(&self, timeout: Duration) -> u64 {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let mut seen = Vec::new();
+            for id in self.running() {
+                seen.push(self.leader_seen_by(id).await);
+            }
+            if let Some(Some(leader)) = seen.first() {
+                if seen.iter().all(|s| s == &Some(*leader)) && self.procs.contains_key(leader) {
+                    return *leader;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no agreed leader within {timeout:?}: {seen:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Fetches `/metrics` of member `id`.
+    pub async fn metrics(&self, id: u64) -> String {
+        http_get(&self.member(id).metrics, "/metrics")
+            .await
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for (_, mut child) in std::mem::take(&mut self.procs) {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// A minimal HTTP/1.1 GET on loopback, for /metrics and /healthz.
+pub async fn http_get(addr: &str, path: &str) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::time::timeout(Duration::from_secs(2), tokio::net::TcpStream::connect(addr))
+        .await
+        .ok()?
+        .ok()?;
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.ok()?;
+    let mut buf = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut buf))
+        .await
+        .ok()?
+        .ok()?;
+    Some(String::from_utf8_lossy(&buf).into_owned())
+}
+
+/// One `LeaseKeepAlive` stream that refreshes many leases, the way a proxy
+/// does (etcd-client opens one stream per lease).
+pub struct KeepAliveStream {
+    tx: tokio::sync::mpsc::Sender<PbLeaseKeepAliveRequest>,
+    rx: tonic::Streaming<PbLeaseKeepAliveResponse>,
+}
+
+impl KeepAliveStream {
+    pub async fn open(addr: &str) -> Result<KeepAliveStream, String> {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .map_err(|e| e.to_string())?
+            .connect_timeout(Duration::from_secs(2))
+            .connect()
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut grpc = tonic::client::Grpc::new(channel);
+        grpc.ready().await.map_err(|e| e.to_string())?;
+        let (tx, rx) = tokio::sync::mpsc::channel(16_384);
+        let codec =
+            tonic_prost::ProstCodec::<PbLeaseKeepAliveRequest, PbLeaseKeepAliveResponse>::default();
+        let path = PathAndQuery::from_static("/etcdserverpb.Lease/LeaseKeepAlive");
+        let resp = grpc
+            .streaming(
+                tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx)),
+                path,
+                codec,
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(KeepAliveStream {
+            tx,
+            rx: resp.into_inner(),
+        })
+    }
+
+    /// Refreshes every lease in `ids`; returns the TTL reported for each.
+    pub async fn refresh_all(
+        &mut self,
+        ids: &[i64],
+        timeout: Duration,
+    ) -> Result<BTreeMap<i64, i64>, String> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let sender = self.tx.clone();
+        let to_send: Vec<i64> = ids.to_vec();
+        let send = tokio::spawn(async move {
+            for id in to_send {
+                if sender.send(PbLeaseKeepAliveRequest { id }).await.is_err() {
+                    break;
+                }
+            }
+        });
+        let mut out = BTreeMap::new();
+        while out.len() < ids.len() {
+            match tokio::time::timeout_at(deadline, self.rx.message()).await {
+                Ok(Ok(Some(r))) => {
+                    out.insert(r.id, r.ttl);
+                }
+                Ok(Ok(None)) => return Err("keep-alive stream ended".into()),
+                Ok(Err(status)) => return Err(format!("keep-alive stream failed: {status}")),
+                Err(_) => {
+                    return Err(format!(
+                        "only {} of {} keep-alives answered in time",
+                        out.len(),
+                        ids.len()
+                    ))
+                }
+            }
+        }
+        let _ = send.await;
+        Ok(out)
+    }
+}

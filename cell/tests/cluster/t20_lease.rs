@@ -1,0 +1,318 @@
+//! The Lease service: every RPC and its errors, expiry by the leader in one
+//! revision, and leases kept alive through a leader's death.
+
+use crate::harness::{Cluster, KeepAliveStream};
+use etcd_client::{GetOptions, LeaseGrantOptions, LeaseTimeToLiveOptions, PutOptions};
+use std::time::{Duration, Instant};
+
+fn err_text(e: etcd_client::Error) -> String {
+    match e {
+        etcd_client::Error::GRpcStatus(s) => format!("{:?}: {}", s.code(), s.message()),
+        other => other.to_string(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_rpcs_and_their_errors() {
+    let cluster = Cluster::start(3, &[]).await;
+    let leader = cluster.wait_leader(Duration::from_secs(10)).await;
+    let follower = if leader == 1 { 2 } else { 1 };
+    let mut c = cluster.client(follower).await;
+
+    // Server-chosen and client-chosen ids.
+    let granted = c.lease_grant(30, None).await.expect("grant");
+    assert!(granted.id() > 0);
+    assert_eq!(granted.ttl(), 30);
+    let chosen = c
+        .lease_grant(20, Some(LeaseGrantOptions::new().with_id(4242)))
+        .await
+        .expect("grant with id");
+    assert_eq!(chosen.id(), 4242);
+    let dup = c
+        .lease_grant(20, Some(LeaseGrantOptions::new().with_id(4242)))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err_text(dup),
+        "FailedPrecondition: etcdserver: lease already exists"
+    );
+    let short = c.lease_grant(1, None).await.unwrap_err();
+    assert!(
+        err_text(short).contains("below the minimum"),
+        "TTL under the minimum is refused clearly"
+    );
+
+    // Keys attached to a lease; TimeToLive with keys; Leases.
+    let id = granted.id();
+    for k in ["l/a", "l/b"] {
+        c.put(k, "v", Some(PutOptions::new().with_lease(id)))
+            .await
+            .expect("put with lease");
+    }
+    let ttl = c
+        .lease_time_to_live(id, Some(LeaseTimeToLiveOptions::new().with_keys()))
+        .await
+        .expect("ttl");
+    assert_eq!(ttl.granted_ttl(), 30);
+    assert!(ttl.ttl() > 25 && ttl.ttl() <= 30, "remaining {}", ttl.ttl());
+    let mut keys: Vec<Vec<u8>> = ttl.keys().to_vec();
+    keys.sort();
+    assert_eq!(keys, vec![b"l/a".to_vec(), b"l/b".to_vec()]);
+    let listed: Vec<i64> = c
+        .leases()
+        .await
+        .expect("leases")
+        .leases()
+        .iter()
+        .map(|l| l.id())
+        .collect();
+    assert!(listed.contains(&id) && listed.contains(&4242));
+
+    // Keep-alive once, through the follower (forwarded to the leader).
+    let (mut keeper, mut stream) = c.lease_keep_alive(id).await.expect("keep-alive stream");
+    keeper.keep_alive().await.expect("send keep-alive");
+    let resp = stream
+        .message()
+        .await
+        .expect("keep-alive reply")
+        .expect("a reply");
+    assert_eq!((resp.id(), resp.ttl()), (id, 30));
+
+    // A put on a lease that does not exist.
+    let orphan = c
+        .put("l/x", "v", Some(PutOptions::new().with_lease(999_999)))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err_text(orphan),
+        "NotFound: etcdserver: requested lease not found"
+    );
+
+    // Revoke deletes every attached key in one revision.
+    let before = c
+        .get("l/", Some(GetOptions::new().with_prefix()))
+        .await
+        .expect("get");
+    let rev_before = before.header().expect("header").revision();
+    let revoked = c.lease_revoke(id).await.expect("revoke");
+    let rev_revoke = revoked.header().expect("header").revision();
+    assert_eq!(
+        rev_revoke,
+        rev_before + 1,
+        "both keys deleted in one revision"
+    );
+    assert!(c
+        .get("l/", Some(GetOptions::new().with_prefix()))
+        .await
+        .expect("get")
+        .kvs()
+        .is_empty());
+    let missing = c.lease_revoke(id).await.unwrap_err();
+    assert_eq!(
+        err_text(missing),
+        "NotFound: etcdserver: requested lease not found"
+    );
+    let gone = c
+        .lease_time_to_live(id, None)
+        .await
+        .expect("ttl of a revoked lease");
+    assert_eq!(gone.ttl(), -1, "etcd reports a missing lease as TTL -1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_lease_expires_within_ttl_plus_one_second_in_one_revision() {
+    let cluster = Cluster::start(3, &[]).await;
+    let mut c = cluster.client(1).await;
+    let ttl = 3;
+    let lease = c.lease_grant(ttl, None).await.expect("grant").id();
+    // Keep it alive once, then abandon it: the TTL counts from here.
+    let (mut keeper, mut stream) = c.lease_keep_alive(lease).await.expect("keep-alive");
+    keeper.keep_alive().await.expect("send");
+    stream.message().await.expect("reply").expect("a reply");
+    let abandoned = Instant::now();
+    drop((keeper, stream));
+    for k in ["e/1", "e/2", "e/3"] {
+        c.put(k, "v", Some(PutOptions::new().with_lease(lease)))
+            .await
+            .expect("put");
+    }
+    c.put("e/keep", "v", None).await.expect("put");
+    let last_rev = c
+        .get("e/", Some(GetOptions::new().with_prefix()))
+        .await
+        .expect("get")
+        .header()
+        .expect("h")
+        .revision();
+
+    let expired_at = loop {
+        let left = c
+            .get(
+                "e/",
+                Some(GetOptions::new().with_prefix().with_count_only()),
+            )
+            .await
+            .expect("get")
+            .count();
+        if left == 1 {
+            break abandoned.elapsed();
+        }
+        assert!(
+            abandoned.elapsed() < Duration::from_secs(ttl as u64 + 5),
+            "lease never expired"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    println!("lease with TTL {ttl}s expired {expired_at:?} after its last keep-alive");
+    assert!(
+        expired_at <= Duration::from_secs(ttl as u64 + 1),
+        "expired after {expired_at:?}"
+    );
+    assert!(
+        expired_at >= Duration::from_secs(ttl as u64 - 1),
+        "expired too early: {expired_at:?}"
+    );
+
+    // All three keys went in ONE revision: right before it all three are
+    // visible, at it none is.
+    let now = c
+        .get("e/keep", None)
+        .await
+        .expect("get")
+        .header()
+        .expect("h")
+        .revision();
+    let mut deletion_rev = None;
+    for rev in (last_rev + 1)..=now {
+        let at = c
+            .get(
+                "e/",
+                Some(GetOptions::new().with_prefix().with_revision(rev)),
+            )
+            .await
+            .expect("get at rev");
+        if at.kvs().len() == 1 {
+            let before = c
+                .get(
+                    "e/",
+                    Some(GetOptions::new().with_prefix().with_revision(rev - 1)),
+                )
+                .await
+                .expect("get");
+            assert_eq!(
+                before.kvs().len(),
+                4,
+                "all leased keys were live one revision earlier"
+            );
+            deletion_rev = Some(rev);
+            break;
+        }
+        assert_eq!(
+            at.kvs().len(),
+            4,
+            "keys disappeared one at a time at revision {rev}"
+        );
+    }
+    assert!(deletion_rev.is_some());
+    assert_eq!(
+        c.lease_time_to_live(lease, None).await.expect("ttl").ttl(),
+        -1
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_leader_expires_none_of_ten_thousand_kept_alive_leases() {
+    const LEASES: usize = 10_000;
+    const TTL: i64 = 10;
+    let mut cluster = Cluster::start(3, &[]).await;
+    let leader = cluster.wait_leader(Duration::from_secs(10)).await;
+    let survivor = if leader == 1 { 2 } else { 1 };
+    let c = cluster.client(survivor).await;
+
+    // Grant the leases and give each a key, 64 requests in flight.
+    let started = Instant::now();
+    let ids = futures::future::join_all((0..64).map(|w| {
+        let mut c = c.clone();
+        async move {
+            let mut ids = Vec::new();
+            for i in (w..LEASES).step_by(64) {
+                let id = c.lease_grant(TTL, None).await.expect("grant").id();
+                c.put(
+                    format!("s/{i:05}"),
+                    "alive",
+                    Some(PutOptions::new().with_lease(id)),
+                )
+                .await
+                .expect("put");
+                ids.push(id);
+            }
+            ids
+        }
+    }))
+    .await
+    .into_iter()
+    .flatten()
+    .collect::<Vec<i64>>();
+    println!(
+        "granted {} leases with keys in {:?}",
+        ids.len(),
+        started.elapsed()
+    );
+
+    // One stream refreshes them all every 2 s through a surviving member.
+    let addr = cluster.member(survivor).client.clone();
+    let refresher = {
+        let ids = ids.clone();
+        tokio::spawn(async move {
+            let mut stream = KeepAliveStream::open(&addr)
+                .await
+                .expect("keep-alive stream");
+            let mut rounds = 0;
+            let deadline = Instant::now() + Duration::from_secs(2 * TTL as u64 + 10);
+            while Instant::now() < deadline {
+                match stream.refresh_all(&ids, Duration::from_secs(8)).await {
+                    Ok(ttls) => {
+                        let lost = ttls.values().filter(|t| **t <= 0).count();
+                        assert_eq!(lost, 0, "{lost} leases reported gone in round {rounds}");
+                        rounds += 1;
+                    }
+                    // During the election the stream may fail; reopen it.
+                    Err(e) => {
+                        println!("refresh round failed ({e}); reopening");
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        if let Ok(s) = KeepAliveStream::open(&addr).await {
+                            stream = s;
+                        }
+                        continue;
+                    }
+                }
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+            rounds
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    cluster.kill(leader);
+    let killed = Instant::now();
+    let new_leader = cluster.wait_leader(Duration::from_secs(10)).await;
+    println!("new leader {new_leader} after {:?}", killed.elapsed());
+
+    let rounds = refresher.await.expect("refresher");
+    assert!(rounds >= 5, "only {rounds} full refresh rounds");
+    // More than a TTL has passed since the kill: every lease and key lives.
+    let mut c = cluster.client(survivor).await;
+    let count = c
+        .get(
+            "s/",
+            Some(GetOptions::new().with_prefix().with_count_only()),
+        )
+        .await
+        .expect("count")
+        .count();
+    assert_eq!(
+        count as usize, LEASES,
+        "keys of kept-alive leases were deleted"
+    );
+    let listed = c.leases().await.expect("leases").leases().len();
+    assert_eq!(listed, LEASES);
+}

@@ -1,0 +1,24 @@
+//! # latchkey-shared
+//!
+//! What every latchkey binary agrees on.
+//!
+//! ## Layout
+//! - [`etcdpb`]: the etcd v3 protocol (messages and server traits), generated
+//!   by the `etcd-client` crate from etcd's own protos.
+//! - [`peer`]: latchkey's internal cell-to-cell service (Raft messages and
+//!   forwarded requests), generated from `proto/peer.proto`.
+//! - [`error`]: the one error table (code -> HTTP status, gRPC code, etcd text).
+//! - [`limits`]: default limits shared by cells and proxies.
+
+pub mod error;
+pub mod limits;
+
+/// The etcd v3 protocol types and server traits.
+pub use etcd_client::proto as etcdpb;
+
+/// latchkey's internal cell-to-cell gRPC service.
+pub mod peer {
+    tonic::include_proto!("latchkey.peer.v1");
+}
+
+pub use error::{ApiError, ErrorCode};
