@@ -71,12 +71,13 @@ pub struct Config {
     pub request_timeout_ms: u64,
 
     /// Raft heartbeat interval in milliseconds.
-    #[arg(long, env = "LATCHKEY_HEARTBEAT_MS", default_value_t = 150)]
+    #[arg(long, env = "LATCHKEY_HEARTBEAT_MS", default_value_t = 100)]
     pub heartbeat_ms: u64,
 
     /// Minimum Raft election timeout in milliseconds (the maximum is twice
-    /// this). A leader failure is noticed after about this long.
-    #[arg(long, env = "LATCHKEY_ELECTION_TIMEOUT_MS", default_value_t = 800)]
+    /// this). A leader failure is noticed after about this long; six
+    /// heartbeats of slack keep a busy but healthy leader in office.
+    #[arg(long, env = "LATCHKEY_ELECTION_TIMEOUT_MS", default_value_t = 600)]
     pub election_timeout_ms: u64,
 
     /// Take a snapshot every this many applied log entries.

@@ -223,7 +223,9 @@ async fn an_abandoned_lease_expires_within_ttl_plus_one_second_in_one_revision()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_the_leader_expires_none_of_ten_thousand_kept_alive_leases() {
     const LEASES: usize = 10_000;
-    const TTL: i64 = 10;
+    // Longer than granting takes (~10 s here), so the first refresh round
+    // finds every lease alive.
+    const TTL: i64 = 20;
     let mut cluster = Cluster::start(3, &[]).await;
     let leader = cluster.wait_leader(Duration::from_secs(10)).await;
     let survivor = if leader == 1 { 2 } else { 1 };
@@ -268,7 +270,9 @@ async fn killing_the_leader_expires_none_of_ten_thousand_kept_alive_leases() {
                 .await
                 .expect("keep-alive stream");
             let mut rounds = 0;
-            let deadline = Instant::now() + Duration::from_secs(2 * TTL as u64 + 10);
+            // Refresh until more than a TTL after the kill (which comes 3 s
+            // after refreshing starts).
+            let deadline = Instant::now() + Duration::from_secs(TTL as u64 + 8);
             while Instant::now() < deadline {
                 match stream.refresh_all(&ids, Duration::from_secs(8)).await {
                     Ok(ttls) => {
@@ -298,7 +302,7 @@ async fn killing_the_leader_expires_none_of_ten_thousand_kept_alive_leases() {
     println!("new leader {new_leader} after {:?}", killed.elapsed());
 
     let rounds = refresher.await.expect("refresher");
-    assert!(rounds >= 5, "only {rounds} full refresh rounds");
+    assert!(rounds >= 4, "only {rounds} full refresh rounds");
     // More than a TTL has passed since the kill: every lease and key lives.
     let mut c = cluster.client(survivor).await;
     let count = c

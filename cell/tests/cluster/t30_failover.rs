@@ -40,23 +40,33 @@ async fn check_member_has(
     let mut c = cluster.client(id).await;
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let got = c
+        // A member just restarted may not listen yet: retry until the deadline.
+        let held: BTreeMap<String, String> = match c
             .get(
                 prefix,
                 Some(GetOptions::new().with_prefix().with_serializable()),
             )
             .await
-            .expect("local read");
-        let held: BTreeMap<String, String> = got
-            .kvs()
-            .iter()
-            .map(|kv| {
-                (
-                    kv.key_str().expect("utf-8").to_string(),
-                    kv.value_str().expect("utf-8").to_string(),
-                )
-            })
-            .collect();
+        {
+            Ok(got) => got
+                .kvs()
+                .iter()
+                .map(|kv| {
+                    (
+                        kv.key_str().expect("utf-8").to_string(),
+                        kv.value_str().expect("utf-8").to_string(),
+                    )
+                })
+                .collect(),
+            Err(e) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "member {id} does not answer: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            }
+        };
         let missing = expected
             .iter()
             .filter(|(k, v)| held.get(*k) != Some(v))
