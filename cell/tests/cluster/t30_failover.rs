@@ -178,7 +178,9 @@ async fn ten_thousand_writes_survive_the_leader_and_a_restarted_member_catches_u
         .find(|id| *id != new_leader)
         .expect("a follower");
     cluster.kill(lagger);
-    let all_p = write_keys(&c, "p/", 7_000, "v3").await;
+    // Through the new leader: the client above may point at the lagger.
+    let c_leader = cluster.client(new_leader).await;
+    let all_p = write_keys(&c_leader, "p/", 7_000, "v3").await;
     assert_eq!(all_p.len(), 7_000);
     let built = metric_value(
         &cluster.metrics(new_leader).await,
