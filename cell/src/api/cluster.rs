@@ -2,6 +2,7 @@
 //! update, promote) come with the watches and membership issue and are
 //! answered `unimplemented` until then.
 
+use super::not_built;
 use crate::node::CellNode;
 use latchkey_shared::etcdpb::{
     PbClusterService, PbMember, PbMemberAddRequest, PbMemberAddResponse, PbMemberListRequest,
@@ -38,10 +39,6 @@ impl ClusterService {
                 .collect()
         })
     }
-}
-
-fn not_built(what: &str) -> Status {
-    Status::unimplemented(format!("{what} is not supported by this latchkey version"))
 }
 
 #[tonic::async_trait]

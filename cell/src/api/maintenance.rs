@@ -3,6 +3,7 @@
 //! are built (the watches and membership issue adds Snapshot, Defragment
 //! and MoveLeader).
 
+use super::not_built;
 use crate::node::CellNode;
 use latchkey_shared::etcdpb::{
     PbAlarmRequest, PbAlarmResponse, PbDefragmentRequest, PbDefragmentResponse, PbDowngradeRequest,
@@ -20,10 +21,6 @@ pub const ETCD_API_VERSION: &str = "3.5.0";
 
 pub struct MaintenanceService {
     pub node: Arc<CellNode>,
-}
-
-fn not_built(what: &str) -> Status {
-    Status::unimplemented(format!("{what} is not supported by this latchkey version"))
 }
 
 #[tonic::async_trait]

@@ -45,6 +45,12 @@ pub fn check_value(node: &CellNode, len: usize) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// The answer for an etcd RPC latchkey does not serve yet: gRPC's own
+/// "unimplemented", which etcd clients report as such.
+pub fn not_built(what: &str) -> tonic::Status {
+    tonic::Status::unimplemented(format!("{what} is not supported by this latchkey version"))
+}
+
 pub fn header_into(node: &CellNode, header: &mut Option<PbResponseHeader>, revision: i64) {
     *header = Some(node.header(revision));
 }

@@ -121,19 +121,23 @@ impl KeySpace {
         self.live_keys
     }
 
+    fn future_revision(&self, revision: i64) -> ApiError {
+        ApiError::new(
+            ErrorCode::FutureRevision,
+            format!(
+                "revision {revision} is newer than the current revision {}",
+                self.revision
+            ),
+        )
+    }
+
     /// Checks that `revision` (0 = current) can be read.
     pub fn check_readable(&self, revision: i64) -> Result<i64, ApiError> {
         if revision <= 0 {
             return Ok(self.revision);
         }
         if revision > self.revision {
-            return Err(ApiError::new(
-                ErrorCode::FutureRevision,
-                format!(
-                    "revision {revision} is newer than the current revision {}",
-                    self.revision
-                ),
-            ));
+            return Err(self.future_revision(revision));
         }
         if revision < self.compact_revision {
             return Err(ApiError::new(
@@ -250,13 +254,7 @@ impl KeySpace {
             ));
         }
         if revision > self.revision {
-            return Err(ApiError::new(
-                ErrorCode::FutureRevision,
-                format!(
-                    "revision {revision} is newer than the current revision {}",
-                    self.revision
-                ),
-            ));
+            return Err(self.future_revision(revision));
         }
         let mut emptied = Vec::new();
         let keys: Vec<Vec<u8>> = self.keys.keys().cloned().collect();

@@ -237,6 +237,14 @@ pub async fn http_get(addr: &str, path: &str) -> Option<String> {
     Some(String::from_utf8_lossy(&buf).into_owned())
 }
 
+/// An etcd-client error as "Code: message", the way tests compare them.
+pub fn err_text(e: etcd_client::Error) -> String {
+    match e {
+        etcd_client::Error::GRpcStatus(s) => format!("{:?}: {}", s.code(), s.message()),
+        other => other.to_string(),
+    }
+}
+
 /// One `LeaseKeepAlive` stream that refreshes many leases, the way a proxy
 /// does (etcd-client opens one stream per lease).
 pub struct KeepAliveStream {

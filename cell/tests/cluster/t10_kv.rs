@@ -1,7 +1,7 @@
 //! The KV service through the `etcd-client` crate on a three-member cell:
 //! every RPC, its options, and its error paths.
 
-use crate::harness::Cluster;
+use crate::harness::{err_text, Cluster};
 use etcd_client::{
     Compare, CompareOp, DeleteOptions, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
     TxnOpResponse,
@@ -13,13 +13,6 @@ fn follower_of(leader: u64) -> u64 {
         2
     } else {
         1
-    }
-}
-
-fn err_text(e: etcd_client::Error) -> String {
-    match e {
-        etcd_client::Error::GRpcStatus(s) => format!("{:?}: {}", s.code(), s.message()),
-        other => other.to_string(),
     }
 }
 

@@ -1,16 +1,9 @@
 //! The Lease service: every RPC and its errors, expiry by the leader in one
 //! revision, and leases kept alive through a leader's death.
 
-use crate::harness::{Cluster, KeepAliveStream};
+use crate::harness::{err_text, Cluster, KeepAliveStream};
 use etcd_client::{GetOptions, LeaseGrantOptions, LeaseTimeToLiveOptions, PutOptions};
 use std::time::{Duration, Instant};
-
-fn err_text(e: etcd_client::Error) -> String {
-    match e {
-        etcd_client::Error::GRpcStatus(s) => format!("{:?}: {}", s.code(), s.message()),
-        other => other.to_string(),
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_rpcs_and_their_errors() {
