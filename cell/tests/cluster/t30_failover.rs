@@ -263,3 +263,59 @@ async fn a_full_restart_keeps_every_key_revision_and_lease() {
         .revision();
     assert_eq!(next, revision + 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_quorum_requests_wait_then_fail_unavailable_and_recover() {
+    let mut cluster = Cluster::start(3, &["--request-timeout-ms", "1500"]).await;
+    let leader = cluster.wait_leader(Duration::from_secs(10)).await;
+    let survivor = if leader == 1 { 2 } else { 1 };
+    let mut c = cluster.client(survivor).await;
+    c.put("q/before", "1", None)
+        .await
+        .expect("put with a quorum");
+
+    let others: Vec<u64> = cluster
+        .running()
+        .into_iter()
+        .filter(|id| *id != survivor)
+        .collect();
+    for id in &others {
+        cluster.kill(*id);
+    }
+    let started = Instant::now();
+    let err = c
+        .put("q/during", "2", None)
+        .await
+        .expect_err("no quorum, no write");
+    let waited = started.elapsed();
+    let text = crate::harness::err_text(err);
+    assert!(text.starts_with("Unavailable: "), "{text}");
+    assert!(
+        waited >= Duration::from_millis(1000) && waited < Duration::from_secs(5),
+        "waited {waited:?}"
+    );
+    let err = c
+        .get("q/before", None)
+        .await
+        .expect_err("no quorum, no linearizable read");
+    assert!(crate::harness::err_text(err).starts_with("Unavailable: "));
+    // A serializable read is still served from local state.
+    let local = c
+        .get("q/before", Some(GetOptions::new().with_serializable()))
+        .await
+        .expect("local read");
+    assert_eq!(local.kvs()[0].value(), b"1");
+
+    // Quorum back: the cell serves again and lost nothing.
+    cluster.spawn(others[0]);
+    cluster.wait_leader(Duration::from_secs(15)).await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while c.put("q/after", "3", None).await.is_err() {
+        assert!(Instant::now() < deadline, "the cell did not recover");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        c.get("q/before", None).await.expect("get").kvs()[0].value(),
+        b"1"
+    );
+}
