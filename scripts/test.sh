@@ -9,4 +9,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 cargo build --workspace --all-targets
-cargo test --workspace -- --test-threads=1
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+cargo test --workspace -- --test-threads=1 2>&1 | tee "$log"
+# One closing line for the whole run (cargo prints one per test binary).
+awk '/^test result:/ { p += $4; f += $6 } END { printf "tests: %d passed, %d failed\n", p, f }' "$log"
