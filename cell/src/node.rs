@@ -162,7 +162,10 @@ impl CellNode {
                     .await
                     .unwrap_or_else(|_| Err(ApiError::etcd(ErrorCode::Timeout)))
             } else {
-                self.send_forward(&addr, payload.clone(), deadline).await
+                // Reads, read indexes and keep-alives are safe to repeat.
+                let retry_safe = !matches!(req, Forward::Write(_));
+                self.send_forward(&addr, payload.clone(), deadline, retry_safe)
+                    .await
             };
             match result {
                 Err(e) if e.code == ErrorCode::NotLeader && Instant::now() < deadline => {
@@ -181,6 +184,7 @@ impl CellNode {
         addr: &str,
         data: Vec<u8>,
         deadline: Instant,
+        retry_safe: bool,
     ) -> Result<ForwardReply, ApiError> {
         let mut client = self.peer(addr)?;
         let mut request = tonic::Request::new(Payload { data });
@@ -199,10 +203,20 @@ impl CellNode {
             }
             // The leader we knew is unreachable; it is probably gone, so
             // wait for the election to settle and try whoever leads then.
+            // A write may be retried only if it never reached the leader
+            // (no connection): one that was sent may have been committed,
+            // and applying it twice would break a compare-and-swap.
             Err(status) => {
+                let never_sent = status.message().contains("connect error");
                 if Instant::now() >= deadline {
                     return Err(ApiError::unavailable(format!(
                         "leader unreachable: {}",
+                        status.message()
+                    )));
+                }
+                if !never_sent && !retry_safe {
+                    return Err(ApiError::unavailable(format!(
+                        "lost the connection to the leader; the write may or may not have been applied: {}",
                         status.message()
                     )));
                 }

@@ -57,6 +57,9 @@ impl LogStore {
             .expect("column family created at open")
     }
 
+    // openraft's StorageError is large, but it is what every caller here
+    // returns to openraft anyway; boxing it would only add a conversion.
+    #[allow(clippy::result_large_err)]
     fn get_meta<T: serde::de::DeserializeOwned>(
         &self,
         key: &[u8],
@@ -71,6 +74,7 @@ impl LogStore {
         }
     }
 
+    #[allow(clippy::result_large_err)]
     fn last_purged(&self) -> Result<Option<LogId>, StorageError> {
         self.get_meta(keys::META_LAST_PURGED)
     }

@@ -271,6 +271,9 @@ async fn kv_rpcs_and_their_errors() {
     }
 }
 
+/// id, name, peer URLs, client URLs, is learner.
+type MemberRow = (u64, String, Vec<String>, Vec<String>, bool);
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_and_member_list_describe_the_cell() {
     let cluster = Cluster::start(3, &[]).await;
@@ -291,7 +294,7 @@ async fn status_and_member_list_describe_the_cell() {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
         let list = c.member_list().await.expect("member list");
-        let mut seen: Vec<(u64, String, Vec<String>, Vec<String>, bool)> = list
+        let mut seen: Vec<MemberRow> = list
             .members()
             .iter()
             .map(|m| {
