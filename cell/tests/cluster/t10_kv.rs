@@ -240,6 +240,16 @@ async fn kv_rpcs_and_their_errors() {
         .await
         .expect("a value at the limit is fine");
 
+    // A request over the request size limit (1.5 MiB) is refused before
+    // it is decoded, with a clear error, and writes nothing.
+    let huge = c
+        .put("huge", vec![b'x'; 2 * 1024 * 1024], None)
+        .await
+        .unwrap_err();
+    let text = err_text(huge);
+    assert!(text.contains("too large"), "{text}");
+    assert!(c.get("huge", None).await.expect("get").kvs().is_empty());
+
     // Empty key.
     let empty = c.put("", "v", None).await.unwrap_err();
     assert_eq!(
