@@ -120,7 +120,8 @@ impl PbKvService for KvService {
             // A read-only txn needs no log entry: evaluate it after the
             // read index, like a linearizable range.
             self.node.linearizable_barrier().await?;
-            let (reply, revision) = self.node.state.read(|s| {
+            let (mut reply, revision) = self.node.state.read(|s| {
+                // O(1) clones (persistent maps); nothing is written.
                 let mut keys = s.keys.clone();
                 let mut leases = s.leases.clone();
                 let mut kv = txn::Kv {
@@ -129,7 +130,6 @@ impl PbKvService for KvService {
                 };
                 txn::txn(&mut kv, &req).map(|r| (r, s.keys.revision()))
             })?;
-            let mut reply = reply;
             reply.header = Some(self.node.header(revision));
             return Ok(GrpcResponse::new(reply));
         }
