@@ -79,6 +79,17 @@ impl KeyRange {
         }
     }
 
+    /// Whether `key` lies in this range.
+    pub fn contains(&self, key: &[u8]) -> bool {
+        if self.end.is_empty() {
+            key == self.start.as_slice()
+        } else if self.end == [0] {
+            key >= self.start.as_slice()
+        } else {
+            key >= self.start.as_slice() && key < self.end.as_slice()
+        }
+    }
+
     /// An inverted range (`end <= start`) selects nothing, as in etcd.
     fn is_empty(&self) -> bool {
         !self.end.is_empty() && self.end != [0] && self.end <= self.start

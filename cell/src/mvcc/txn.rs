@@ -483,19 +483,6 @@ pub fn txn_max_value(req: &PbTxnRequest) -> usize {
         .unwrap_or(0)
 }
 
-impl KeyRange {
-    /// Whether `key` lies in this range.
-    pub fn contains(&self, key: &[u8]) -> bool {
-        if self.end.is_empty() {
-            key == self.start.as_slice()
-        } else if self.end == [0] {
-            key >= self.start.as_slice()
-        } else {
-            key >= self.start.as_slice() && key < self.end.as_slice()
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

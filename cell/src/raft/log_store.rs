@@ -78,14 +78,6 @@ impl LogStore {
     fn last_purged(&self) -> Result<Option<LogId>, StorageError> {
         self.get_meta(keys::META_LAST_PURGED)
     }
-
-    /// The number of entries in the log, for metrics and tests.
-    pub fn last_index(&self) -> Option<u64> {
-        let mut it = self.db.iterator_cf(self.cf_logs(), IteratorMode::End);
-        it.next()
-            .and_then(|r| r.ok())
-            .and_then(|(k, _)| keys::decode_log_index(&k))
-    }
 }
 
 /// Fsyncs the write-ahead log once per batch of waiting appends.

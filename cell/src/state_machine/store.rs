@@ -46,11 +46,6 @@ impl SharedState {
         f(&guard)
     }
 
-    /// The last applied log index.
-    pub fn applied_index(&self) -> u64 {
-        *self.applied.borrow()
-    }
-
     /// Waits until the state machine has applied `index`.
     pub async fn wait_applied(&self, index: u64) -> bool {
         let mut rx = self.applied.clone();
