@@ -1,5 +1,6 @@
 //! Command-line configuration, with `LATCHKEY_*` environment fallbacks.
 
+use crate::auto_compaction::Retention;
 use anyhow::{bail, Context};
 use clap::Parser;
 use latchkey_shared::limits;
@@ -12,7 +13,8 @@ use std::path::PathBuf;
 #[command(name = "latchkey-cell", version, about, long_about = None)]
 pub struct Config {
     /// This member's id: a positive integer, unique in the cell and never
-    /// reused. It must match its entry in --initial-cluster.
+    /// reused. It must match its entry in --initial-cluster. With --join it
+    /// may be left out: the id MemberAdd gave this peer address is used.
     #[arg(long, env = "LATCHKEY_ID")]
     pub id: Option<u64>,
 
@@ -34,6 +36,19 @@ pub struct Config {
     /// every member; used only to bootstrap a new cell.
     #[arg(long, env = "LATCHKEY_INITIAL_CLUSTER")]
     pub initial_cluster: Option<String>,
+
+    /// Join a running cell instead of bootstrapping one: client URLs of
+    /// its members, comma separated. Add this member first (etcdctl member
+    /// add NAME --peer-urls=http://PEER-ADDR [--learner]).
+    #[arg(long, env = "LATCHKEY_JOIN", conflicts_with = "initial_cluster")]
+    pub join: Option<String>,
+
+    /// Start a NEW cell from a state file saved by `etcdctl snapshot save`
+    /// (Maintenance.Snapshot): its keys, history, revision and leases. Give
+    /// the same file to every member of the new cell; the data directory
+    /// must be empty.
+    #[arg(long, env = "LATCHKEY_RESTORE", conflicts_with = "join")]
+    pub restore: Option<PathBuf>,
 
     /// Address for /metrics (Prometheus), /healthz and /readyz.
     #[arg(long, env = "LATCHKEY_METRICS_ADDR", default_value = "127.0.0.1:7811")]
@@ -90,6 +105,38 @@ pub struct Config {
     #[arg(long, env = "LATCHKEY_SNAPSHOT_KEEP_ENTRIES", default_value_t = 1_000)]
     pub snapshot_keep_entries: u64,
 
+    /// How often a watch that asked for progress notifications and was sent
+    /// nothing meanwhile gets one, in milliseconds (etcd: 10 minutes).
+    #[arg(
+        long,
+        env = "LATCHKEY_WATCH_PROGRESS_NOTIFY_INTERVAL_MS",
+        default_value_t = 600_000
+    )]
+    pub watch_progress_notify_interval_ms: u64,
+
+    /// Watches one watch stream may hold; more are refused with a reason.
+    #[arg(
+        long,
+        env = "LATCHKEY_MAX_WATCHES_PER_STREAM",
+        default_value_t = 100_000
+    )]
+    pub max_watches_per_stream: usize,
+
+    /// "periodic" (retention is a duration) or "revision" (retention is a
+    /// number of revisions), as etcd's --auto-compaction-mode.
+    #[arg(
+        long,
+        env = "LATCHKEY_AUTO_COMPACTION_MODE",
+        default_value = "periodic"
+    )]
+    pub auto_compaction_mode: String,
+
+    /// History to keep; "0" turns automatic compaction off. Periodic mode:
+    /// a duration such as "30m", "1h", "90s", or a bare number of hours
+    /// (as etcd). Revision mode: a number of revisions.
+    #[arg(long, env = "LATCHKEY_AUTO_COMPACTION_RETENTION", default_value = "0")]
+    pub auto_compaction_retention: String,
+
     /// Log filter (tracing's EnvFilter syntax), e.g. "info" or "latchkey_cell=debug".
     #[arg(long, env = "LATCHKEY_LOG", default_value = "info")]
     pub log: String,
@@ -101,6 +148,9 @@ pub struct Resolved {
     pub id: u64,
     pub data_dir: PathBuf,
     pub initial_cluster: BTreeMap<u64, String>,
+    /// Client URLs of a running cell to join (empty: bootstrap or restart).
+    pub join: Vec<String>,
+    pub retention: Retention,
     pub name: String,
     pub cluster_id: u64,
     pub cfg: Config,
@@ -149,14 +199,26 @@ fn cluster_id(members: &BTreeMap<u64, String>) -> u64 {
 
 impl Config {
     pub fn resolve(self) -> anyhow::Result<Resolved> {
+        let join: Vec<String> = self
+            .join
+            .as_deref()
+            .unwrap_or_default()
+            .split(',')
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+            .map(String::from)
+            .collect();
+        if self.join.is_some() && join.is_empty() {
+            bail!("--join names no client URL");
+        }
         let id = match (self.id, self.dev) {
+            (Some(0), _) => bail!("--id must be a positive integer"),
             (Some(id), _) => id,
             (None, true) => 1,
+            // Learned from the cell at startup.
+            (None, false) if !join.is_empty() => 0,
             (None, false) => bail!("--id is required (or --dev for a one-member cell)"),
         };
-        if id == 0 {
-            bail!("--id must be a positive integer");
-        }
         let data_dir = match (&self.data_dir, self.dev) {
             (Some(d), _) => d.clone(),
             (None, true) => PathBuf::from("latchkey-data"),
@@ -165,11 +227,13 @@ impl Config {
         let initial_cluster = match (&self.initial_cluster, self.dev) {
             (Some(s), _) => parse_initial_cluster(s)?,
             (None, true) => BTreeMap::from([(id, self.peer_addr.clone())]),
+            (None, false) if !join.is_empty() => BTreeMap::new(),
             (None, false) => {
-                bail!("--initial-cluster is required (or --dev for a one-member cell)")
+                bail!("--initial-cluster (or --join) is required, or --dev for a one-member cell")
             }
         };
         match initial_cluster.get(&id) {
+            _ if !join.is_empty() => {}
             Some(addr) if addr != &self.peer_addr => {
                 bail!(
                     "--initial-cluster gives member {id} the address {addr} but --peer-addr is {}",
@@ -185,12 +249,19 @@ impl Config {
         if self.election_timeout_ms <= self.heartbeat_ms * 2 {
             bail!("--election-timeout-ms must be more than twice --heartbeat-ms");
         }
+        let retention = crate::auto_compaction::parse_retention(
+            &self.auto_compaction_mode,
+            &self.auto_compaction_retention,
+        )?;
         let name = self.name.clone().unwrap_or_else(|| format!("cell-{id}"));
         Ok(Resolved {
             id,
             data_dir,
+            // A joining member learns the cell's id from the cell.
             cluster_id: cluster_id(&initial_cluster),
             initial_cluster,
+            join,
+            retention,
             name,
             cfg: self,
         })

@@ -11,8 +11,11 @@
 //! - [`state_machine`]: what the log carries and the deterministic apply.
 //! - [`mvcc`]: the multi-version keyspace and etcd's KV operations on it.
 //! - [`lease`]: the replicated lease table and the leader's lessor.
+//! - [`membership`]: member add/promote/remove/update and leader transfer.
 //! - [`node`]: where each request is served (leader, forwarding, read index).
+//! - [`watch`]: the hub applied changes are published to, and watch streams.
 //! - [`api`]: the etcd gRPC services, one file each.
+//! - [`auto_compaction`]: the leader compacts history by retention.
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz`.
 //!
 //! ## Data flow
@@ -26,11 +29,14 @@
 
 pub mod admin;
 pub mod api;
+pub mod auto_compaction;
 pub mod config;
 pub mod lease;
+pub mod membership;
 pub mod mvcc;
 pub mod node;
 pub mod raft;
 pub mod startup;
 pub mod state_machine;
 pub mod storage;
+pub mod watch;

@@ -8,10 +8,12 @@
 
 use crate::config::Resolved;
 use crate::lease::lessor::{Lessor, RefreshError};
+use crate::membership::{self, MembershipChange};
 use crate::raft::network::{peer_channel, peer_client};
 use crate::raft::{codec, NodeId, Raft};
 use crate::state_machine::command::{Reply, Request, Response};
 use crate::state_machine::store::SharedState;
+use crate::watch::hub::WatchHub;
 use dashmap::DashMap;
 use latchkey_shared::etcdpb::PbResponseHeader;
 use latchkey_shared::peer::peer_client::PeerClient;
@@ -30,8 +32,18 @@ use tonic::transport::Channel;
 pub enum Forward {
     Write(Request),
     ReadIndex,
-    KeepAlive { id: i64 },
-    TimeToLive { id: i64 },
+    KeepAlive {
+        id: i64,
+    },
+    TimeToLive {
+        id: i64,
+    },
+    Membership(MembershipChange),
+    MoveLeader {
+        target: NodeId,
+    },
+    /// Sent to one member (not the leader): start an election now.
+    Campaign,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -40,6 +52,7 @@ pub enum ForwardReply {
     ReadIndex(u64),
     KeepAlive { ttl: i64 },
     TimeToLive(LeaseTtl),
+    Done,
 }
 
 /// What TimeToLive reports about a lease.
@@ -66,8 +79,12 @@ pub struct CellNode {
     pub raft: Raft,
     pub state: SharedState,
     pub lessor: Arc<Lessor>,
+    pub watch_hub: Arc<WatchHub>,
+    /// The log store's database, for maintenance.
+    pub db: Arc<rocksdb::DB>,
     pub limits: Limits,
     pub request_timeout: Duration,
+    pub election_timeout: Duration,
     /// Peer clients by address, made on first use.
     peers: DashMap<String, PeerClient<Channel>>,
 }
@@ -77,7 +94,14 @@ fn fatal(e: impl std::fmt::Display) -> ApiError {
 }
 
 impl CellNode {
-    pub fn new(cfg: &Resolved, raft: Raft, state: SharedState, lessor: Arc<Lessor>) -> Self {
+    pub fn new(
+        cfg: &Resolved,
+        raft: Raft,
+        state: SharedState,
+        lessor: Arc<Lessor>,
+        watch_hub: Arc<WatchHub>,
+        db: Arc<rocksdb::DB>,
+    ) -> Self {
         CellNode {
             id: cfg.id,
             cluster_id: cfg.cluster_id,
@@ -86,12 +110,15 @@ impl CellNode {
             raft,
             state,
             lessor,
+            watch_hub,
+            db,
             limits: Limits {
                 max_value_bytes: cfg.cfg.max_value_bytes,
                 quota_bytes: cfg.cfg.quota_bytes,
                 min_ttl: cfg.cfg.min_ttl,
             },
             request_timeout: Duration::from_millis(cfg.cfg.request_timeout_ms),
+            election_timeout: Duration::from_millis(cfg.cfg.election_timeout_ms),
             peers: DashMap::new(),
         }
     }
@@ -163,7 +190,7 @@ impl CellNode {
                     .unwrap_or_else(|_| Err(ApiError::etcd(ErrorCode::Timeout)))
             } else {
                 // Reads, read indexes and keep-alives are safe to repeat.
-                let retry_safe = !matches!(req, Forward::Write(_));
+                let retry_safe = !matches!(req, Forward::Write(_) | Forward::Membership(_));
                 self.send_forward(&addr, payload.clone(), deadline, retry_safe)
                     .await
             };
@@ -238,6 +265,16 @@ impl CellNode {
                 .await
                 .map(|ttl| ForwardReply::KeepAlive { ttl }),
             Forward::TimeToLive { id } => self.ttl_here(*id).await.map(ForwardReply::TimeToLive),
+            Forward::Membership(change) => membership::change_here(self, change)
+                .await
+                .map(|_| ForwardReply::Done),
+            Forward::MoveLeader { target } => membership::move_leader_here(self, *target)
+                .await
+                .map(|_| ForwardReply::Done),
+            Forward::Campaign => {
+                self.raft.trigger().elect().await.map_err(fatal)?;
+                Ok(ForwardReply::Done)
+            }
         }
     }
 
@@ -279,6 +316,29 @@ impl CellNode {
             ));
         }
         Ok(())
+    }
+
+    /// A membership change, wherever it arrives.
+    pub async fn change_membership(&self, change: MembershipChange) -> Result<(), ApiError> {
+        self.on_leader(Forward::Membership(change))
+            .await
+            .map(|_| ())
+    }
+
+    /// Moves leadership to voter `target`, wherever the request arrives.
+    pub async fn move_leader(&self, target: NodeId) -> Result<(), ApiError> {
+        self.on_leader(Forward::MoveLeader { target })
+            .await
+            .map(|_| ())
+    }
+
+    /// Asks the member at `addr` to start an election now.
+    pub async fn ask_to_campaign(&self, addr: &str, deadline: Instant) -> Result<(), ApiError> {
+        let payload =
+            codec::encode(&Forward::Campaign).map_err(|e| ApiError::internal(e.to_string()))?;
+        self.send_forward(addr, payload, deadline, true)
+            .await
+            .map(|_| ())
     }
 
     /// A replicated write, wherever it arrives.

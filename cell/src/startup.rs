@@ -3,12 +3,16 @@
 
 use crate::config::Resolved;
 use crate::lease::lessor::Lessor;
+use crate::membership::discover_identity;
 use crate::node::CellNode;
 use crate::raft::log_store::{self, LogStore};
 use crate::raft::network::{NetworkFactory, MAX_PEER_MESSAGE_BYTES};
 use crate::raft::peer_service::PeerService;
 use crate::raft::{Member, Raft};
-use crate::state_machine::store::StateMachineStore;
+use crate::state_machine::backup::decode_state_file;
+use crate::state_machine::store::{has_state, write_initial_state, StateMachineStore};
+use crate::watch::hub::WatchHub;
+use crate::watch::stream::WatchOptions;
 use anyhow::{bail, Context};
 use latchkey_shared::peer::peer_server::PeerServer;
 use openraft::SnapshotPolicy;
@@ -69,8 +73,94 @@ fn parse_addr(flag: &str, addr: &str) -> anyhow::Result<SocketAddr> {
         .with_context(|| format!("{flag} '{addr}' is not ip:port"))
 }
 
+/// Settles which member of which cell this is: what the data directory
+/// records, else the flags, else (with `--join`) what the running cell says;
+/// and applies `--restore` to a fresh directory.
+async fn settle_identity(cfg: &mut Resolved, db: &rocksdb::DB) -> anyhow::Result<()> {
+    let stored = log_store::stored_node_id(db)?;
+    if let Some(file) = &cfg.cfg.restore {
+        if stored.is_some() || has_state(&cfg.data_dir) {
+            bail!(
+                "--restore needs an empty data directory, but {} already holds a member's data \
+                 (to restart that member, leave out --restore)",
+                cfg.data_dir.display()
+            );
+        }
+        let bytes =
+            std::fs::read(file).with_context(|| format!("reading --restore {}", file.display()))?;
+        let state =
+            decode_state_file(&bytes).with_context(|| format!("--restore {}", file.display()))?;
+        tracing::info!(
+            revision = state.keys.revision(),
+            keys = state.keys.live_keys(),
+            leases = state.leases.len(),
+            "restoring a new cell from a state file"
+        );
+        write_initial_state(&cfg.data_dir, &state)?;
+    }
+    let (id, cluster_id) = match stored {
+        Some(stored) => {
+            if cfg.id != 0 && stored != cfg.id {
+                bail!(
+                    "{} belongs to member {stored}, not {}",
+                    cfg.data_dir.display(),
+                    cfg.id
+                );
+            }
+            let cluster_id = log_store::stored_cluster_id(db)?.unwrap_or(cfg.cluster_id);
+            (stored, cluster_id)
+        }
+        None if !cfg.join.is_empty() => {
+            let (id, cluster_id) = discover_identity(
+                &cfg.join,
+                &cfg.cfg.peer_addr,
+                std::time::Duration::from_secs(60),
+            )
+            .await?;
+            if cfg.id != 0 && cfg.id != id {
+                bail!(
+                    "--id {} but the cell added this peer address as member {id}",
+                    cfg.id
+                );
+            }
+            tracing::info!(id, cluster_id = %format!("{cluster_id:x}"), "joining a running cell");
+            (id, cluster_id)
+        }
+        None => (cfg.id, cfg.cluster_id),
+    };
+    log_store::store_identity(db, id, cluster_id)?;
+    cfg.id = id;
+    cfg.cluster_id = cluster_id;
+    if cfg.cfg.name.is_none() {
+        cfg.name = format!("cell-{id}");
+    }
+    Ok(())
+}
+
+/// Resolves when this member has been removed from the cell's membership
+/// (after having been in it): a removed member stops, as in etcd.
+async fn removed_from_cell(raft: Raft, id: u64) {
+    let mut rx = raft.metrics();
+    let mut was_member = false;
+    loop {
+        {
+            let m = rx.borrow_and_update();
+            let membership = m.membership_config.membership();
+            let is_member = membership.get_node(&id).is_some();
+            if is_member {
+                was_member = true;
+            } else if was_member && membership.nodes().next().is_some() {
+                return;
+            }
+        }
+        if rx.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
 /// Runs a member until it is told to stop.
-pub async fn run(cfg: Resolved) -> anyhow::Result<()> {
+pub async fn run(mut cfg: Resolved) -> anyhow::Result<()> {
     init_tracing(&cfg.cfg.log);
     let client_addr = parse_addr("--client-addr", &cfg.cfg.client_addr)?;
     let peer_addr = parse_addr("--peer-addr", &cfg.cfg.peer_addr)?;
@@ -94,20 +184,11 @@ pub async fn run(cfg: Resolved) -> anyhow::Result<()> {
         .with_context(|| format!("creating {}", cfg.data_dir.display()))?;
     let db = crate::storage::open(&cfg.data_dir)
         .with_context(|| format!("opening the log in {}", cfg.data_dir.display()))?;
-    match log_store::stored_node_id(&db)? {
-        Some(stored) if stored != cfg.id => {
-            bail!(
-                "{} belongs to member {stored}, not {}",
-                cfg.data_dir.display(),
-                cfg.id
-            )
-        }
-        Some(_) => {}
-        None => log_store::store_node_id(&db, cfg.id)?,
-    }
+    settle_identity(&mut cfg, &db).await?;
 
     let lessor = Arc::new(Lessor::new());
-    let sm = StateMachineStore::open(&cfg.data_dir, Some(lessor.clone()))
+    let hub = Arc::new(WatchHub::new());
+    let sm = StateMachineStore::open(&cfg.data_dir, Some(lessor.clone()), hub.clone())
         .await
         .with_context(|| format!("loading the snapshot in {}", cfg.data_dir.display()))?;
     let shared = sm.shared();
@@ -115,12 +196,19 @@ pub async fn run(cfg: Resolved) -> anyhow::Result<()> {
         cfg.id,
         Arc::new(raft_config(&cfg)?),
         NetworkFactory,
-        LogStore::new(db),
+        LogStore::new(db.clone()),
         sm,
     )
     .await
     .context("starting raft")?;
-    let node = Arc::new(CellNode::new(&cfg, raft.clone(), shared, lessor));
+    let node = Arc::new(CellNode::new(
+        &cfg,
+        raft.clone(),
+        shared,
+        lessor,
+        hub,
+        db.clone(),
+    ));
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = move || {
@@ -151,7 +239,8 @@ pub async fn run(cfg: Resolved) -> anyhow::Result<()> {
         }
     });
 
-    if !raft.is_initialized().await? {
+    // A joining member never bootstraps: the leader replicates to it.
+    if cfg.join.is_empty() && !raft.is_initialized().await? {
         let members: BTreeMap<u64, Member> = cfg
             .initial_cluster
             .iter()
@@ -174,6 +263,7 @@ pub async fn run(cfg: Resolved) -> anyhow::Result<()> {
     tokio::spawn(node.clone().run_lessor_promotion());
     tokio::spawn(node.clone().run_lease_expiry());
     tokio::spawn(node.clone().run_publish_member());
+    tokio::spawn(crate::auto_compaction::run(node.clone(), cfg.retention));
 
     let admin_listener = tokio::net::TcpListener::bind(metrics_addr)
         .await
@@ -195,12 +285,22 @@ pub async fn run(cfg: Resolved) -> anyhow::Result<()> {
         node.clone(),
         api_listener,
         cfg.cfg.max_request_bytes,
+        WatchOptions {
+            progress_interval: std::time::Duration::from_millis(
+                cfg.cfg.watch_progress_notify_interval_ms.max(100),
+            ),
+            max_watches: cfg.cfg.max_watches_per_stream,
+            max_response_bytes: cfg.cfg.max_request_bytes,
+        },
         stopped(),
     ));
     tracing::info!(id = cfg.id, %client_addr, %peer_addr, %metrics_addr, data_dir = %cfg.data_dir.display(), "latchkey-cell started");
 
     tokio::select! {
         _ = shutdown_signal() => tracing::info!("stopping"),
+        _ = removed_from_cell(raft.clone(), cfg.id) => {
+            tracing::warn!("this member was removed from the cell; stopping")
+        }
         r = api_task => { r??; bail!("the client API server stopped") }
     }
     let _ = stop_tx.send(true);

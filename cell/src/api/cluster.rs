@@ -1,8 +1,8 @@
-//! etcd v3 `Cluster` service: MemberList. Membership changes (add, remove,
-//! update, promote) come with the watches and membership issue and are
-//! answered `unimplemented` until then.
+//! etcd v3 `Cluster` service: MemberAdd, MemberPromote, MemberRemove,
+//! MemberUpdate and MemberList. Changes are made on the leader through
+//! Raft joint consensus (see [`crate::membership`]).
 
-use super::not_built;
+use crate::membership::{new_member_id, parse_peer_urls, MembershipChange};
 use crate::node::CellNode;
 use latchkey_shared::etcdpb::{
     PbClusterService, PbMember, PbMemberAddRequest, PbMemberAddResponse, PbMemberListRequest,
@@ -41,27 +41,70 @@ impl ClusterService {
     }
 }
 
+impl ClusterService {
+    /// The members after a change, as seen once this member is up to date.
+    async fn members_now(&self) -> Result<Vec<PbMember>, Status> {
+        self.node.linearizable_barrier().await?;
+        Ok(self.members())
+    }
+}
+
 #[tonic::async_trait]
 impl PbClusterService for ClusterService {
     async fn member_add(
         &self,
-        _request: Request<PbMemberAddRequest>,
+        request: Request<PbMemberAddRequest>,
     ) -> Result<Response<PbMemberAddResponse>, Status> {
-        Err(not_built("MemberAdd"))
+        let req = request.into_inner();
+        let peer_addr = parse_peer_urls(&req.peer_ur_ls)?;
+        let taken: Vec<u64> = self.members().iter().map(|m| m.id).collect();
+        let id = new_member_id(&peer_addr, |id| taken.contains(&id));
+        self.node
+            .change_membership(MembershipChange::Add {
+                id,
+                peer_addr,
+                learner: req.is_learner,
+            })
+            .await?;
+        let members = self.members_now().await?;
+        let member = members.iter().find(|m| m.id == id).cloned();
+        Ok(Response::new(PbMemberAddResponse {
+            header: Some(self.node.header_now()),
+            member,
+            members,
+        }))
     }
 
     async fn member_remove(
         &self,
-        _request: Request<PbMemberRemoveRequest>,
+        request: Request<PbMemberRemoveRequest>,
     ) -> Result<Response<PbMemberRemoveResponse>, Status> {
-        Err(not_built("MemberRemove"))
+        let id = request.into_inner().id;
+        self.node
+            .change_membership(MembershipChange::Remove { id })
+            .await?;
+        Ok(Response::new(PbMemberRemoveResponse {
+            header: Some(self.node.header_now()),
+            members: self.members_now().await?,
+        }))
     }
 
     async fn member_update(
         &self,
-        _request: Request<PbMemberUpdateRequest>,
+        request: Request<PbMemberUpdateRequest>,
     ) -> Result<Response<PbMemberUpdateResponse>, Status> {
-        Err(not_built("MemberUpdate"))
+        let req = request.into_inner();
+        let peer_addr = parse_peer_urls(&req.peer_ur_ls)?;
+        self.node
+            .change_membership(MembershipChange::Update {
+                id: req.id,
+                peer_addr,
+            })
+            .await?;
+        Ok(Response::new(PbMemberUpdateResponse {
+            header: Some(self.node.header_now()),
+            members: self.members_now().await?,
+        }))
     }
 
     async fn member_list(
@@ -79,8 +122,15 @@ impl PbClusterService for ClusterService {
 
     async fn member_promote(
         &self,
-        _request: Request<PbMemberPromoteRequest>,
+        request: Request<PbMemberPromoteRequest>,
     ) -> Result<Response<PbMemberPromoteResponse>, Status> {
-        Err(not_built("MemberPromote"))
+        let id = request.into_inner().id;
+        self.node
+            .change_membership(MembershipChange::Promote { id })
+            .await?;
+        Ok(Response::new(PbMemberPromoteResponse {
+            header: Some(self.node.header_now()),
+            members: self.members_now().await?,
+        }))
     }
 }

@@ -1,10 +1,11 @@
-//! etcd v3 `Maintenance` service: Status and Alarm. Defragment, Snapshot,
-//! MoveLeader, Hash and Downgrade are answered `unimplemented` until they
-//! are built (the watches and membership issue adds Snapshot, Defragment
-//! and MoveLeader).
+//! etcd v3 `Maintenance` service: Status, Alarm, Snapshot (the portable
+//! state file `--restore` reads), Defragment (compacts this member's Raft
+//! log storage) and MoveLeader. Hash, HashKV and Downgrade are answered
+//! `unimplemented`.
 
 use super::not_built;
 use crate::node::CellNode;
+use crate::state_machine::backup::encode_state_file;
 use latchkey_shared::etcdpb::{
     PbAlarmRequest, PbAlarmResponse, PbDefragmentRequest, PbDefragmentResponse, PbDowngradeRequest,
     PbDowngradeResponse, PbHashKvRequest, PbHashKvResponse, PbHashRequest, PbHashResponse,
@@ -15,6 +16,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
+
+/// Bytes per Snapshot response message.
+const SNAPSHOT_CHUNK_BYTES: usize = 64 * 1024;
 
 /// The etcd API version latchkey speaks; clients use it for feature checks.
 pub const ETCD_API_VERSION: &str = "3.5.0";
@@ -75,7 +79,17 @@ impl PbMaintenanceService for MaintenanceService {
         &self,
         _request: Request<PbDefragmentRequest>,
     ) -> Result<Response<PbDefragmentResponse>, Status> {
-        Err(not_built("Defragment"))
+        // The keyspace lives in memory and is rebuilt compactly by every
+        // snapshot; what can fragment is the log store, so take a snapshot
+        // (which purges the log behind it) and compact RocksDB.
+        let _ = self.node.raft.trigger().snapshot().await;
+        let db = self.node.db.clone();
+        tokio::task::spawn_blocking(move || crate::storage::compact(&db))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?;
+        Ok(Response::new(PbDefragmentResponse {
+            header: Some(self.node.header_now()),
+        }))
     }
 
     async fn hash(
@@ -99,14 +113,43 @@ impl PbMaintenanceService for MaintenanceService {
         &self,
         _request: Request<PbSnapshotRequest>,
     ) -> Result<Response<Self::SnapshotStream>, Status> {
-        Err(not_built("Snapshot"))
+        // A consistent point: one clone of this member's applied state
+        // (O(1)), encoded off the async threads.
+        let state = self.node.state.read(|s| s.clone());
+        let revision = state.keys.revision();
+        let file = tokio::task::spawn_blocking(move || encode_state_file(&state))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            .map_err(|e| Status::internal(format!("{e:#}")))?;
+        let header = self.node.header(revision);
+        let total = file.len();
+        let mut sent = 0;
+        let chunks: Vec<Result<PbSnapshotResponse, Status>> = file
+            .chunks(SNAPSHOT_CHUNK_BYTES)
+            .map(|chunk| {
+                sent += chunk.len();
+                Ok(PbSnapshotResponse {
+                    header: Some(header),
+                    remaining_bytes: (total - sent) as u64,
+                    blob: chunk.to_vec(),
+                    version: ETCD_API_VERSION.to_string(),
+                })
+            })
+            .collect();
+        tracing::info!(bytes = total, revision, "streaming a state snapshot");
+        Ok(Response::new(Box::pin(tokio_stream::iter(chunks))))
     }
 
     async fn move_leader(
         &self,
-        _request: Request<PbMoveLeaderRequest>,
+        request: Request<PbMoveLeaderRequest>,
     ) -> Result<Response<PbMoveLeaderResponse>, Status> {
-        Err(not_built("MoveLeader"))
+        self.node
+            .move_leader(request.into_inner().target_id)
+            .await?;
+        Ok(Response::new(PbMoveLeaderResponse {
+            header: Some(self.node.header_now()),
+        }))
     }
 
     async fn downgrade(

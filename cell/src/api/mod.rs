@@ -8,10 +8,13 @@ pub mod cluster;
 pub mod kv;
 pub mod lease;
 pub mod maintenance;
+pub mod watch;
 
 use crate::node::CellNode;
+use crate::watch::stream::WatchOptions;
 use latchkey_shared::etcdpb::{
     PbClusterServer, PbKvServer, PbLeaseServer, PbMaintenanceServer, PbResponseHeader,
+    PbWatchServer,
 };
 use latchkey_shared::{ApiError, ErrorCode};
 use std::sync::Arc;
@@ -60,6 +63,7 @@ pub async fn serve(
     node: Arc<CellNode>,
     listener: tokio::net::TcpListener,
     max_request_bytes: usize,
+    watch_options: WatchOptions,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let kv = PbKvServer::new(kv::KvService { node: node.clone() })
@@ -68,6 +72,11 @@ pub async fn serve(
         .max_decoding_message_size(max_request_bytes);
     let maintenance =
         PbMaintenanceServer::new(maintenance::MaintenanceService { node: node.clone() });
+    let watch = PbWatchServer::new(watch::WatchService {
+        node: node.clone(),
+        options: watch_options,
+    })
+    .max_decoding_message_size(max_request_bytes);
     let cluster = PbClusterServer::new(cluster::ClusterService { node });
     tonic::transport::Server::builder()
         .tcp_nodelay(true)
@@ -75,6 +84,7 @@ pub async fn serve(
         .add_service(lease)
         .add_service(maintenance)
         .add_service(cluster)
+        .add_service(watch)
         .serve_with_incoming_shutdown(
             tokio_stream::wrappers::TcpListenerStream::new(listener),
             shutdown,

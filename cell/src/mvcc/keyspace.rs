@@ -43,6 +43,46 @@ impl Version {
     }
 }
 
+/// What a change did to a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventKind {
+    Put,
+    Delete,
+}
+
+/// One change to one key, as a watch reports it. A delete carries the key
+/// and its deletion revision in `kv`, the rest zero, as etcd does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    pub kind: EventKind,
+    pub kv: KeyValue,
+    /// The value before this change, when history still has it.
+    pub prev: Option<KeyValue>,
+}
+
+impl Event {
+    pub fn revision(&self) -> i64 {
+        self.kv.mod_revision
+    }
+
+    /// Roughly what the event costs on the wire.
+    pub fn bytes(&self) -> usize {
+        let kv = |kv: &KeyValue| kv.key.len() + kv.value.len() + 32;
+        kv(&self.kv) + self.prev.as_ref().map_or(0, kv)
+    }
+}
+
+fn tombstone_kv(key: &[u8], rev: i64) -> KeyValue {
+    KeyValue {
+        key: key.to_vec(),
+        value: Vec::new(),
+        create_revision: 0,
+        mod_revision: rev,
+        version: 0,
+        lease: 0,
+    }
+}
+
 /// A key range as etcd encodes it: `end` empty means the single key,
 /// `end == [0]` means every key `>= start`, otherwise `[start, end)`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -105,6 +145,10 @@ pub struct KeySpace {
     /// Bytes of every version kept, for the quota.
     bytes: u64,
     live_keys: u64,
+    /// Changes made since the last [`KeySpace::take_changes`], in order: what
+    /// the state machine hands to watchers after each entry. Never part of a
+    /// snapshot.
+    changes: Vec<Event>,
 }
 
 /// Everything needed to rebuild a keyspace; the snapshot format.
@@ -130,6 +174,54 @@ impl KeySpace {
 
     pub fn live_keys(&self) -> u64 {
         self.live_keys
+    }
+
+    /// The changes made since the last call, in the order they were made.
+    pub fn take_changes(&mut self) -> Vec<Event> {
+        std::mem::take(&mut self.changes)
+    }
+
+    /// Every change to a key in `range` with a revision in `from..=to`,
+    /// rebuilt from history, ordered by revision (then key). `from` must not
+    /// be below the compact revision: older changes are gone.
+    pub fn history(&self, range: &KeyRange, from: i64, to: i64) -> Vec<Event> {
+        let mut out = Vec::new();
+        if range.is_empty() || from > to {
+            return out;
+        }
+        for (key, versions) in self.keys.range::<_, [u8]>(range.bounds()) {
+            // Versions are in revision order; start at the first one >= from.
+            let first = versions
+                .iter()
+                .rposition(|v| v.mod_revision < from)
+                .map_or(0, |i| i + 1);
+            for i in first..versions.len() {
+                let v = &versions[i];
+                if v.mod_revision > to {
+                    break;
+                }
+                let prev = if i > 0 {
+                    versions[i - 1].kv.clone()
+                } else {
+                    None
+                };
+                out.push(match &v.kv {
+                    Some(kv) => Event {
+                        kind: EventKind::Put,
+                        kv: kv.clone(),
+                        prev,
+                    },
+                    None => Event {
+                        kind: EventKind::Delete,
+                        kv: tombstone_kv(key, v.mod_revision),
+                        prev,
+                    },
+                });
+            }
+        }
+        // Stable: keys stay in key order within a revision.
+        out.sort_by_key(Event::revision);
+        out
     }
 
     fn future_revision(&self, revision: i64) -> ApiError {
@@ -207,21 +299,31 @@ impl KeySpace {
         };
         let version = Version {
             mod_revision: rev,
-            kv: Some(kv),
+            kv: Some(kv.clone()),
         };
         self.bytes += version.bytes();
+        // What watchers see as the value before this revision.
+        let mut event_prev = prev.clone();
         // Two writes of one key in one revision (a nested txn) keep only the
-        // last, as etcd does.
+        // last, as etcd does; watchers see one change, as history does.
         if let Some(last) = versions.last() {
             if last.mod_revision == rev {
                 let old = versions.pop_back().map_or(0, |v| v.bytes());
                 self.bytes -= old;
+                if let Some(pos) = self.changes.iter().rposition(|e| e.kv.key == key) {
+                    event_prev = self.changes.remove(pos).prev;
+                }
             }
         }
         versions.push_back(version);
         if prev.is_none() {
             self.live_keys += 1;
         }
+        self.changes.push(Event {
+            kind: EventKind::Put,
+            kv,
+            prev: event_prev,
+        });
         self.revision = self.revision.max(rev);
         prev
     }
@@ -237,6 +339,11 @@ impl KeySpace {
         self.bytes += tombstone.bytes();
         versions.push_back(tombstone);
         self.live_keys -= 1;
+        self.changes.push(Event {
+            kind: EventKind::Delete,
+            kv: tombstone_kv(key, rev),
+            prev: Some(prev.clone()),
+        });
         self.revision = self.revision.max(rev);
         Some(prev)
     }
@@ -252,8 +359,10 @@ impl KeySpace {
     }
 
     /// Drops history older than `revision`: each key keeps its newest
-    /// version at or before it (unless that is a tombstone) and everything
-    /// after it. Reads at `revision` and later are unaffected.
+    /// version at or before it (a tombstone only if it is exactly at
+    /// `revision`) and everything after it. Reads at `revision` and later are
+    /// unaffected, and every change at `revision` and later stays in history
+    /// for watchers, as etcd allows a watch from the compact revision.
     pub fn compact(&mut self, revision: i64) -> Result<(), ApiError> {
         if revision <= self.compact_revision {
             return Err(ApiError::new(
@@ -277,7 +386,7 @@ impl KeySpace {
             let Some(pivot) = versions.iter().rposition(|v| v.mod_revision <= revision) else {
                 continue;
             };
-            let drop = if versions[pivot].kv.is_none() {
+            let drop = if versions[pivot].kv.is_none() && versions[pivot].mod_revision < revision {
                 pivot + 1
             } else {
                 pivot

@@ -234,21 +234,37 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
 /// The id of the node that owns this data directory, to refuse starting a
 /// directory with another `--id`.
-pub fn stored_node_id(db: &DB) -> Result<Option<NodeId>, rocksdb::Error> {
+fn stored_u64(db: &DB, key: &[u8]) -> Result<Option<u64>, rocksdb::Error> {
     let cf = db
         .cf_handle(CF_META)
         .expect("column family created at open");
     Ok(db
-        .get_cf(cf, keys::META_NODE_ID)?
+        .get_cf(cf, key)?
         .and_then(|b| <[u8; 8]>::try_from(b.as_slice()).ok())
         .map(u64::from_be_bytes))
 }
 
-pub fn store_node_id(db: &DB, id: NodeId) -> Result<(), rocksdb::Error> {
+fn store_u64(db: &DB, key: &[u8], value: u64) -> Result<(), rocksdb::Error> {
     let cf = db
         .cf_handle(CF_META)
         .expect("column family created at open");
-    db.put_cf_opt(cf, keys::META_NODE_ID, id.to_be_bytes(), &sync_opts())
+    db.put_cf_opt(cf, key, value.to_be_bytes(), &sync_opts())
+}
+
+/// The member id this data directory belongs to, once it has one.
+pub fn stored_node_id(db: &DB) -> Result<Option<NodeId>, rocksdb::Error> {
+    stored_u64(db, keys::META_NODE_ID)
+}
+
+/// The id of the cell this data directory belongs to.
+pub fn stored_cluster_id(db: &DB) -> Result<Option<u64>, rocksdb::Error> {
+    stored_u64(db, keys::META_CLUSTER_ID)
+}
+
+/// Records which member of which cell this directory belongs to.
+pub fn store_identity(db: &DB, id: NodeId, cluster_id: u64) -> Result<(), rocksdb::Error> {
+    store_u64(db, keys::META_CLUSTER_ID, cluster_id)?;
+    store_u64(db, keys::META_NODE_ID, id)
 }
 
 #[cfg(test)]
@@ -265,7 +281,7 @@ mod tests {
         ) -> Result<(tempfile::TempDir, LogStore, StateMachineStore), StorageError> {
             let dir = tempfile::tempdir().expect("temp dir");
             let db = crate::storage::open(dir.path()).map_err(|e| StorageIOError::write(&e))?;
-            let sm = StateMachineStore::open(dir.path(), None)
+            let sm = StateMachineStore::open(dir.path(), None, Default::default())
                 .await
                 .map_err(|e| StorageIOError::write(&e))?;
             Ok((dir, LogStore::new(db), sm))

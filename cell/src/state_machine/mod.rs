@@ -6,6 +6,7 @@
 //! - [`store`]: openraft's `RaftStateMachine` over a shared `CellState`, with
 //!   snapshots written to a file in the data directory.
 
+pub mod backup;
 pub mod command;
 pub mod store;
 

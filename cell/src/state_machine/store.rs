@@ -15,6 +15,7 @@ use crate::raft::{
     Entry, LogId, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
 };
 use crate::storage::keys::{SNAPSHOT_FILE, SNAPSHOT_TMP_FILE};
+use crate::watch::hub::WatchHub;
 use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine};
 use openraft::{EntryPayload, OptionalSend, RaftLogId, StorageIOError};
 use serde::{Deserialize, Serialize};
@@ -60,6 +61,7 @@ pub struct StateMachineStore {
     applied_tx: watch::Sender<u64>,
     applied_rx: watch::Receiver<u64>,
     lessor: Option<Arc<Lessor>>,
+    hub: Arc<WatchHub>,
     snapshot_seq: Arc<AtomicU64>,
 }
 
@@ -83,9 +85,33 @@ fn write_snapshot_file(dir: &Path, file: &SnapshotFile) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Makes `state` the starting point of a new member in `dir` (a restore):
+/// a snapshot file at no log position, which the log then builds on.
+pub fn write_initial_state(dir: &Path, state: &CellState) -> std::io::Result<()> {
+    let data = encode(&state.image()).map_err(std::io::Error::other)?;
+    let file = SnapshotFile {
+        meta: SnapshotMeta {
+            last_log_id: None,
+            last_membership: StoredMembership::default(),
+            snapshot_id: "restored".to_string(),
+        },
+        data,
+    };
+    write_snapshot_file(dir, &file)
+}
+
+/// Whether `dir` already holds a state machine snapshot.
+pub fn has_state(dir: &Path) -> bool {
+    dir.join(SNAPSHOT_FILE).exists()
+}
+
 impl StateMachineStore {
     /// Opens the state machine of `dir`, starting from its snapshot if any.
-    pub async fn open(dir: &Path, lessor: Option<Arc<Lessor>>) -> std::io::Result<Self> {
+    pub async fn open(
+        dir: &Path,
+        lessor: Option<Arc<Lessor>>,
+        hub: Arc<WatchHub>,
+    ) -> std::io::Result<Self> {
         let state = match read_snapshot_file(dir)? {
             Some(file) => {
                 let image: StateImage = decode(&file.data).map_err(std::io::Error::other)?;
@@ -101,6 +127,7 @@ impl StateMachineStore {
             applied_tx,
             applied_rx,
             lessor,
+            hub,
             snapshot_seq: Arc::new(AtomicU64::new(0)),
         })
     }
@@ -194,6 +221,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     {
         let mut out = Vec::new();
         let mut last_index = None;
+        let mut changes = Vec::new();
         {
             let mut s = self.write_lock();
             for entry in entries {
@@ -215,6 +243,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                     EntryPayload::Normal(req) => {
                         let resp = s.apply(log_id.index, req);
                         self.notify_lessor(req, &resp);
+                        changes.extend(s.keys.take_changes());
                         resp
                     }
                 };
@@ -225,6 +254,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             metrics::gauge!("latchkey_leases").set(s.leases.len() as f64);
             metrics::gauge!("latchkey_keyspace_bytes").set(s.keys.bytes() as f64);
         }
+        // Watchers hear of the changes once the state holds them.
+        self.hub.publish(changes, std::time::Instant::now());
         if let Some(index) = last_index {
             metrics::gauge!("latchkey_applied_index").set(index as f64);
             self.applied_tx.send_replace(index);
@@ -278,6 +309,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             }
         }
         self.applied_tx.send_replace(applied);
+        self.hub.reset();
         metrics::counter!("latchkey_snapshots_installed_total").increment(1);
         tracing::info!(snapshot_id = %meta.snapshot_id, applied, "snapshot installed");
         Ok(())

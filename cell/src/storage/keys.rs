@@ -9,6 +9,7 @@ pub const META_VOTE: &[u8] = b"vote";
 pub const META_COMMITTED: &[u8] = b"committed";
 pub const META_LAST_PURGED: &[u8] = b"last_purged";
 pub const META_NODE_ID: &[u8] = b"node_id";
+pub const META_CLUSTER_ID: &[u8] = b"cluster_id";
 
 /// Log index as 8 big-endian bytes, so RocksDB's byte order is log order.
 pub fn log_key(index: u64) -> [u8; 8] {

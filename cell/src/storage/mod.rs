@@ -6,6 +6,15 @@ use rocksdb::{ColumnFamilyDescriptor, Options, DB};
 use std::path::Path;
 use std::sync::Arc;
 
+/// Compacts every column family: reclaims the space of purged log entries.
+pub fn compact(db: &DB) {
+    for name in [keys::CF_LOGS, keys::CF_META] {
+        if let Some(cf) = db.cf_handle(name) {
+            db.compact_range_cf(cf, None::<&[u8]>, None::<&[u8]>);
+        }
+    }
+}
+
 /// Opens (or creates) the RocksDB that holds the Raft log and vote.
 pub fn open(data_dir: &Path) -> Result<Arc<DB>, rocksdb::Error> {
     let mut opts = Options::default();

@@ -42,6 +42,9 @@ pub struct MemberSpec {
     pub peer: String,
     pub metrics: String,
     pub data_dir: PathBuf,
+    /// Client URLs to `--join` (a member added to a running cell) instead
+    /// of bootstrapping with `--initial-cluster`.
+    pub join: Option<String>,
 }
 
 pub struct Cluster {
@@ -63,6 +66,7 @@ impl Cluster {
                 peer: format!("127.0.0.1:{}", free_port()),
                 metrics: format!("127.0.0.1:{}", free_port()),
                 data_dir: dir.path().join(format!("m{id}")),
+                join: None,
             })
             .collect();
         let initial_cluster = members
@@ -84,6 +88,41 @@ impl Cluster {
         cluster
     }
 
+    /// Addresses for a new member that will join this running cell; the
+    /// id is the one MemberAdd returned. Start it with [`Cluster::spawn`].
+    pub fn new_joiner(&mut self, id: u64, peer: String) -> MemberSpec {
+        let join = self
+            .members
+            .iter()
+            .map(|m| format!("http://{}", m.client))
+            .collect::<Vec<_>>()
+            .join(",");
+        let spec = MemberSpec {
+            id,
+            client: format!("127.0.0.1:{}", free_port()),
+            peer,
+            metrics: format!("127.0.0.1:{}", free_port()),
+            data_dir: self._dir.path().join(format!("m{id}")),
+            join: Some(join),
+        };
+        self.members.push(spec.clone());
+        spec
+    }
+
+    /// Client addresses of the members running now, comma separated.
+    pub fn running_endpoints(&self) -> String {
+        self.running()
+            .iter()
+            .map(|id| self.member(*id).client.clone())
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// The temporary directory this cluster keeps its files in.
+    pub fn dir(&self) -> &std::path::Path {
+        self._dir.path()
+    }
+
     pub fn member(&self, id: u64) -> &MemberSpec {
         self.members
             .iter()
@@ -97,8 +136,14 @@ impl Cluster {
         let log = std::fs::File::create(self._dir.path().join(format!("m{id}.log")))
             .or_else(|_| std::fs::File::create("/dev/null"))
             .expect("log file");
-        let child = Command::new(CELL_BIN)
-            .args(["--id", &id.to_string()])
+        let mut cmd = Command::new(CELL_BIN);
+        match &m.join {
+            Some(join) => cmd.args(["--join", join]),
+            None => cmd
+                .args(["--id", &id.to_string()])
+                .args(["--initial-cluster", &self.initial_cluster]),
+        };
+        let child = cmd
             .args(["--data-dir", m.data_dir.to_str().expect("utf-8 path")])
             .args([
                 "--client-addr",
@@ -108,7 +153,6 @@ impl Cluster {
                 "--metrics-addr",
                 &m.metrics,
             ])
-            .args(["--initial-cluster", &self.initial_cluster])
             .args(&self.extra_args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -6,4 +6,5 @@ mod harness;
 mod t10_kv;
 mod t20_lease;
 mod t30_failover;
+mod t40_watch;
 mod t50_etcdctl;

@@ -1,0 +1,352 @@
+//! Membership changes (etcd's Cluster service) and leader transfer,
+//! carried out on the leader through openraft's joint consensus.
+//!
+//! A member is added before its process starts (as in etcd): as a learner
+//! it only receives the log; as a voter the quorum grows at once. A node
+//! started with `--join` finds its own id by its peer address in the member
+//! list and waits for the leader to replicate to it.
+
+use crate::node::CellNode;
+use crate::raft::{Member, NodeId};
+use latchkey_shared::{ApiError, ErrorCode};
+use openraft::error::{ChangeMembershipError, ClientWriteError, RaftError};
+use openraft::ChangeMembers;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+use tokio::time::Instant;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum MembershipChange {
+    Add {
+        id: NodeId,
+        peer_addr: String,
+        learner: bool,
+    },
+    Promote {
+        id: NodeId,
+    },
+    Remove {
+        id: NodeId,
+    },
+    Update {
+        id: NodeId,
+        peer_addr: String,
+    },
+}
+
+/// A learner may be promoted when it is at most this many entries (or a
+/// tenth of the log, if more) behind the leader, like etcd's 90% rule.
+const PROMOTE_MAX_LAG: u64 = 100;
+
+/// Reads one peer URL ("http://host:port", or plain "host:port") as the
+/// address peers dial.
+pub fn parse_peer_urls(urls: &[String]) -> Result<String, ApiError> {
+    let bad = |why: &str| ApiError::new(ErrorCode::MemberBadUrls, why.to_string());
+    let [url] = urls else {
+        return Err(bad("exactly one peer URL is supported per member"));
+    };
+    let addr = url
+        .strip_prefix("http://")
+        .unwrap_or(url)
+        .trim_end_matches('/');
+    if url.starts_with("https://") {
+        return Err(bad(
+            "https peer URLs are not supported yet; use http://host:port",
+        ));
+    }
+    match addr.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {
+            Ok(addr.to_string())
+        }
+        _ => Err(bad("a peer URL must be http://host:port")),
+    }
+}
+
+/// A fresh member id: a hash of the address and the time, never one in use
+/// (etcd derives its member ids the same way).
+pub fn new_member_id(peer_addr: &str, taken: impl Fn(NodeId) -> bool) -> NodeId {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ nanos;
+    loop {
+        for b in peer_addr.bytes().chain(nanos.to_le_bytes()) {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        // Ids stay below 2^63 so tools that parse them as signed agree.
+        let id = h & (i64::MAX as u64);
+        if id != 0 && !taken(id) {
+            return id;
+        }
+    }
+}
+
+fn map_change_error(e: RaftError<NodeId, ClientWriteError<NodeId, Member>>) -> ApiError {
+    match e {
+        RaftError::APIError(ClientWriteError::ForwardToLeader(_)) => {
+            ApiError::etcd(ErrorCode::NotLeader)
+        }
+        RaftError::APIError(ClientWriteError::ChangeMembershipError(c)) => match c {
+            ChangeMembershipError::InProgress(_) => {
+                ApiError::unavailable("another membership change is in progress; retry")
+            }
+            ChangeMembershipError::EmptyMembership(_) => {
+                ApiError::invalid("the cell must keep at least one voting member")
+            }
+            ChangeMembershipError::LearnerNotFound(_) => ApiError::etcd(ErrorCode::MemberNotFound),
+        },
+        RaftError::Fatal(e) => ApiError::unavailable(format!("raft stopped: {e}")),
+    }
+}
+
+/// Carries out `change` on this member, which must lead. Returns once the
+/// final configuration is committed, or fails at the request timeout (the
+/// change may still complete).
+pub async fn change_here(node: &CellNode, change: &MembershipChange) -> Result<(), ApiError> {
+    let m = node.raft.metrics().borrow().clone();
+    let membership = m.membership_config.membership();
+    let node_addr = |id: NodeId| membership.get_node(&id).map(|n| n.peer_addr.clone());
+    let is_voter = |id: NodeId| membership.voter_ids().any(|v| v == id);
+    let addr_taken = |addr: &str, except: NodeId| {
+        membership
+            .nodes()
+            .any(|(id, n)| *id != except && n.peer_addr == addr)
+    };
+    let raft = &node.raft;
+    let work = async {
+        match change {
+            MembershipChange::Add {
+                id,
+                peer_addr,
+                learner,
+            } => {
+                if node_addr(*id).is_some() {
+                    return Err(ApiError::etcd(ErrorCode::MemberExists));
+                }
+                if addr_taken(peer_addr, 0) {
+                    return Err(ApiError::etcd(ErrorCode::PeerUrlExists));
+                }
+                let member = Member {
+                    peer_addr: peer_addr.clone(),
+                };
+                if *learner {
+                    raft.add_learner(*id, member, false).await
+                } else {
+                    let nodes = BTreeMap::from([(*id, member)]);
+                    raft.change_membership(ChangeMembers::AddVoters(nodes), false)
+                        .await
+                }
+            }
+            MembershipChange::Promote { id } => {
+                if node_addr(*id).is_none() {
+                    return Err(ApiError::etcd(ErrorCode::MemberNotFound));
+                }
+                if is_voter(*id) {
+                    return Err(ApiError::etcd(ErrorCode::MemberNotLearner));
+                }
+                let last = m.last_log_index.unwrap_or(0);
+                let matched = m
+                    .replication
+                    .as_ref()
+                    .and_then(|r| r.get(id).copied().flatten())
+                    .map_or(0, |l| l.index);
+                if matched + PROMOTE_MAX_LAG.max(last / 10) < last {
+                    return Err(ApiError::etcd(ErrorCode::LearnerNotReady));
+                }
+                raft.change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([*id])), false)
+                    .await
+            }
+            MembershipChange::Remove { id } => {
+                if node_addr(*id).is_none() {
+                    return Err(ApiError::etcd(ErrorCode::MemberNotFound));
+                }
+                let ids = BTreeSet::from([*id]);
+                if is_voter(*id) {
+                    raft.change_membership(ChangeMembers::RemoveVoters(ids), false)
+                        .await
+                } else {
+                    raft.change_membership(ChangeMembers::RemoveNodes(ids), false)
+                        .await
+                }
+            }
+            MembershipChange::Update { id, peer_addr } => {
+                if node_addr(*id).is_none() {
+                    return Err(ApiError::etcd(ErrorCode::MemberNotFound));
+                }
+                if addr_taken(peer_addr, *id) {
+                    return Err(ApiError::etcd(ErrorCode::PeerUrlExists));
+                }
+                let nodes = BTreeMap::from([(
+                    *id,
+                    Member {
+                        peer_addr: peer_addr.clone(),
+                    },
+                )]);
+                raft.change_membership(ChangeMembers::SetNodes(nodes), false)
+                    .await
+            }
+        }
+        .map(|_| ())
+        .map_err(map_change_error)
+    };
+    match tokio::time::timeout(node.request_timeout, work).await {
+        Ok(result) => {
+            if result.is_ok() {
+                tracing::info!(?change, "membership changed");
+            }
+            result
+        }
+        Err(_) => Err(ApiError::new(
+            ErrorCode::Timeout,
+            "the membership change did not commit in time; check MemberList",
+        )),
+    }
+}
+
+/// Hands leadership to voter `target`: waits until it has the whole log,
+/// asks it to campaign, and waits until it leads. openraft 0.9 has no
+/// leader transfer; a caught-up candidate with a higher term wins because
+/// the old leader steps down when it sees that term.
+pub async fn move_leader_here(node: &CellNode, target: NodeId) -> Result<(), ApiError> {
+    if target == node.id {
+        return Ok(());
+    }
+    let deadline = Instant::now() + node.request_timeout;
+    let addr = {
+        let m = node.raft.metrics().borrow().clone();
+        let membership = m.membership_config.membership();
+        if !membership.voter_ids().any(|v| v == target) {
+            return Err(ApiError::new(
+                ErrorCode::InvalidArgument,
+                "etcdserver: bad leader transferee",
+            ));
+        }
+        membership
+            .get_node(&target)
+            .map(|n| n.peer_addr.clone())
+            .ok_or_else(|| ApiError::etcd(ErrorCode::MemberNotFound))?
+    };
+    // Wait until the target holds everything this leader has.
+    loop {
+        let caught_up = {
+            let m = node.raft.metrics();
+            let m = m.borrow();
+            let matched = m
+                .replication
+                .as_ref()
+                .and_then(|r| r.get(&target).copied().flatten())
+                .map(|l| l.index);
+            matched >= m.last_log_index
+        };
+        if caught_up {
+            break;
+        }
+        if Instant::now() >= deadline {
+            return Err(ApiError::new(
+                ErrorCode::Timeout,
+                "the transferee did not catch up with the leader in time",
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let retry = node.election_timeout * 2;
+    loop {
+        node.ask_to_campaign(&addr, deadline).await?;
+        let until = (Instant::now() + retry).min(deadline);
+        while Instant::now() < until {
+            if node.raft.metrics().borrow().current_leader == Some(target) {
+                tracing::info!(target, "leadership moved");
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        if Instant::now() >= deadline {
+            return Err(ApiError::new(
+                ErrorCode::Timeout,
+                "etcdserver: request timed out, leader transfer took too long",
+            ));
+        }
+    }
+}
+
+/// For `--join`: asks the running cell (any of `urls`) which id MemberAdd
+/// gave `peer_addr`, and the cell's id. Retries until `timeout`, since the
+/// member may be added just after this process starts.
+pub async fn discover_identity(
+    urls: &[String],
+    peer_addr: &str,
+    timeout: Duration,
+) -> anyhow::Result<(NodeId, u64)> {
+    let deadline = Instant::now() + timeout;
+    let want = format!("http://{peer_addr}");
+    let mut last_error;
+    loop {
+        let attempt = async {
+            let options = etcd_client::ConnectOptions::new()
+                .with_connect_timeout(Duration::from_secs(2))
+                .with_timeout(Duration::from_secs(3));
+            let mut client = etcd_client::Client::connect(urls, Some(options)).await?;
+            let list = client.member_list().await?;
+            let cluster_id = list.header().map_or(0, |h| h.cluster_id());
+            let id = list
+                .members()
+                .iter()
+                .find(|m| m.peer_urls().iter().any(|u| u == &want))
+                .map(|m| m.id());
+            Ok::<_, etcd_client::Error>((id, cluster_id))
+        };
+        last_error = match attempt.await {
+            Ok((Some(id), cluster_id)) => return Ok((id, cluster_id)),
+            Ok((None, _)) => format!(
+                "the cell has no member with peer URL {want}; add it first with \
+                 `etcdctl member add NAME --peer-urls={want}`"
+            ),
+            Err(e) => format!("cannot reach the cell at {urls:?}: {e}"),
+        };
+        if Instant::now() >= deadline {
+            anyhow::bail!("--join: {last_error}");
+        }
+        tracing::info!(reason = %last_error, "waiting to join");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peer_urls_must_be_one_http_address() {
+        let one = |u: &str| parse_peer_urls(&[u.to_string()]);
+        assert_eq!(
+            one("http://127.0.0.1:7904").ok().as_deref(),
+            Some("127.0.0.1:7904")
+        );
+        assert_eq!(one("10.0.0.1:2380").ok().as_deref(), Some("10.0.0.1:2380"));
+        assert_eq!(
+            one("https://h:1").unwrap_err().code,
+            ErrorCode::MemberBadUrls
+        );
+        assert_eq!(
+            one("http://nohost").unwrap_err().code,
+            ErrorCode::MemberBadUrls
+        );
+        assert_eq!(
+            one("http://h:99999").unwrap_err().code,
+            ErrorCode::MemberBadUrls
+        );
+        assert!(parse_peer_urls(&[]).is_err());
+        assert!(parse_peer_urls(&["http://a:1".into(), "http://b:2".into()]).is_err());
+    }
+
+    #[test]
+    fn new_member_ids_avoid_ids_in_use() {
+        let first = new_member_id("h:1", |_| false);
+        let second = new_member_id("h:1", |id| id == first);
+        assert_ne!(first, 0);
+        assert_ne!(first, second);
+        assert!(second <= i64::MAX as u64);
+    }
+}

@@ -1,0 +1,15 @@
+//! Watches: committed changes streamed to clients from any revision still
+//! in history.
+//!
+//! - [`hub`]: where the state machine publishes each revision's changes; a
+//!   bounded broadcast ring, so publishing never waits for a watcher.
+//! - [`stream`]: one client watch stream and its many watches: catch-up
+//!   from history, live delivery, lag recovery, progress notifications.
+//!
+//! A watcher that falls behind the ring (a slow client, or a snapshot
+//! installed under it) is moved back to catch-up from history, like etcd's
+//! unsynced watchers; if the revisions it still needs were compacted it is
+//! cancelled with the compact revision.
+
+pub mod hub;
+pub mod stream;

@@ -1,0 +1,538 @@
+//! One etcd watch stream: many watches multiplexed on one gRPC stream, all
+//! served by one task that owns their state (no locks).
+//!
+//! Every watch has `next_rev`, the first revision it has not been sent. The
+//! stream has `seen`, the last revision it took from the hub. Invariant
+//! between steps: every watch has `next_rev > seen`, so a live revision from
+//! the hub goes to exactly the watches that still need it, and no revision
+//! is sent twice or skipped:
+//!
+//! - a new watch from a past revision is first sent `next_rev..=seen` from
+//!   history (a clone of the keyspace, O(1) to take), then lives on the hub;
+//! - when the stream lags the hub's ring (its client reads slowly) or the
+//!   state is replaced by a snapshot, it re-subscribes, and every watch is
+//!   sent `next_rev..=now` from history before going live again; a watch
+//!   whose `next_rev` was compacted meanwhile is cancelled with the compact
+//!   revision, as etcd does.
+
+use super::hub::{Changes, Notice};
+use crate::mvcc::keyspace::{Event, EventKind, KeyRange, KeyValue};
+use crate::node::CellNode;
+use latchkey_shared::etcdpb::{
+    PbEvent, PbKeyValue, PbWatchRequest, PbWatchRequestUnion, PbWatchResponse,
+};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{broadcast, mpsc};
+use tokio_stream::{Stream, StreamExt};
+use tonic::Status;
+
+/// The watch id etcd uses for responses that belong to no single watch.
+const NO_WATCH: i64 = -1;
+/// etcd's `FilterType` values.
+const FILTER_NOPUT: i32 = 0;
+const FILTER_NODELETE: i32 = 1;
+/// etcd's `Event.EventType` values.
+const EVENT_PUT: i32 = 0;
+const EVENT_DELETE: i32 = 1;
+/// Hub notices taken in one go and sent as one response per watch.
+const MAX_REVISIONS_PER_BATCH: usize = 1000;
+/// While revisions arrive densely (the last send was less than this ago),
+/// a stream gathers them for up to this long and sends them together.
+/// Isolated changes go out at once. This keeps a busy stream from sending
+/// thousands of tiny HTTP/2 DATA frames, which h2 clients count against a
+/// budget and answer with GOAWAY when their reader is slow.
+const LINGER: Duration = Duration::from_millis(5);
+
+/// Limits and intervals for every watch stream of a member.
+#[derive(Debug, Clone)]
+pub struct WatchOptions {
+    /// How often an idle watch that asked for progress notifications gets one.
+    pub progress_interval: Duration,
+    /// Watches one stream may hold.
+    pub max_watches: usize,
+    /// A response is split at revision boundaries past this size, and a
+    /// watch that asked for fragments gets one revision's events in pieces.
+    pub max_response_bytes: usize,
+}
+
+struct Watch {
+    range: KeyRange,
+    /// The first revision this watch has not been sent.
+    next_rev: i64,
+    no_put: bool,
+    no_delete: bool,
+    prev_kv: bool,
+    progress_notify: bool,
+    fragment: bool,
+    /// Nothing sent since the last progress tick.
+    idle: bool,
+}
+
+impl Watch {
+    fn wants(&self, event: &Event) -> bool {
+        event.revision() >= self.next_rev
+            && self.range.contains(&event.kv.key)
+            && match event.kind {
+                EventKind::Put => !self.no_put,
+                EventKind::Delete => !self.no_delete,
+            }
+    }
+}
+
+/// The client went away: stop serving the stream.
+struct Gone;
+
+type Outbound = mpsc::Sender<Result<PbWatchResponse, Status>>;
+
+pub struct WatchStream {
+    node: Arc<CellNode>,
+    options: WatchOptions,
+    rx: broadcast::Receiver<Arc<Notice>>,
+    /// The last revision taken from the hub (or caught up to from history).
+    seen: i64,
+    watches: BTreeMap<i64, Watch>,
+    next_id: i64,
+    out: Outbound,
+    /// When live changes were last sent.
+    last_sent: tokio::time::Instant,
+}
+
+fn to_pb_kv(kv: &KeyValue) -> PbKeyValue {
+    PbKeyValue {
+        key: kv.key.clone(),
+        create_revision: kv.create_revision,
+        mod_revision: kv.mod_revision,
+        version: kv.version,
+        value: kv.value.clone(),
+        lease: kv.lease,
+    }
+}
+
+fn to_pb_event(event: &Event, with_prev: bool) -> PbEvent {
+    PbEvent {
+        r#type: match event.kind {
+            EventKind::Put => EVENT_PUT,
+            EventKind::Delete => EVENT_DELETE,
+        },
+        kv: Some(to_pb_kv(&event.kv)),
+        prev_kv: if with_prev {
+            event.prev.as_ref().map(to_pb_kv)
+        } else {
+            None
+        },
+    }
+}
+
+impl WatchStream {
+    /// A stream of this member. Subscribes to the hub before reading the
+    /// state, so every later revision reaches it.
+    pub fn new(node: Arc<CellNode>, options: WatchOptions, out: Outbound) -> Self {
+        let rx = node.watch_hub.subscribe();
+        let seen = node.state.read(|s| s.keys.revision());
+        metrics::gauge!("latchkey_watch_streams").increment(1.0);
+        WatchStream {
+            node,
+            options,
+            rx,
+            seen,
+            watches: BTreeMap::new(),
+            next_id: 0,
+            out,
+            last_sent: tokio::time::Instant::now() - LINGER,
+        }
+    }
+
+    /// Serves the stream until the client closes it or goes away.
+    pub async fn run(
+        mut self,
+        mut inbound: impl Stream<Item = Result<PbWatchRequest, Status>> + Unpin,
+    ) {
+        let mut tick = tokio::time::interval(self.options.progress_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        loop {
+            let step = tokio::select! {
+                request = inbound.next() => match request {
+                    Some(Ok(request)) => self.handle(request).await,
+                    // Closed by the client, or the connection broke.
+                    _ => Err(Gone),
+                },
+                notice = self.rx.recv() => self.on_notice(notice).await,
+                _ = tick.tick() => self.progress().await,
+            };
+            if step.is_err() {
+                return;
+            }
+        }
+    }
+
+    async fn send(&self, response: PbWatchResponse) -> Result<(), Gone> {
+        self.out.send(Ok(response)).await.map_err(|_| Gone)
+    }
+
+    fn response(&self, watch_id: i64, revision: i64) -> PbWatchResponse {
+        PbWatchResponse {
+            header: Some(self.node.header(revision)),
+            watch_id,
+            ..Default::default()
+        }
+    }
+
+    async fn handle(&mut self, request: PbWatchRequest) -> Result<(), Gone> {
+        match request.request_union {
+            Some(PbWatchRequestUnion::CreateRequest(create)) => {
+                let filters = &create.filters;
+                let watch = Watch {
+                    range: if create.key.is_empty() {
+                        // etcd reads an empty key as "\0".
+                        KeyRange::new(vec![0], create.range_end)
+                    } else {
+                        KeyRange::new(create.key, create.range_end)
+                    },
+                    next_rev: create.start_revision.max(0),
+                    no_put: filters.contains(&FILTER_NOPUT),
+                    no_delete: filters.contains(&FILTER_NODELETE),
+                    prev_kv: create.prev_kv,
+                    progress_notify: create.progress_notify,
+                    fragment: create.fragment,
+                    idle: true,
+                };
+                self.create(create.watch_id, watch).await
+            }
+            Some(PbWatchRequestUnion::CancelRequest(cancel)) => {
+                if self.watches.remove(&cancel.watch_id).is_some() {
+                    metrics::gauge!("latchkey_watchers").decrement(1.0);
+                    let mut resp = self.response(cancel.watch_id, self.seen);
+                    resp.canceled = true;
+                    self.send(resp).await?;
+                }
+                Ok(())
+            }
+            Some(PbWatchRequestUnion::ProgressRequest(_)) => {
+                // Every watch has been sent everything up to `seen`.
+                self.send(self.response(NO_WATCH, self.seen)).await
+            }
+            None => Ok(()),
+        }
+    }
+
+    async fn refuse(&self, reason: String) -> Result<(), Gone> {
+        let mut resp = self.response(NO_WATCH, self.seen);
+        resp.created = true;
+        resp.canceled = true;
+        resp.cancel_reason = reason;
+        self.send(resp).await
+    }
+
+    async fn create(&mut self, requested_id: i64, mut watch: Watch) -> Result<(), Gone> {
+        if self.watches.len() >= self.options.max_watches {
+            return self
+                .refuse(format!(
+                    "too many watches on one stream (limit {}); open another stream",
+                    self.options.max_watches
+                ))
+                .await;
+        }
+        let id = if requested_id == 0 {
+            while self.watches.contains_key(&self.next_id) {
+                self.next_id += 1;
+            }
+            self.next_id
+        } else if requested_id < 0 {
+            return self.refuse("watch id must not be negative".into()).await;
+        } else if self.watches.contains_key(&requested_id) {
+            return self
+                .refuse("mvcc: duplicate watch ID provided".into())
+                .await;
+        } else {
+            requested_id
+        };
+        if requested_id == 0 {
+            self.next_id += 1;
+        }
+        let (current, compacted) = self
+            .node
+            .state
+            .read(|s| (s.keys.revision(), s.keys.compact_revision()));
+        if watch.next_rev == 0 {
+            watch.next_rev = current + 1;
+        }
+        let mut created = self.response(id, current);
+        created.created = true;
+        self.send(created).await?;
+        if watch.next_rev < compacted {
+            return self.cancel_compacted(id, compacted).await;
+        }
+        metrics::gauge!("latchkey_watchers").increment(1.0);
+        self.watches.insert(id, watch);
+        if self
+            .watches
+            .get(&id)
+            .is_some_and(|w| w.next_rev <= self.seen)
+        {
+            self.catch_up(&[id], self.seen).await?;
+        }
+        Ok(())
+    }
+
+    async fn cancel_compacted(&mut self, id: i64, compact_revision: i64) -> Result<(), Gone> {
+        if self.watches.remove(&id).is_some() {
+            metrics::gauge!("latchkey_watchers").decrement(1.0);
+        }
+        let mut resp = self.response(id, self.seen.max(compact_revision));
+        resp.canceled = true;
+        resp.compact_revision = compact_revision;
+        resp.cancel_reason = format!(
+            "mvcc: required revision has been compacted (compact revision {compact_revision})"
+        );
+        self.send(resp).await
+    }
+
+    /// Sends the watches `ids` everything from their `next_rev` to `upto`
+    /// out of history. The keyspace clone's revision is at least `upto`,
+    /// which is at most what has been applied.
+    async fn catch_up(&mut self, ids: &[i64], upto: i64) -> Result<(), Gone> {
+        let keys = self.node.state.read(|s| s.keys.clone());
+        for id in ids {
+            let Some(watch) = self.watches.get(id) else {
+                continue;
+            };
+            if watch.next_rev > upto {
+                continue;
+            }
+            if watch.next_rev < keys.compact_revision() {
+                self.cancel_compacted(*id, keys.compact_revision()).await?;
+                continue;
+            }
+            let events: Vec<Event> = keys
+                .history(&watch.range, watch.next_rev, upto)
+                .into_iter()
+                .filter(|e| watch.wants(e))
+                .collect();
+            self.send_events(*id, &events, upto).await?;
+            if let Some(watch) = self.watches.get_mut(id) {
+                watch.next_rev = upto + 1;
+            }
+        }
+        Ok(())
+    }
+
+    async fn on_notice(
+        &mut self,
+        notice: Result<Arc<Notice>, broadcast::error::RecvError>,
+    ) -> Result<(), Gone> {
+        let first = match notice {
+            Ok(n) => n,
+            Err(broadcast::error::RecvError::Lagged(missed)) => {
+                metrics::counter!("latchkey_watch_slow_streams_total").increment(1);
+                tracing::debug!(missed, "watch stream fell behind; catching up from history");
+                return self.resync().await;
+            }
+            Err(broadcast::error::RecvError::Closed) => return Err(Gone),
+        };
+        // Take what else is already there, so a busy stream sends one
+        // response per watch for many revisions.
+        let mut batch = Vec::new();
+        let mut then_resync = false;
+        let mut next = Some(first);
+        while let Some(notice) = next.take() {
+            match &*notice {
+                Notice::Changes(_) => batch.push(notice),
+                Notice::Reset => {
+                    then_resync = true;
+                    break;
+                }
+            }
+            if batch.len() >= MAX_REVISIONS_PER_BATCH {
+                break;
+            }
+            let linger_until = self.last_sent + LINGER;
+            let more = if tokio::time::Instant::now() < linger_until {
+                tokio::time::timeout_at(linger_until, self.rx.recv())
+                    .await
+                    .unwrap_or(Err(broadcast::error::RecvError::Closed))
+            } else {
+                self.rx.try_recv().map_err(|e| match e {
+                    broadcast::error::TryRecvError::Lagged(n) => {
+                        broadcast::error::RecvError::Lagged(n)
+                    }
+                    _ => broadcast::error::RecvError::Closed,
+                })
+            };
+            match more {
+                Ok(n) => next = Some(n),
+                Err(broadcast::error::RecvError::Lagged(_)) => {
+                    metrics::counter!("latchkey_watch_slow_streams_total").increment(1);
+                    then_resync = true;
+                }
+                // Nothing more now (a real close shows on the next recv).
+                Err(broadcast::error::RecvError::Closed) => {}
+            }
+        }
+        let changes: Vec<&Changes> = batch
+            .iter()
+            .filter_map(|n| match &**n {
+                Notice::Changes(c) if c.revision > self.seen => Some(c),
+                _ => None,
+            })
+            .collect();
+        self.deliver(&changes).await?;
+        if then_resync {
+            self.resync().await?;
+        }
+        Ok(())
+    }
+
+    /// Sends live revisions to the watches that want them.
+    async fn deliver(&mut self, changes: &[&Changes]) -> Result<(), Gone> {
+        let Some(last) = changes.last().map(|c| c.revision) else {
+            return Ok(());
+        };
+        let mut pending: HashMap<i64, Vec<Event>> = HashMap::new();
+        for c in changes {
+            for event in &c.events {
+                for (id, watch) in &self.watches {
+                    if watch.wants(event) {
+                        pending.entry(*id).or_default().push(event.clone());
+                    }
+                }
+            }
+        }
+        self.seen = last;
+        for watch in self.watches.values_mut() {
+            watch.next_rev = watch.next_rev.max(last + 1);
+        }
+        if !pending.is_empty() {
+            self.last_sent = tokio::time::Instant::now();
+        }
+        for (id, events) in pending {
+            self.send_events(id, &events, last).await?;
+        }
+        if let Some(first) = changes.first() {
+            metrics::histogram!("latchkey_watch_commit_to_send_seconds")
+                .record(first.applied_at.elapsed().as_secs_f64());
+        }
+        Ok(())
+    }
+
+    /// Starts over from the hub's present: every watch is caught up from
+    /// history to the revision the state has now.
+    async fn resync(&mut self) -> Result<(), Gone> {
+        self.rx = self.rx.resubscribe();
+        let upto = self.node.state.read(|s| s.keys.revision());
+        let ids: Vec<i64> = self.watches.keys().copied().collect();
+        self.catch_up(&ids, upto).await?;
+        self.seen = upto;
+        Ok(())
+    }
+
+    /// One watch's events, in responses that keep each revision whole and
+    /// stay under the size limit where a revision allows; a watch that asked
+    /// for fragments gets a revision too large for one response in pieces.
+    async fn send_events(&mut self, id: i64, events: &[Event], upto: i64) -> Result<(), Gone> {
+        let Some(watch) = self.watches.get_mut(&id) else {
+            return Ok(());
+        };
+        if events.is_empty() {
+            return Ok(());
+        }
+        watch.idle = false;
+        let (with_prev, fragment) = (watch.prev_kv, watch.fragment);
+        let limit = self.options.max_response_bytes;
+        let mut start = 0;
+        while start < events.len() {
+            // Whole revisions up to the limit (at least one revision).
+            let mut end = start;
+            let mut bytes = 0;
+            while end < events.len() {
+                let rev = events[end].revision();
+                let rev_end = events[end..]
+                    .iter()
+                    .position(|e| e.revision() != rev)
+                    .map_or(events.len(), |p| end + p);
+                let rev_bytes: usize = events[end..rev_end].iter().map(Event::bytes).sum();
+                if end > start && bytes + rev_bytes > limit {
+                    break;
+                }
+                bytes += rev_bytes;
+                end = rev_end;
+            }
+            let header_rev = if end == events.len() {
+                upto
+            } else {
+                events[end - 1].revision()
+            };
+            let chunk = &events[start..end];
+            if fragment && bytes > limit {
+                self.send_fragments(id, chunk, header_rev, with_prev)
+                    .await?;
+            } else {
+                let mut resp = self.response(id, header_rev);
+                resp.events = chunk.iter().map(|e| to_pb_event(e, with_prev)).collect();
+                self.send(resp).await?;
+            }
+            metrics::counter!("latchkey_watch_events_sent_total").increment(chunk.len() as u64);
+            start = end;
+        }
+        Ok(())
+    }
+
+    async fn send_fragments(
+        &self,
+        id: i64,
+        events: &[Event],
+        header_rev: i64,
+        with_prev: bool,
+    ) -> Result<(), Gone> {
+        let limit = self.options.max_response_bytes;
+        let mut pieces: Vec<Vec<PbEvent>> = vec![Vec::new()];
+        let mut bytes = 0;
+        for event in events {
+            let piece_full = pieces.last().is_some_and(|p| !p.is_empty());
+            if piece_full && bytes + event.bytes() > limit {
+                pieces.push(Vec::new());
+                bytes = 0;
+            }
+            bytes += event.bytes();
+            if let Some(piece) = pieces.last_mut() {
+                piece.push(to_pb_event(event, with_prev));
+            }
+        }
+        let count = pieces.len();
+        for (i, piece) in pieces.into_iter().enumerate() {
+            let mut resp = self.response(id, header_rev);
+            resp.events = piece;
+            resp.fragment = i + 1 < count;
+            self.send(resp).await?;
+        }
+        Ok(())
+    }
+
+    /// An empty response, carrying the revision it has been sent up to, to
+    /// every watch that asked for progress and was sent nothing since the
+    /// last tick.
+    async fn progress(&mut self) -> Result<(), Gone> {
+        let due: Vec<i64> = self
+            .watches
+            .iter()
+            .filter(|(_, w)| w.progress_notify && w.idle)
+            .map(|(id, _)| *id)
+            .collect();
+        for watch in self.watches.values_mut() {
+            watch.idle = true;
+        }
+        for id in due {
+            self.send(self.response(id, self.seen)).await?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for WatchStream {
+    fn drop(&mut self) {
+        metrics::gauge!("latchkey_watchers").decrement(self.watches.len() as f64);
+        metrics::gauge!("latchkey_watch_streams").decrement(1.0);
+    }
+}

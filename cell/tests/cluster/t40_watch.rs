@@ -1,0 +1,377 @@
+//! Watches through the etcd-client crate: order, history replay,
+//! compaction, prev_kv, filters, progress, many watches on one stream, and
+//! a watcher that stops reading while writers go on.
+
+use crate::harness::Cluster;
+use etcd_client::{
+    Client, EventType, PutOptions, WatchFilterType, WatchOptions, WatchResponse, WatchStream,
+};
+use futures::StreamExt;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+/// (type, key, value, mod_revision) of an event, for comparisons.
+type Seen = (&'static str, String, String, i64);
+
+fn seen(resp: &WatchResponse) -> Vec<Seen> {
+    resp.events()
+        .iter()
+        .map(|e| {
+            let kv = e.kv().expect("event kv");
+            let kind = match e.event_type() {
+                EventType::Put => "PUT",
+                EventType::Delete => "DELETE",
+            };
+            (
+                kind,
+                kv.key_str().expect("utf-8").to_string(),
+                kv.value_str().expect("utf-8").to_string(),
+                kv.mod_revision(),
+            )
+        })
+        .collect()
+}
+
+/// The next response on `stream`, within 10 s.
+async fn next(stream: &mut WatchStream) -> WatchResponse {
+    tokio::time::timeout(Duration::from_secs(10), stream.message())
+        .await
+        .expect("a watch response within 10 s")
+        .expect("watch stream ok")
+        .expect("watch stream open")
+}
+
+/// Opens a watch and checks the `created` response; returns its stream.
+async fn open(client: &mut Client, key: &str, options: WatchOptions) -> WatchStream {
+    let mut stream = client.watch(key, Some(options)).await.expect("watch");
+    let created = next(&mut stream).await;
+    assert!(
+        created.created(),
+        "first response is `created`: {created:?}"
+    );
+    stream
+}
+
+/// Collects events until `n` have arrived (bounded by 10 s per response).
+async fn events(stream: &mut WatchStream, n: usize) -> Vec<Seen> {
+    let mut out = Vec::new();
+    while out.len() < n {
+        let resp = next(stream).await;
+        assert!(!resp.canceled(), "unexpected cancel: {resp:?}");
+        out.extend(seen(&resp));
+    }
+    out
+}
+
+async fn put(client: &mut Client, key: &str, value: &str) -> i64 {
+    client
+        .put(key, value, None)
+        .await
+        .expect("put")
+        .header()
+        .expect("header")
+        .revision()
+}
+
+async fn delete(client: &mut Client, key: &str) -> i64 {
+    client
+        .delete(key, None)
+        .await
+        .expect("delete")
+        .header()
+        .expect("header")
+        .revision()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watches_follow_history_and_live_changes_like_etcd() {
+    let cluster = Cluster::start(3, &["--watch-progress-notify-interval-ms", "500"]).await;
+    let leader = cluster.wait_leader(Duration::from_secs(10)).await;
+    let follower = (1..=3).find(|id| *id != leader).expect("a follower");
+    // Writes go through the leader; watches are served by a follower from
+    // its own applied state.
+    let mut writer = cluster.client(leader).await;
+    let mut watcher = cluster.client(follower).await;
+
+    let r1 = put(&mut writer, "a/1", "one").await;
+    let r2 = put(&mut writer, "a/2", "two").await;
+    put(&mut writer, "b/x", "other").await;
+    let r4 = delete(&mut writer, "a/1").await;
+
+    // History replay: exactly the changes since r1, in revision order.
+    let mut replay = open(
+        &mut watcher,
+        "a/",
+        WatchOptions::new().with_prefix().with_start_revision(r1),
+    )
+    .await;
+    assert_eq!(
+        events(&mut replay, 3).await,
+        vec![
+            ("PUT", "a/1".into(), "one".into(), r1),
+            ("PUT", "a/2".into(), "two".into(), r2),
+            ("DELETE", "a/1".into(), "".into(), r4),
+        ]
+    );
+    // ...then live changes on the same watch, nothing missed or repeated.
+    let r5 = put(&mut writer, "a/3", "three").await;
+    put(&mut writer, "b/y", "ignored").await;
+    let r7 = delete(&mut writer, "a/2").await;
+    assert_eq!(
+        events(&mut replay, 2).await,
+        vec![
+            ("PUT", "a/3".into(), "three".into(), r5),
+            ("DELETE", "a/2".into(), "".into(), r7),
+        ]
+    );
+
+    // prev_kv with the NOPUT filter: only deletes, each with the old value.
+    let mut deletes = open(
+        &mut watcher,
+        "c/",
+        WatchOptions::new()
+            .with_prefix()
+            .with_prev_key()
+            .with_filters([WatchFilterType::NoPut]),
+    )
+    .await;
+    // NODELETE: only puts.
+    let mut puts = watcher
+        .watch(
+            "c/",
+            Some(
+                WatchOptions::new()
+                    .with_prefix()
+                    .with_filters([WatchFilterType::NoDelete]),
+            ),
+        )
+        .await
+        .expect("watch");
+    let created = next(&mut puts).await;
+    assert!(created.created());
+    let puts_id = created.watch_id();
+    let c1 = put(&mut writer, "c/k", "v1").await;
+    let c2 = put(&mut writer, "c/k", "v2").await;
+    writer.delete("c/k", None).await.expect("delete");
+    let resp = next(&mut deletes).await;
+    assert_eq!(resp.events().len(), 1, "{resp:?}");
+    let event = &resp.events()[0];
+    assert_eq!(event.event_type(), EventType::Delete);
+    let prev = event.prev_kv().expect("prev_kv requested");
+    assert_eq!(
+        (prev.value_str().ok(), prev.mod_revision()),
+        (Some("v2"), c2)
+    );
+    let put_events = events(&mut puts, 2).await;
+    assert_eq!(
+        put_events,
+        vec![
+            ("PUT", "c/k".into(), "v1".into(), c1),
+            ("PUT", "c/k".into(), "v2".into(), c2),
+        ]
+    );
+
+    // Compaction: a watch from before the compact revision is cancelled
+    // with it; one from the compact revision itself still works.
+    let compact_at = put(&mut writer, "d/k", "x").await;
+    writer.compact(compact_at, None).await.expect("compact");
+    // Let the follower apply the compaction.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut old = watcher
+        .watch(
+            "a/",
+            Some(WatchOptions::new().with_prefix().with_start_revision(r1)),
+        )
+        .await
+        .expect("watch");
+    let mut cancel = next(&mut old).await;
+    if cancel.created() && !cancel.canceled() {
+        cancel = next(&mut old).await;
+    }
+    assert!(cancel.canceled(), "{cancel:?}");
+    assert_eq!(cancel.compact_revision(), compact_at);
+    let mut at_compact = open(
+        &mut watcher,
+        "d/",
+        WatchOptions::new()
+            .with_prefix()
+            .with_start_revision(compact_at),
+    )
+    .await;
+    assert_eq!(
+        events(&mut at_compact, 1).await,
+        vec![("PUT", "d/k".into(), "x".into(), compact_at)]
+    );
+
+    // Progress: an idle watch that asked for it hears the current revision.
+    let mut idle = open(
+        &mut watcher,
+        "idle/",
+        WatchOptions::new().with_prefix().with_progress_notify(),
+    )
+    .await;
+    let progress = next(&mut idle).await;
+    assert!(progress.events().is_empty() && !progress.canceled());
+    assert!(progress.header().expect("header").revision() >= compact_at);
+    // And on request, for the whole stream.
+    idle.request_progress().await.expect("request progress");
+    let mut asked = next(&mut idle).await;
+    while asked.watch_id() != -1 {
+        asked = next(&mut idle).await;
+    }
+    assert!(asked.events().is_empty());
+    assert!(asked.header().expect("header").revision() >= compact_at);
+
+    // Cancel: acknowledged, and nothing more arrives for that watch.
+    puts.cancel(puts_id).await.expect("cancel");
+    let canceled = next(&mut puts).await;
+    assert!(canceled.canceled());
+    put(&mut writer, "c/k", "after-cancel").await;
+    let quiet = tokio::time::timeout(Duration::from_millis(500), puts.message()).await;
+    assert!(
+        !matches!(quiet, Ok(Ok(Some(ref r))) if !r.events().is_empty()),
+        "a cancelled watch got events: {quiet:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_watches_on_one_stream_each_get_their_own_events() {
+    const WATCHES: usize = 1000;
+    let cluster = Cluster::start(1, &[]).await;
+    let mut client = cluster.client(1).await;
+    let mut stream = client.watch("many/0000", None).await.expect("watch stream");
+    for i in 1..WATCHES {
+        stream
+            .watch(format!("many/{i:04}"), None)
+            .await
+            .expect("add a watch to the stream");
+    }
+    // Created responses come in request order: watch i is for key i.
+    let mut key_of: HashMap<i64, String> = HashMap::new();
+    while key_of.len() < WATCHES {
+        let resp = next(&mut stream).await;
+        assert!(resp.created() && !resp.canceled(), "{resp:?}");
+        key_of.insert(resp.watch_id(), format!("many/{:04}", key_of.len()));
+    }
+    assert_eq!(key_of.len(), WATCHES, "watch ids are distinct");
+
+    // Every key written once, 64 writes in flight.
+    let writes = futures::stream::iter(0..WATCHES)
+        .map(|i| {
+            let mut c = client.clone();
+            async move { c.put(format!("many/{i:04}"), format!("v{i}"), None).await }
+        })
+        .buffer_unordered(64)
+        .collect::<Vec<_>>()
+        .await;
+    assert!(writes.iter().all(Result::is_ok));
+
+    let mut got: HashMap<i64, Vec<String>> = HashMap::new();
+    let mut total = 0;
+    while total < WATCHES {
+        let resp = next(&mut stream).await;
+        for (_, key, value, _) in seen(&resp) {
+            let i: usize = key["many/".len()..].parse().expect("numbered key");
+            assert_eq!(value, format!("v{i}"));
+            got.entry(resp.watch_id()).or_default().push(key);
+            total += 1;
+        }
+    }
+    for (id, key) in &key_of {
+        assert_eq!(got.get(id), Some(&vec![key.clone()]), "watch {id}");
+    }
+}
+
+/// Writes `count` keys `prefix{i}` with `in_flight` concurrent puts and
+/// returns the throughput in writes per second.
+async fn write_burst(client: &Client, prefix: &str, range: std::ops::Range<usize>) -> f64 {
+    let started = Instant::now();
+    let count = range.len();
+    let results = futures::stream::iter(range)
+        .map(|i| {
+            let mut c = client.clone();
+            let key = format!("{prefix}{i:06}");
+            async move {
+                c.put(key, "0123456789abcdef", Some(PutOptions::new()))
+                    .await
+            }
+        })
+        .buffer_unordered(128)
+        .collect::<Vec<_>>()
+        .await;
+    assert!(results.iter().all(Result::is_ok), "every write succeeds");
+    count as f64 / started.elapsed().as_secs_f64()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watcher_that_stops_reading_slows_no_writer_and_then_gets_every_event() {
+    const WRITES: usize = 100_000;
+    let cluster = Cluster::start(1, &[]).await;
+    let writer = cluster.client(1).await;
+    let mut watch_client = cluster.client(1).await;
+
+    // Measured twice around the watched run, so drift on a shared machine
+    // counts against neither side.
+    let mut attempt = 0;
+    let (baseline, watched, mut stream, first_rev) = loop {
+        attempt += 1;
+        let tag = format!("slow{attempt}/");
+        let before = write_burst(&writer, &format!("{tag}warm/"), 0..WRITES / 4).await;
+        let start_rev = writer
+            .clone()
+            .get("none", None)
+            .await
+            .expect("get")
+            .header()
+            .expect("header")
+            .revision()
+            + 1;
+        let stream = open(&mut watch_client, &tag, WatchOptions::new().with_prefix()).await;
+        // The watcher now reads nothing while 100 000 writes happen, and
+        // for at least 10 s.
+        let paused = Instant::now();
+        let watched = write_burst(&writer, &format!("{tag}w/"), 0..WRITES).await;
+        let after = write_burst(&writer, &format!("{tag}cool/"), 0..WRITES / 4).await;
+        if let Some(rest) = Duration::from_secs(10).checked_sub(paused.elapsed()) {
+            tokio::time::sleep(rest).await;
+        }
+        let baseline = (before + after) / 2.0;
+        println!(
+            "attempt {attempt}: without a watcher {before:.0} and {after:.0} writes/s; \
+             with a stalled watcher {watched:.0} writes/s"
+        );
+        if watched >= 0.9 * baseline || attempt == 2 {
+            break (baseline, watched, stream, start_rev);
+        }
+    };
+    assert!(
+        watched >= 0.9 * baseline,
+        "a stalled watcher slowed writers from {baseline:.0} to {watched:.0} writes/s"
+    );
+
+    // Now it reads: every event since it started, in order, none twice
+    // (the 25 000 "cool" writes came after the 100 000 and are included).
+    let expected = WRITES + WRITES / 4;
+    let mut next_rev = first_rev;
+    let mut count = 0;
+    let started = Instant::now();
+    while count < expected {
+        let resp = next(&mut stream).await;
+        assert!(!resp.canceled(), "cancelled instead of caught up: {resp:?}");
+        for event in resp.events() {
+            let rev = event.kv().expect("kv").mod_revision();
+            assert_eq!(rev, next_rev, "events in order with no gap");
+            next_rev += 1;
+            count += 1;
+        }
+    }
+    println!(
+        "the stalled watcher then received all {count} events in {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
+    let metrics = cluster.metrics(1).await;
+    assert!(
+        metrics.contains("latchkey_watch_slow_streams_total"),
+        "the lagging stream is counted"
+    );
+}
