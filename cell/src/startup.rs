@@ -147,9 +147,13 @@ async fn removed_from_cell(raft: Raft, id: u64) {
             let m = rx.borrow_and_update();
             let membership = m.membership_config.membership();
             let is_member = membership.get_node(&id).is_some();
+            // Only a configuration this member has applied (so committed)
+            // counts: an appended one may still be replaced.
+            let applied =
+                m.membership_config.log_id().map(|l| l.index) <= m.last_applied.map(|l| l.index);
             if is_member {
                 was_member = true;
-            } else if was_member && membership.nodes().next().is_some() {
+            } else if was_member && applied && membership.nodes().next().is_some() {
                 return;
             }
         }
@@ -299,7 +303,10 @@ pub async fn run(mut cfg: Resolved) -> anyhow::Result<()> {
     tokio::select! {
         _ = shutdown_signal() => tracing::info!("stopping"),
         _ = removed_from_cell(raft.clone(), cfg.id) => {
-            tracing::warn!("this member was removed from the cell; stopping")
+            tracing::warn!("this member was removed from the cell; stopping");
+            // Let in-flight answers (such as the MemberRemove that removed
+            // this leader) reach their clients first.
+            tokio::time::sleep(std::time::Duration::from_secs(2)).await;
         }
         r = api_task => { r??; bail!("the client API server stopped") }
     }

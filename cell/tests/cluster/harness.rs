@@ -190,6 +190,13 @@ impl Cluster {
         }
     }
 
+    /// Whether member `id`'s process has exited on its own.
+    pub fn exited(&mut self, id: u64) -> bool {
+        self.procs
+            .get_mut(&id)
+            .is_some_and(|c| matches!(c.try_wait(), Ok(Some(_))))
+    }
+
     pub fn running(&self) -> Vec<u64> {
         self.procs.keys().copied().collect()
     }

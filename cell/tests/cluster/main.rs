@@ -8,3 +8,4 @@ mod t20_lease;
 mod t30_failover;
 mod t40_watch;
 mod t50_etcdctl;
+mod t60_membership;
