@@ -533,4 +533,72 @@ mod tests {
             assert_eq!(keys_at(&copy, rev), keys_at(&ks, rev));
         }
     }
+
+    #[test]
+    fn history_replays_every_change_in_revision_order_with_prev_values() {
+        let mut ks = KeySpace::default();
+        ks.put(1, b"b", b"1".to_vec(), 0);
+        ks.put(2, b"a", b"1".to_vec(), 0);
+        ks.put(3, b"b", b"2".to_vec(), 0);
+        ks.delete(4, b"a");
+        let live = ks.take_changes();
+        let replay = ks.history(&all(), 1, 4);
+        assert_eq!(live, replay, "what watchers saw live equals the replay");
+        let summary: Vec<_> = replay
+            .iter()
+            .map(|e| {
+                (
+                    e.kind,
+                    e.kv.key.clone(),
+                    e.revision(),
+                    e.prev.as_ref().map(|p| p.value.clone()),
+                )
+            })
+            .collect();
+        assert_eq!(
+            summary,
+            vec![
+                (EventKind::Put, b"b".to_vec(), 1, None),
+                (EventKind::Put, b"a".to_vec(), 2, None),
+                (EventKind::Put, b"b".to_vec(), 3, Some(b"1".to_vec())),
+                (EventKind::Delete, b"a".to_vec(), 4, Some(b"1".to_vec())),
+            ]
+        );
+        assert_eq!(ks.history(&all(), 3, 3).len(), 1);
+        assert!(ks.take_changes().is_empty());
+    }
+
+    #[test]
+    fn compaction_keeps_every_change_from_the_compact_revision_on() {
+        let mut ks = KeySpace::default();
+        ks.put(1, b"a", b"1".to_vec(), 0);
+        ks.put(2, b"b", b"1".to_vec(), 0);
+        ks.delete(3, b"b");
+        ks.put(4, b"a", b"2".to_vec(), 0);
+        let before = ks.history(&all(), 3, 4);
+        ks.compact(3).expect("compact");
+        // The deletion at the compact revision is still there for a watch
+        // that starts at it, as etcd allows.
+        assert_eq!(ks.history(&all(), 3, 4).len(), before.len());
+        ks.compact(4).expect("compact");
+        assert_eq!(ks.history(&all(), 4, 4).len(), 1);
+        assert_eq!(ks.live_keys(), 1);
+    }
+
+    #[test]
+    fn two_writes_of_a_key_in_one_revision_are_one_change() {
+        let mut ks = KeySpace::default();
+        ks.put(1, b"k", b"old".to_vec(), 0);
+        ks.take_changes();
+        ks.put(2, b"k", b"first".to_vec(), 0);
+        ks.put(2, b"k", b"second".to_vec(), 0);
+        let changes = ks.take_changes();
+        assert_eq!(changes.len(), 1);
+        assert_eq!(changes[0].kv.value, b"second".to_vec());
+        assert_eq!(
+            changes[0].prev.as_ref().map(|p| p.value.clone()),
+            Some(b"old".to_vec())
+        );
+        assert_eq!(changes, ks.history(&all(), 2, 2));
+    }
 }

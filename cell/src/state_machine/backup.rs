@@ -1,9 +1,11 @@
 //! The portable state file: what `Maintenance.Snapshot` streams and
 //! `latchkey-cell --restore FILE` starts a new cell from.
 //!
-//! Layout: a magic line, the bincode [`StateImage`], then the SHA-256 of
-//! everything before it (etcd also ends its snapshot stream with a SHA-256),
-//! so a truncated or damaged file is refused rather than restored.
+//! Layout: a magic line, the length of the image (8 bytes, big-endian), the
+//! bincode [`StateImage`], zero padding to a multiple of 512 bytes, then the
+//! SHA-256 of everything before it. etcd's stream has the same shape (a
+//! page-aligned database plus its SHA-256), and `etcdctl snapshot save`
+//! checks that shape; a truncated or damaged file is refused on restore.
 
 use super::{CellState, StateImage};
 use crate::raft::codec::{decode, encode};
@@ -12,11 +14,15 @@ use sha2::{Digest, Sha256};
 
 const MAGIC: &[u8] = b"latchkey-state-v1\n";
 const HASH_BYTES: usize = 32;
+const ALIGN: usize = 512;
 
 /// The state file of `state`: keys with their history, leases, members.
 pub fn encode_state_file(state: &CellState) -> anyhow::Result<Vec<u8>> {
+    let image = encode(&state.image()).context("encoding the state")?;
     let mut out = MAGIC.to_vec();
-    out.extend(encode(&state.image()).context("encoding the state")?);
+    out.extend_from_slice(&(image.len() as u64).to_be_bytes());
+    out.extend(image);
+    out.resize(out.len().div_ceil(ALIGN) * ALIGN, 0);
     let hash = Sha256::digest(&out);
     out.extend_from_slice(&hash);
     Ok(out)
@@ -36,7 +42,17 @@ pub fn decode_state_file(bytes: &[u8]) -> anyhow::Result<CellState> {
     if Sha256::digest(body).as_slice() != hash {
         bail!("the state file's SHA-256 does not match: it is damaged or incomplete");
     }
-    let image: StateImage = decode(&body[MAGIC.len()..]).context("decoding the state")?;
+    let rest = &body[MAGIC.len()..];
+    let len = rest
+        .get(..8)
+        .and_then(|b| <[u8; 8]>::try_from(b).ok())
+        .map(u64::from_be_bytes)
+        .context("the state file is truncated")?;
+    let image_bytes = usize::try_from(len)
+        .ok()
+        .and_then(|len| rest.get(8..8 + len))
+        .context("the state file's length field is wrong")?;
+    let image: StateImage = decode(image_bytes).context("decoding the state")?;
     let mut state = CellState::from_image(image);
     state.last_applied = None;
     state.last_membership = Default::default();
@@ -62,6 +78,11 @@ mod tests {
             assert!(s.apply(i as u64 + 1, &put).result.is_ok());
         }
         let file = encode_state_file(&s).expect("encode");
+        assert_eq!(
+            file.len() % 512,
+            32,
+            "the shape etcdctl snapshot save checks"
+        );
         let back = decode_state_file(&file).expect("decode");
         assert_eq!(back.keys.revision(), 3);
         assert_eq!(back.keys.live_keys(), 2);

@@ -109,20 +109,6 @@ impl Cluster {
         spec
     }
 
-    /// Client addresses of the members running now, comma separated.
-    pub fn running_endpoints(&self) -> String {
-        self.running()
-            .iter()
-            .map(|id| self.member(*id).client.clone())
-            .collect::<Vec<_>>()
-            .join(",")
-    }
-
-    /// The temporary directory this cluster keeps its files in.
-    pub fn dir(&self) -> &std::path::Path {
-        self._dir.path()
-    }
-
     pub fn member(&self, id: u64) -> &MemberSpec {
         self.members
             .iter()
