@@ -232,6 +232,17 @@ async fn watches_follow_history_and_live_changes_like_etcd() {
         !matches!(quiet, Ok(Ok(Some(ref r))) if !r.events().is_empty()),
         "a cancelled watch got events: {quiet:?}"
     );
+
+    // The follower reports its watches.
+    let metrics = cluster.metrics(follower).await;
+    for name in [
+        "latchkey_watchers ",
+        "latchkey_watch_streams ",
+        "latchkey_watch_events_sent_total ",
+        "latchkey_watch_commit_to_send_seconds_bucket",
+    ] {
+        assert!(metrics.contains(name), "{name} in /metrics");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -374,4 +385,115 @@ async fn a_watcher_that_stops_reading_slows_no_writer_and_then_gets_every_event(
         metrics.contains("latchkey_watch_slow_streams_total"),
         "the lagging stream is counted"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revision_larger_than_a_message_arrives_in_fragments_when_asked() {
+    // Responses are limited to the request limit, 64 KiB here.
+    let cluster = Cluster::start(1, &["--max-request-bytes", "65536"]).await;
+    let mut client = cluster.client(1).await;
+    let lease = client.lease_grant(60, None).await.expect("grant").id();
+    let big = "x".repeat(10_000);
+    for i in 0..10 {
+        client
+            .put(
+                format!("frag/{i}"),
+                big.as_str(),
+                Some(PutOptions::new().with_lease(lease)),
+            )
+            .await
+            .expect("put");
+    }
+    let options = WatchOptions::new().with_prefix().with_prev_key();
+    let mut whole = open(&mut client, "frag/", options.clone()).await;
+    let mut pieces = open(&mut client, "frag/", options.with_fragment()).await;
+    // Revoking the lease deletes all ten keys in ONE revision; with their
+    // previous values that is ~100 KB of events.
+    client.lease_revoke(lease).await.expect("revoke");
+    let one = next(&mut whole).await;
+    assert_eq!(one.events().len(), 10, "without fragments: one response");
+    let mut responses = 0;
+    let mut events = Vec::new();
+    while events.len() < 10 {
+        let resp = next(&mut pieces).await;
+        responses += 1;
+        events.extend(seen(&resp));
+    }
+    assert!(
+        responses >= 2,
+        "100 KB in 64 KiB fragments: {responses} responses"
+    );
+    let revision = events[0].3;
+    assert!(events.iter().all(|e| e.0 == "DELETE" && e.3 == revision));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn automatic_compaction_keeps_the_configured_history() {
+    // Revision mode: keep the last 10 revisions (checked every 5 s).
+    let by_revision = Cluster::start(
+        1,
+        &[
+            "--auto-compaction-mode",
+            "revision",
+            "--auto-compaction-retention",
+            "10",
+        ],
+    )
+    .await;
+    // Periodic mode: keep the last 2 seconds.
+    let by_time = Cluster::start(1, &["--auto-compaction-retention", "2s"]).await;
+    for cluster in [&by_revision, &by_time] {
+        let mut client = cluster.client(1).await;
+        let mut last = 0;
+        for i in 0..30 {
+            last = put(&mut client, &format!("ac/{i}"), "v").await;
+        }
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let compacted = loop {
+            let err = client
+                .get(
+                    "ac/0",
+                    Some(etcd_client::GetOptions::new().with_revision(2)),
+                )
+                .await
+                .err();
+            if let Some(e) = err {
+                break e.to_string();
+            }
+            assert!(Instant::now() < deadline, "history was never compacted");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        assert!(
+            compacted.contains("required revision has been compacted"),
+            "{compacted}"
+        );
+        // The retained history still reads.
+        let recent = client
+            .get(
+                "ac/29",
+                Some(etcd_client::GetOptions::new().with_revision(last)),
+            )
+            .await
+            .expect("a recent revision still reads");
+        assert_eq!(recent.count(), 1);
+    }
+    // Revision mode compacted to exactly 10 behind the revision it saw.
+    let mut client = by_revision.client(1).await;
+    let status = client.status().await.expect("status");
+    let revision = status.header().expect("header").revision();
+    let err = client
+        .get(
+            "ac/0",
+            Some(etcd_client::GetOptions::new().with_revision(revision - 11)),
+        )
+        .await
+        .expect_err("compacted");
+    assert!(err.to_string().contains("compacted"));
+    client
+        .get(
+            "ac/0",
+            Some(etcd_client::GetOptions::new().with_revision(revision - 10)),
+        )
+        .await
+        .expect("the last 10 revisions are kept");
 }

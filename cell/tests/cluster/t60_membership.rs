@@ -147,6 +147,26 @@ async fn a_cell_grows_from_three_to_five_with_join_under_writes_and_shrinks_losi
         assert!(Instant::now() < deadline, "the learner never caught up");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // ...and watches: the writer's next puts reach a watch on the learner.
+    let mut watch = learner
+        .watch(
+            "grow/",
+            Some(etcd_client::WatchOptions::new().with_prefix()),
+        )
+        .await
+        .expect("watch on the learner");
+    let mut got_event = false;
+    while !got_event {
+        let resp = tokio::time::timeout(Duration::from_secs(10), watch.message())
+            .await
+            .expect("an event from the learner within 10 s")
+            .expect("watch ok")
+            .expect("watch open");
+        got_event = !resp.events().is_empty();
+    }
+    // A learner does not vote: still one learner among four members.
+    let listed = members(&mut admin).await;
+    assert_eq!(listed.values().filter(|l| **l).count(), 1, "{listed:?}");
     retry("promote", || {
         let mut c = admin.clone();
         async move { c.member_promote(id4).await }
