@@ -205,6 +205,22 @@ pub async fn change_here(node: &CellNode, change: &MembershipChange) -> Result<(
     }
 }
 
+/// Keeps this member from campaigning while it lives.
+struct SitOutElections<'a>(&'a CellNode);
+
+impl<'a> SitOutElections<'a> {
+    fn new(node: &'a CellNode) -> Self {
+        node.raft.runtime_config().elect(false);
+        SitOutElections(node)
+    }
+}
+
+impl Drop for SitOutElections<'_> {
+    fn drop(&mut self) {
+        self.0.raft.runtime_config().elect(true);
+    }
+}
+
 /// Hands leadership to voter `target`: waits until it has the whole log,
 /// asks it to campaign, and waits until it leads. openraft 0.9 has no
 /// leader transfer; a caught-up candidate with a higher term wins because
@@ -251,7 +267,11 @@ pub async fn move_leader_here(node: &CellNode, target: NodeId) -> Result<(), Api
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let retry = node.election_timeout * 2;
+    // The old leader steps down when it sees the target's higher term, but
+    // it would then compete in the election (and often win, as the third
+    // member still holds its lease). It sits this election out.
+    let _sit_out = SitOutElections::new(node);
+    let retry = node.election_timeout;
     loop {
         node.ask_to_campaign(&addr, deadline).await?;
         let until = (Instant::now() + retry).min(deadline);

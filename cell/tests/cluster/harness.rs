@@ -119,7 +119,10 @@ impl Cluster {
     /// Starts (or restarts) member `id` with its data directory.
     pub fn spawn(&mut self, id: u64) {
         let m = self.member(id).clone();
-        let log = std::fs::File::create(self._dir.path().join(format!("m{id}.log")))
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self._dir.path().join(format!("m{id}.log")))
             .or_else(|_| std::fs::File::create("/dev/null"))
             .expect("log file");
         let mut cmd = Command::new(CELL_BIN);
@@ -141,7 +144,7 @@ impl Cluster {
             ])
             .args(&self.extra_args)
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            .stdout(log.try_clone().map_or_else(|_| Stdio::null(), Stdio::from))
             .stderr(log)
             .spawn()
             .expect("spawn latchkey-cell");
@@ -250,6 +253,18 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
+        // A failing test shows what the members logged last.
+        if std::thread::panicking() {
+            for m in &self.members {
+                let path = self._dir.path().join(format!("m{}.log", m.id));
+                let log = std::fs::read_to_string(&path).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(40).collect();
+                eprintln!("---- member {} log (last {} lines) ----", m.id, tail.len());
+                for line in tail.iter().rev() {
+                    eprintln!("{line}");
+                }
+            }
+        }
         for (_, mut child) in std::mem::take(&mut self.procs) {
             let _ = child.kill();
             let _ = child.wait();

@@ -274,20 +274,27 @@ async fn a_cell_grows_from_three_to_five_with_join_under_writes_and_shrinks_losi
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn move_leader_hands_leadership_to_the_chosen_voter() {
     let cluster = Cluster::start(3, &[]).await;
-    let leader = cluster.wait_leader(Duration::from_secs(10)).await;
-    let target = (1..=3).find(|id| *id != leader).expect("a follower");
-    // Asked through a member that is neither: the request is forwarded.
-    let via = (1..=3)
-        .find(|id| *id != leader && *id != target)
-        .expect("third");
-    let mut client = cluster.client(via).await;
-    client.put("before", "move", None).await.expect("put");
-    client.move_leader(target).await.expect("move leader");
-    assert_eq!(cluster.wait_leader(Duration::from_secs(10)).await, target);
-    client
-        .put("after", "move", None)
-        .await
-        .expect("put after the move");
+    // Around the cell three times, each time asked through the member that
+    // is neither leader nor target (the request is forwarded).
+    for round in 0..3 {
+        let leader = cluster.wait_leader(Duration::from_secs(10)).await;
+        let target = leader % 3 + 1;
+        let via = target % 3 + 1;
+        let mut client = cluster.client(via).await;
+        client.put("before", "move", None).await.expect("put");
+        let started = Instant::now();
+        client.move_leader(target).await.expect("move leader");
+        println!(
+            "round {round}: moved from {leader} to {target} in {:?}",
+            started.elapsed()
+        );
+        assert_eq!(cluster.wait_leader(Duration::from_secs(10)).await, target);
+        client
+            .put("after", "move", None)
+            .await
+            .expect("put after the move");
+    }
+    let mut client = cluster.client(1).await;
     let err = client.move_leader(12345).await.expect_err("not a member");
     assert!(err.to_string().contains("bad leader transferee"), "{err}");
 }
