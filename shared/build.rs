@@ -3,6 +3,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)
-        .compile_protos(&["proto/peer.proto"], &["proto"])?;
+        .compile_protos(&["proto/peer.proto", "proto/sessions.proto"], &["proto"])?;
     Ok(())
 }

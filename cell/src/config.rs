@@ -85,8 +85,9 @@ pub struct Config {
     #[arg(long, env = "LATCHKEY_REQUEST_TIMEOUT_MS", default_value_t = 5000)]
     pub request_timeout_ms: u64,
 
-    /// Raft heartbeat interval in milliseconds.
-    #[arg(long, env = "LATCHKEY_HEARTBEAT_MS", default_value_t = 100)]
+    /// Raft heartbeat interval in milliseconds. openraft also uses it as the
+    /// timeout of every replication request.
+    #[arg(long, env = "LATCHKEY_HEARTBEAT_MS", default_value_t = 150)]
     pub heartbeat_ms: u64,
 
     /// Minimum Raft election timeout in milliseconds; the maximum is twice
@@ -104,6 +105,27 @@ pub struct Config {
     /// catch up from the log rather than by a snapshot.
     #[arg(long, env = "LATCHKEY_SNAPSHOT_KEEP_ENTRIES", default_value_t = 1_000)]
     pub snapshot_keep_entries: u64,
+
+    /// Longest lease TTL granted, in seconds (etcd's maximum by default).
+    #[arg(long, env = "LATCHKEY_MAX_TTL", default_value_t = limits::MAX_TTL_SECS)]
+    pub max_ttl: i64,
+
+    /// After a leader change, a lease whose last checkpoint says it is due
+    /// (or nearly) still gets this long, in milliseconds, for its client to
+    /// reach the new leader; never more than this past its checkpointed
+    /// deadline. A dead lease thus expires at most TTL + this after its last
+    /// refresh, however often leadership changes.
+    #[arg(long, env = "LATCHKEY_LEASE_GRACE_MS", default_value_t = 5_000)]
+    pub lease_grace_ms: u64,
+
+    /// How often the leader checkpoints refreshed lease deadlines through
+    /// Raft (one entry covers up to 10 000 leases), in milliseconds.
+    #[arg(
+        long,
+        env = "LATCHKEY_LEASE_CHECKPOINT_INTERVAL_MS",
+        default_value_t = 1_000
+    )]
+    pub lease_checkpoint_interval_ms: u64,
 
     /// How often a watch that asked for progress notifications and was sent
     /// nothing meanwhile gets one, in milliseconds (etcd: 10 minutes).
@@ -245,6 +267,12 @@ impl Config {
         }
         if self.min_ttl < 1 {
             bail!("--min-ttl must be at least 1 second");
+        }
+        if self.max_ttl < self.min_ttl || self.max_ttl > limits::MAX_TTL_SECS {
+            bail!(
+                "--max-ttl must be between --min-ttl and {}",
+                limits::MAX_TTL_SECS
+            );
         }
         if self.election_timeout_ms <= self.heartbeat_ms * 2 {
             bail!("--election-timeout-ms must be more than twice --heartbeat-ms");

@@ -35,6 +35,10 @@ pub enum Forward {
     KeepAlive {
         id: i64,
     },
+    /// Many leases refreshed at once (the sessions extension).
+    RefreshBatch {
+        ids: Vec<i64>,
+    },
     TimeToLive {
         id: i64,
     },
@@ -50,7 +54,13 @@ pub enum Forward {
 pub enum ForwardReply {
     Written(Response),
     ReadIndex(u64),
-    KeepAlive { ttl: i64 },
+    KeepAlive {
+        ttl: i64,
+    },
+    /// Per requested id: its TTL, or -1 if it does not exist.
+    Refreshed {
+        ttls: Vec<i64>,
+    },
     TimeToLive(LeaseTtl),
     Done,
 }
@@ -69,6 +79,7 @@ pub struct Limits {
     pub max_value_bytes: usize,
     pub quota_bytes: u64,
     pub min_ttl: i64,
+    pub max_ttl: i64,
 }
 
 pub struct CellNode {
@@ -85,6 +96,11 @@ pub struct CellNode {
     pub limits: Limits,
     pub request_timeout: Duration,
     pub election_timeout: Duration,
+    /// What a new leader gives a lease that its checkpoint says is nearly
+    /// or already due (see the lessor).
+    pub lease_grace: Duration,
+    /// How often the leader checkpoints refreshed leases through Raft.
+    pub lease_checkpoint_interval: Duration,
     /// Peer clients by address, made on first use.
     peers: DashMap<String, PeerClient<Channel>>,
 }
@@ -116,9 +132,14 @@ impl CellNode {
                 max_value_bytes: cfg.cfg.max_value_bytes,
                 quota_bytes: cfg.cfg.quota_bytes,
                 min_ttl: cfg.cfg.min_ttl,
+                max_ttl: cfg.cfg.max_ttl,
             },
             request_timeout: Duration::from_millis(cfg.cfg.request_timeout_ms),
             election_timeout: Duration::from_millis(cfg.cfg.election_timeout_ms),
+            lease_grace: Duration::from_millis(cfg.cfg.lease_grace_ms),
+            lease_checkpoint_interval: Duration::from_millis(
+                cfg.cfg.lease_checkpoint_interval_ms.max(50),
+            ),
             peers: DashMap::new(),
         }
     }
@@ -264,6 +285,10 @@ impl CellNode {
                 .refresh_here(*id)
                 .await
                 .map(|ttl| ForwardReply::KeepAlive { ttl }),
+            Forward::RefreshBatch { ids } => self
+                .refresh_batch_here(ids)
+                .await
+                .map(|ttls| ForwardReply::Refreshed { ttls }),
             Forward::TimeToLive { id } => self.ttl_here(*id).await.map(ForwardReply::TimeToLive),
             Forward::Membership(change) => membership::change_here(self, change)
                 .await
@@ -396,6 +421,79 @@ impl CellNode {
         }
     }
 
+    async fn refresh_batch_here(&self, ids: &[i64]) -> Result<Vec<i64>, ApiError> {
+        let deadline = Instant::now() + self.request_timeout;
+        loop {
+            // 100 000 refreshes take a while: off the async workers (which
+            // also run Raft's heartbeats), a bounded chunk per lock so apply
+            // never waits long for the lessor.
+            let lessor = self.lessor.clone();
+            let batch = ids.to_vec();
+            let refreshed: Result<Vec<i64>, RefreshError> =
+                tokio::task::spawn_blocking(move || {
+                    let mut ttls = Vec::with_capacity(batch.len());
+                    for chunk in batch.chunks(4096) {
+                        ttls.extend(lessor.refresh_many(chunk, Instant::now())?);
+                    }
+                    Ok(ttls)
+                })
+                .await
+                .map_err(|e| ApiError::internal(e.to_string()))?;
+            match refreshed {
+                Ok(ttls) => return Ok(ttls),
+                // Promotion follows the first commit of the new term.
+                Err(_) if self.is_leader() && Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(20)).await
+                }
+                Err(_) => return Err(ApiError::etcd(ErrorCode::NotLeader)),
+            }
+        }
+    }
+
+    /// Refreshes many leases in one round trip to the leader, wherever it
+    /// arrives: per id its TTL, or -1 if the lease does not exist.
+    pub async fn refresh_batch(&self, ids: Vec<i64>) -> Result<Vec<i64>, ApiError> {
+        let count = ids.len() as u64;
+        match self.on_leader(Forward::RefreshBatch { ids }).await? {
+            ForwardReply::Refreshed { ttls } => {
+                metrics::counter!("latchkey_refresh_batches_total").increment(1);
+                metrics::counter!("latchkey_leases_refreshed_total").increment(count);
+                Ok(ttls)
+            }
+            other => Err(ApiError::internal(format!("unexpected reply {other:?}"))),
+        }
+    }
+
+    /// The primary lessor's checkpoint loop: every interval, the leases
+    /// refreshed since their last checkpoint go through Raft, many per entry.
+    pub async fn run_lease_checkpoints(self: Arc<Self>) {
+        // Bounded entries: 10 000 leases are ~160 KB.
+        const BATCH: usize = 10_000;
+        let mut tick = tokio::time::interval(self.lease_checkpoint_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            loop {
+                let entries = self.lessor.take_checkpoints(Instant::now(), BATCH);
+                if entries.is_empty() {
+                    break;
+                }
+                let count = entries.len() as u64;
+                match self
+                    .raft
+                    .client_write(Request::LeaseCheckpoint { entries })
+                    .await
+                {
+                    Ok(_) => metrics::counter!("latchkey_lease_checkpoints_total").increment(count),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "lease checkpoint not committed");
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
     /// A keep-alive, wherever it arrives: returns the lease's TTL.
     pub async fn keep_alive(&self, id: i64) -> Result<i64, ApiError> {
         metrics::counter!("latchkey_lease_refreshes_total").increment(1);
@@ -469,7 +567,7 @@ impl CellNode {
                         let term = self.raft.metrics().borrow().current_term;
                         self.state.read(|s| {
                             self.lessor
-                                .promote(&s.leases.ids_and_ttls(), Instant::now())
+                                .promote(&s.leases.seeds(), Instant::now(), self.lease_grace)
                         });
                         tracing::info!(
                             term,

@@ -42,6 +42,14 @@ fn raft_config(cfg: &Resolved) -> anyhow::Result<openraft::Config> {
         install_snapshot_timeout: 60_000,
         snapshot_policy: SnapshotPolicy::LogsSinceLast(c.snapshot_entries),
         max_in_snapshot_log_to_keep: c.snapshot_keep_entries,
+        // openraft 0.9 gives every AppendEntries the heartbeat interval as
+        // its whole timeout. A follower that fell behind is sent batches of
+        // this many entries; at openraft's default (300 entries of up to
+        // 128 puts each) one batch could take longer than the interval on a
+        // loaded machine, time out, and be resent forever: the follower
+        // never caught up (seen with 100 000 leases on 2 cores). Smaller
+        // batches always make progress.
+        max_payload_entries: 32,
         ..Default::default()
     };
     Ok(config.validate()?)
@@ -266,6 +274,7 @@ pub async fn run(mut cfg: Resolved) -> anyhow::Result<()> {
 
     tokio::spawn(node.clone().run_lessor_promotion());
     tokio::spawn(node.clone().run_lease_expiry());
+    tokio::spawn(node.clone().run_lease_checkpoints());
     tokio::spawn(node.clone().run_publish_member());
     tokio::spawn(crate::auto_compaction::run(node.clone(), cfg.retention));
 

@@ -9,7 +9,6 @@ use latchkey_shared::etcdpb::{
     PbLeaseLeasesRequest, PbLeaseLeasesResponse, PbLeaseRevokeRequest, PbLeaseRevokeResponse,
     PbLeaseService, PbLeaseStatus, PbLeaseTimeToLiveRequest, PbLeaseTimeToLiveResponse,
 };
-use latchkey_shared::limits::MAX_TTL_SECS;
 use latchkey_shared::{ApiError, ErrorCode};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -60,7 +59,8 @@ impl PbLeaseService for LeaseService {
             ))
             .into());
         }
-        if req.ttl > MAX_TTL_SECS {
+        if req.ttl > self.node.limits.max_ttl {
+            // etcd's exact text: clients recognise the error by it.
             return Err(Status::out_of_range("etcdserver: too large lease TTL"));
         }
         if req.id < 0 {
@@ -165,9 +165,9 @@ impl PbLeaseService for LeaseService {
         let (leases, revision) = self.node.state.read(|s| {
             let leases = s
                 .leases
-                .ids_and_ttls()
+                .seeds()
                 .into_iter()
-                .map(|(id, _)| PbLeaseStatus { id })
+                .map(|(id, _, _)| PbLeaseStatus { id })
                 .collect();
             (leases, s.keys.revision())
         });

@@ -8,10 +8,15 @@ pub mod cluster;
 pub mod kv;
 pub mod lease;
 pub mod maintenance;
+pub mod sessions;
 pub mod watch;
 
 use crate::node::CellNode;
 use crate::watch::stream::WatchOptions;
+use latchkey_shared::sessions_pb::sessions_server::SessionsServer;
+
+/// Most leases one refresh batch may name.
+pub const MAX_REFRESH_BATCH: usize = 200_000;
 use latchkey_shared::etcdpb::{
     PbClusterServer, PbKvServer, PbLeaseServer, PbMaintenanceServer, PbResponseHeader,
     PbWatchServer,
@@ -77,6 +82,13 @@ pub async fn serve(
         options: watch_options,
     })
     .max_decoding_message_size(max_request_bytes);
+    // A batch of 200 000 ids is 1.6 MB: the request limit does not apply.
+    let sessions = SessionsServer::new(sessions::SessionsService {
+        node: node.clone(),
+        max_batch: MAX_REFRESH_BATCH,
+    })
+    .max_decoding_message_size(MAX_REFRESH_BATCH * 11 + 1024)
+    .max_encoding_message_size(MAX_REFRESH_BATCH * 11 + 1024);
     let cluster = PbClusterServer::new(cluster::ClusterService { node });
     tonic::transport::Server::builder()
         .tcp_nodelay(true)
@@ -85,6 +97,7 @@ pub async fn serve(
         .add_service(maintenance)
         .add_service(cluster)
         .add_service(watch)
+        .add_service(sessions)
         .serve_with_incoming_shutdown(
             tokio_stream::wrappers::TcpListenerStream::new(listener),
             shutdown,

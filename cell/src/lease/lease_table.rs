@@ -1,7 +1,8 @@
-//! The replicated part of leases: which leases exist, their granted TTL and
-//! the keys attached to each. Deadlines are not here: they live in the
-//! leader's [`Lessor`](super::lessor::Lessor), because refreshes do not go
-//! through Raft.
+//! The replicated part of leases: which leases exist, their granted TTL,
+//! the keys attached to each and the remaining time of each lease's last
+//! checkpoint. Live deadlines are not here: they live in the
+//! [`Lessor`](super::lessor::Lessor), because refreshes do not go through
+//! Raft.
 
 use imbl::{OrdMap, OrdSet};
 use serde::{Deserialize, Serialize};
@@ -12,6 +13,8 @@ pub struct LeaseRecord {
     /// The TTL granted, in seconds.
     pub ttl: i64,
     pub keys: OrdSet<Vec<u8>>,
+    /// Milliseconds the lease had left at its last checkpoint.
+    pub checkpoint_ms: Option<i64>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -25,6 +28,8 @@ pub struct LeaseImage {
     pub id: i64,
     pub ttl: i64,
     pub keys: Vec<Vec<u8>>,
+    #[serde(default)]
+    pub checkpoint_ms: Option<i64>,
 }
 
 impl LeaseTable {
@@ -44,9 +49,22 @@ impl LeaseTable {
         self.leases.is_empty()
     }
 
-    /// Every lease as `(id, ttl)`, in id order.
-    pub fn ids_and_ttls(&self) -> Vec<(i64, i64)> {
-        self.leases.values().map(|l| (l.id, l.ttl)).collect()
+    /// Every lease as `(id, ttl, checkpointed ms left)`, in id order: what
+    /// a lessor starts from.
+    pub fn seeds(&self) -> Vec<crate::lease::lessor::LeaseSeed> {
+        self.leases
+            .values()
+            .map(|l| (l.id, l.ttl, l.checkpoint_ms))
+            .collect()
+    }
+
+    /// Records a checkpoint: `(id, ms left)`; unknown ids are skipped.
+    pub fn checkpoint(&mut self, entries: &[(i64, i64)]) {
+        for &(id, ms) in entries {
+            if let Some(lease) = self.leases.get_mut(&id) {
+                lease.checkpoint_ms = Some(ms);
+            }
+        }
     }
 
     pub fn insert(&mut self, id: i64, ttl: i64) {
@@ -56,6 +74,7 @@ impl LeaseTable {
                 id,
                 ttl,
                 keys: OrdSet::new(),
+                checkpoint_ms: None,
             },
         );
     }
@@ -83,6 +102,7 @@ impl LeaseTable {
                 id: l.id,
                 ttl: l.ttl,
                 keys: l.keys.iter().cloned().collect(),
+                checkpoint_ms: l.checkpoint_ms,
             })
             .collect()
     }
@@ -96,6 +116,7 @@ impl LeaseTable {
                     id: l.id,
                     ttl: l.ttl,
                     keys: l.keys.into_iter().collect(),
+                    checkpoint_ms: l.checkpoint_ms,
                 },
             );
         }

@@ -1,46 +1,74 @@
-//! The lessor: lease deadlines, held only by the leader.
+//! The lessor: lease deadlines.
 //!
-//! Refreshes do not go through Raft; they move a deadline in this table.
-//! Only the primary lessor (the leader's) expires leases, and it does so by
-//! proposing a `LeaseExpire` through Raft, so every member deletes the same
-//! keys at the same revision. Deadlines sit in an expiry queue ordered by
-//! time, so finding the expired leases never scans every lease.
+//! Refreshes do not go through Raft; they move a deadline here, on the
+//! leader. Only the primary lessor (the leader's) expires leases, and it
+//! does so by proposing a `LeaseExpire` through Raft, so every member
+//! deletes the same keys at the same revision. Deadlines sit in an expiry
+//! queue ordered by time, so finding the expired leases never scans every
+//! lease.
 //!
-//! When a node becomes leader it is *promoted* only after it has applied an
-//! entry of its own term: from then on the lease table it reads is complete,
-//! and every lease gets `now + TTL` (a fresh leader cannot know when clients
-//! last refreshed). A demoted lessor forgets every deadline.
+//! Every lease has a *base* deadline: its last refresh plus its TTL. The
+//! primary checkpoints changed bases through Raft, in batches at a bounded
+//! rate ([`Lessor::take_checkpoints`]). Every member's lessor (primary or
+//! not) keeps the bases it learns from grants and applied checkpoints, on
+//! its own monotonic clock, so followers hold a recent estimate of when
+//! each lease dies.
+//!
+//! A member that becomes leader is *promoted* once it has applied an entry
+//! of its own term (its lease table is then complete) and gives each lease
+//!
+//! ```text
+//! deadline = max(base, min(now + grace, base + grace))
+//! ```
+//!
+//! A healthy lease (base still ahead) gets at least `grace` to reach the
+//! new leader; a dead one dies no later than `base + grace`, however many
+//! times leadership changes, because the grace is never checkpointed: bases
+//! move only when a client refreshes. (etcd restarts every TTL on election,
+//! so under leader churn its dead leases can live forever.)
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Mutex;
 use tokio::time::{Duration, Instant};
+
+#[derive(Debug, Clone, Copy)]
+struct Clock {
+    /// The granted TTL in seconds.
+    ttl: i64,
+    /// Last refresh (or grant) + TTL, as far as this member knows.
+    base: Instant,
+    /// When the primary expires it: `base`, or later after a promotion.
+    deadline: Instant,
+}
 
 #[derive(Debug, Default)]
 struct LessorState {
     primary: bool,
-    /// lease id -> (deadline, granted ttl in seconds).
-    deadlines: HashMap<i64, (Instant, i64)>,
-    /// The same deadlines, ordered by time: the expiry queue.
+    clocks: HashMap<i64, Clock>,
+    /// `(deadline, id)` of every lease: the expiry queue.
     queue: BTreeSet<(Instant, i64)>,
+    /// Leases refreshed since their last checkpoint (primary only).
+    dirty: HashSet<i64>,
     /// Leases whose expiry has been proposed, with the time to propose again
     /// if the revoke has not been applied by then (a lost proposal).
     expiring: HashMap<i64, Instant>,
 }
 
 impl LessorState {
-    fn set_deadline(&mut self, id: i64, deadline: Instant, ttl: i64) {
-        if let Some((old, _)) = self.deadlines.insert(id, (deadline, ttl)) {
-            self.queue.remove(&(old, id));
+    fn set(&mut self, id: i64, clock: Clock) {
+        if let Some(old) = self.clocks.insert(id, clock) {
+            self.queue.remove(&(old.deadline, id));
         }
-        self.queue.insert((deadline, id));
+        self.queue.insert((clock.deadline, id));
         self.expiring.remove(&id);
     }
 
     fn remove(&mut self, id: i64) {
-        if let Some((old, _)) = self.deadlines.remove(&id) {
-            self.queue.remove(&(old, id));
+        if let Some(old) = self.clocks.remove(&id) {
+            self.queue.remove(&(old.deadline, id));
         }
         self.expiring.remove(&id);
+        self.dirty.remove(&id);
     }
 }
 
@@ -51,6 +79,10 @@ pub enum RefreshError {
     NotPrimary,
     NotFound,
 }
+
+/// What a member knows of one lease when it (re)loads its state: id, TTL
+/// and the remaining milliseconds of its last checkpoint, if any.
+pub type LeaseSeed = (i64, i64, Option<i64>);
 
 /// A std mutex, not a tokio one: every critical section is a few map
 /// operations and none is held across an `.await`. Lock order: the state
@@ -66,8 +98,18 @@ pub struct Lessor {
 /// that a proposal lost in a leader change costs little.
 const EXPIRY_RETRY: Duration = Duration::from_secs(2);
 
+/// `now + d`, saturating far in the future instead of overflowing.
+fn after(now: Instant, d: Duration) -> Instant {
+    now.checked_add(d)
+        .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 3600))
+}
+
 fn ttl_duration(ttl: i64) -> Duration {
     Duration::from_secs(ttl.max(0) as u64)
+}
+
+fn ms_duration(ms: i64) -> Duration {
+    Duration::from_millis(ms.max(0) as u64)
 }
 
 impl Lessor {
@@ -85,28 +127,113 @@ impl Lessor {
         self.lock().primary
     }
 
-    /// Becomes primary with every lease of the applied state at `now + TTL`.
-    pub fn promote(&self, leases: &[(i64, i64)], now: Instant) {
+    /// Starts over from loaded state (startup, snapshot install): every
+    /// lease's base is its checkpointed remaining time, or its TTL, from now.
+    pub fn load(&self, leases: &[LeaseSeed], now: Instant) {
         let mut s = self.lock();
-        s.deadlines.clear();
+        let primary = s.primary;
+        *s = LessorState {
+            primary,
+            ..LessorState::default()
+        };
+        for &(id, ttl, remaining_ms) in leases {
+            let base = after(
+                now,
+                remaining_ms.map_or_else(|| ttl_duration(ttl), ms_duration),
+            );
+            s.set(
+                id,
+                Clock {
+                    ttl,
+                    base,
+                    deadline: base,
+                },
+            );
+        }
+    }
+
+    /// Becomes primary over the applied lease table `leases`; see the module
+    /// documentation for the deadline each lease gets.
+    pub fn promote(&self, leases: &[LeaseSeed], now: Instant, grace: Duration) {
+        let mut s = self.lock();
+        let known = std::mem::take(&mut s.clocks);
         s.queue.clear();
         s.expiring.clear();
-        for &(id, ttl) in leases {
-            s.set_deadline(id, now + ttl_duration(ttl), ttl);
+        s.dirty.clear();
+        for &(id, ttl, remaining_ms) in leases {
+            let base = known.get(&id).map_or_else(
+                || {
+                    after(
+                        now,
+                        remaining_ms.map_or_else(|| ttl_duration(ttl), ms_duration),
+                    )
+                },
+                |c| c.base,
+            );
+            let floor = after(now, grace).min(after(base, grace));
+            s.set(
+                id,
+                Clock {
+                    ttl,
+                    base,
+                    deadline: base.max(floor),
+                },
+            );
         }
         s.primary = true;
     }
 
+    /// No longer leader: keep the bases (a later checkpoint refines them),
+    /// drop any grace, expire nothing.
     pub fn demote(&self) {
         let mut s = self.lock();
-        *s = LessorState::default();
+        s.primary = false;
+        s.expiring.clear();
+        s.dirty.clear();
+        let clocks: Vec<(i64, Clock)> = s.clocks.iter().map(|(id, c)| (*id, *c)).collect();
+        for (id, c) in clocks {
+            s.set(
+                id,
+                Clock {
+                    deadline: c.base,
+                    ..c
+                },
+            );
+        }
     }
 
     /// A grant was applied.
     pub fn on_grant(&self, id: i64, ttl: i64, now: Instant) {
+        let base = after(now, ttl_duration(ttl));
+        self.lock().set(
+            id,
+            Clock {
+                ttl,
+                base,
+                deadline: base,
+            },
+        );
+    }
+
+    /// A checkpoint was applied: `(id, remaining ms)` as the leader saw it.
+    /// The primary knows better (it wrote them); others take them as bases.
+    pub fn on_checkpoint(&self, entries: &[(i64, i64)], now: Instant) {
         let mut s = self.lock();
         if s.primary {
-            s.set_deadline(id, now + ttl_duration(ttl), ttl);
+            return;
+        }
+        for &(id, remaining_ms) in entries {
+            if let Some(c) = s.clocks.get(&id).copied() {
+                let base = after(now, ms_duration(remaining_ms));
+                s.set(
+                    id,
+                    Clock {
+                        base,
+                        deadline: base,
+                        ..c
+                    },
+                );
+            }
         }
     }
 
@@ -115,21 +242,66 @@ impl Lessor {
         self.lock().remove(id);
     }
 
-    /// A keep-alive: the lease lives for its TTL from now. Returns the TTL.
-    pub fn refresh(&self, id: i64, now: Instant) -> Result<i64, RefreshError> {
-        let mut s = self.lock();
-        if !s.primary {
-            return Err(RefreshError::NotPrimary);
-        }
-        let Some(&(_, ttl)) = s.deadlines.get(&id) else {
+    fn refresh_one(s: &mut LessorState, id: i64, now: Instant) -> Result<i64, RefreshError> {
+        let Some(c) = s.clocks.get(&id).copied() else {
             return Err(RefreshError::NotFound);
         };
         if s.expiring.contains_key(&id) {
             // Its expiry is already proposed; refreshing now would race it.
             return Err(RefreshError::NotFound);
         }
-        s.set_deadline(id, now + ttl_duration(ttl), ttl);
-        Ok(ttl)
+        let base = after(now, ttl_duration(c.ttl));
+        s.set(
+            id,
+            Clock {
+                base,
+                deadline: base.max(c.deadline),
+                ..c
+            },
+        );
+        s.dirty.insert(id);
+        Ok(c.ttl)
+    }
+
+    /// A keep-alive: the lease lives for its TTL from now. Returns the TTL.
+    pub fn refresh(&self, id: i64, now: Instant) -> Result<i64, RefreshError> {
+        let mut s = self.lock();
+        if !s.primary {
+            return Err(RefreshError::NotPrimary);
+        }
+        Self::refresh_one(&mut s, id, now)
+    }
+
+    /// Refreshes many leases under one lock: each id's TTL, or -1 if it
+    /// does not exist (or is being expired).
+    pub fn refresh_many(&self, ids: &[i64], now: Instant) -> Result<Vec<i64>, RefreshError> {
+        let mut s = self.lock();
+        if !s.primary {
+            return Err(RefreshError::NotPrimary);
+        }
+        Ok(ids
+            .iter()
+            .map(|id| Self::refresh_one(&mut s, *id, now).unwrap_or(-1))
+            .collect())
+    }
+
+    /// Up to `max` leases refreshed since their last checkpoint, as
+    /// `(id, remaining ms)`; they count as checkpointed from here on.
+    pub fn take_checkpoints(&self, now: Instant, max: usize) -> Vec<(i64, i64)> {
+        let mut s = self.lock();
+        if !s.primary {
+            return Vec::new();
+        }
+        let ids: Vec<i64> = s.dirty.iter().take(max).copied().collect();
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            s.dirty.remove(&id);
+            if let Some(c) = s.clocks.get(&id) {
+                let left = c.base.saturating_duration_since(now);
+                out.push((id, left.as_millis().min(i64::MAX as u128) as i64));
+            }
+        }
+        out
     }
 
     /// Remaining seconds of a lease, rounded up, as etcd reports them.
@@ -138,10 +310,10 @@ impl Lessor {
         if !s.primary {
             return Err(RefreshError::NotPrimary);
         }
-        let Some(&(deadline, _)) = s.deadlines.get(&id) else {
+        let Some(c) = s.clocks.get(&id) else {
             return Err(RefreshError::NotFound);
         };
-        let left = deadline.saturating_duration_since(now);
+        let left = c.deadline.saturating_duration_since(now);
         Ok(left.as_millis().div_ceil(1000) as i64)
     }
 
@@ -170,11 +342,15 @@ impl Lessor {
 
     /// The earliest deadline, so the expiry task can sleep until then.
     pub fn next_deadline(&self) -> Option<Instant> {
-        self.lock().queue.first().map(|(t, _)| *t)
+        let s = self.lock();
+        if !s.primary {
+            return None;
+        }
+        s.queue.first().map(|(t, _)| *t)
     }
 
     pub fn len(&self) -> usize {
-        self.lock().deadlines.len()
+        self.lock().clocks.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -186,6 +362,8 @@ impl Lessor {
 mod tests {
     use super::*;
 
+    const GRACE: Duration = Duration::from_secs(3);
+
     #[test]
     fn only_the_primary_refreshes_and_expires() {
         let lessor = Lessor::new();
@@ -195,16 +373,19 @@ mod tests {
         assert!(lessor
             .take_expired(now + Duration::from_secs(60), 10)
             .is_empty());
-        lessor.promote(&[(1, 5)], now);
+        lessor.promote(&[(1, 5, None)], now, GRACE);
         assert_eq!(lessor.refresh(1, now), Ok(5));
         assert_eq!(lessor.refresh(2, now), Err(RefreshError::NotFound));
+        assert_eq!(lessor.refresh_many(&[1, 2, 1], now), Ok(vec![5, -1, 5]));
     }
 
     #[test]
     fn expiry_follows_the_last_refresh() {
         let lessor = Lessor::new();
         let t0 = Instant::now();
-        lessor.promote(&[(1, 5), (2, 5)], t0);
+        lessor.on_grant(1, 5, t0);
+        lessor.on_grant(2, 5, t0);
+        lessor.promote(&[(1, 5, None), (2, 5, None)], t0, Duration::ZERO);
         lessor
             .refresh(1, t0 + Duration::from_secs(4))
             .expect("refresh");
@@ -227,14 +408,62 @@ mod tests {
     }
 
     #[test]
-    fn promotion_restarts_every_ttl() {
+    fn a_new_leader_gives_healthy_leases_grace_and_dead_ones_no_more_than_grace() {
+        let t0 = Instant::now();
+        let secs = Duration::from_secs;
+        // A follower learned both leases from their grant at t0 (TTL 10).
+        let follower = Lessor::new();
+        follower.on_grant(1, 10, t0);
+        follower.on_grant(2, 10, t0);
+        // The old leader checkpointed lease 1 refreshed at t0+8 (base t0+18)
+        // and saw nothing from lease 2's client again.
+        follower.on_checkpoint(&[(1, 10_000)], t0 + secs(8));
+        // It becomes leader at t0+9: lease 1 keeps its base (t0+18, past
+        // now+grace), lease 2 (base t0+10) gets until now+grace = t0+12.
+        let seeds = [(1, 10, None), (2, 10, None)];
+        follower.promote(&seeds, t0 + secs(9), GRACE);
+        assert_eq!(follower.remaining(1, t0 + secs(9)), Ok(9));
+        assert_eq!(follower.remaining(2, t0 + secs(9)), Ok(3));
+        // Leadership moves on at t0+11.5 and back at t0+11.9: the grace is
+        // never checkpointed, so dead lease 2 still dies by base + grace =
+        // t0+13, not a fresh now + grace each time.
+        follower.demote();
+        follower.promote(&seeds, t0 + Duration::from_millis(11_900), GRACE);
+        assert!(follower
+            .take_expired(t0 + Duration::from_millis(12_900), 10)
+            .is_empty());
+        assert_eq!(follower.take_expired(t0 + secs(13), 10), vec![2]);
+    }
+
+    #[test]
+    fn checkpoints_carry_refreshed_leases_once() {
         let lessor = Lessor::new();
         let t0 = Instant::now();
-        lessor.promote(&[(1, 10)], t0);
-        lessor.demote();
-        assert_eq!(lessor.remaining(1, t0), Err(RefreshError::NotPrimary));
-        let t1 = t0 + Duration::from_secs(100);
-        lessor.promote(&[(1, 10)], t1);
-        assert_eq!(lessor.remaining(1, t1), Ok(10));
+        lessor.on_grant(1, 10, t0);
+        lessor.on_grant(2, 10, t0);
+        lessor.promote(&[(1, 10, None), (2, 10, None)], t0, GRACE);
+        assert!(lessor.take_checkpoints(t0, 10).is_empty());
+        lessor
+            .refresh(1, t0 + Duration::from_secs(1))
+            .expect("refresh");
+        assert_eq!(
+            lessor.take_checkpoints(t0 + Duration::from_secs(2), 10),
+            vec![(1, 9_000)]
+        );
+        assert!(lessor
+            .take_checkpoints(t0 + Duration::from_secs(2), 10)
+            .is_empty());
+    }
+
+    #[test]
+    fn absurd_ttls_saturate_instead_of_overflowing() {
+        let lessor = Lessor::new();
+        let now = Instant::now();
+        lessor.on_grant(1, i64::MAX, now);
+        lessor.promote(&[(1, i64::MAX, Some(i64::MAX))], now, GRACE);
+        assert_eq!(lessor.refresh(1, now), Ok(i64::MAX));
+        assert!(lessor
+            .take_expired(now + Duration::from_secs(3600), 10)
+            .is_empty());
     }
 }

@@ -34,6 +34,11 @@ pub enum Request {
     LeaseExpire {
         ids: Vec<i64>,
     },
+    /// The leader's lease deadlines as `(id, ms left)`, so a new leader
+    /// does not start every lease over. Many leases per entry.
+    LeaseCheckpoint {
+        entries: Vec<(i64, i64)>,
+    },
     /// A member announces the client URLs it serves on (etcd publishes
     /// member attributes the same way).
     PublishMember {
@@ -53,6 +58,9 @@ impl fmt::Display for Request {
             Request::LeaseGrant { id, ttl } => write!(f, "lease_grant({id:x}, {ttl}s)"),
             Request::LeaseRevoke { id } => write!(f, "lease_revoke({id:x})"),
             Request::LeaseExpire { ids } => write!(f, "lease_expire({} leases)", ids.len()),
+            Request::LeaseCheckpoint { entries } => {
+                write!(f, "lease_checkpoint({} leases)", entries.len())
+            }
             Request::PublishMember { id, .. } => write!(f, "publish_member({id})"),
         }
     }
@@ -83,6 +91,7 @@ pub enum Reply {
         expired: Vec<i64>,
     },
     Published,
+    Checkpointed,
 }
 
 /// Serde for protobuf messages: their protobuf encoding as bytes.

@@ -119,6 +119,10 @@ impl CellState {
                 }
                 Ok(Reply::LeasesExpired { expired })
             }
+            Request::LeaseCheckpoint { entries } => {
+                self.leases.checkpoint(entries);
+                Ok(Reply::Checkpointed)
+            }
             Request::PublishMember {
                 id,
                 name,
@@ -242,7 +246,7 @@ mod tests {
                 .enumerate()
                 .map(|(i, r)| format!("{:?}", s.apply(i as u64 + 1, r)))
                 .collect();
-            (out, s.leases.ids_and_ttls())
+            (out, s.leases.seeds())
         };
         assert_eq!(run(), run());
     }

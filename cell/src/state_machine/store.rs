@@ -120,6 +120,9 @@ impl StateMachineStore {
             None => CellState::default(),
         };
         let applied = state.last_applied.map_or(0, |l| l.index);
+        if let Some(lessor) = &lessor {
+            lessor.load(&state.leases.seeds(), tokio::time::Instant::now());
+        }
         let (applied_tx, applied_rx) = watch::channel(applied);
         Ok(StateMachineStore {
             state: Arc::new(RwLock::new(state)),
@@ -153,6 +156,7 @@ impl StateMachineStore {
             (_, Ok(Reply::LeasesExpired { expired })) => {
                 expired.iter().for_each(|id| lessor.on_remove(*id))
             }
+            (Request::LeaseCheckpoint { entries }, Ok(_)) => lessor.on_checkpoint(entries, now),
             _ => {}
         }
     }
@@ -299,14 +303,10 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?
             .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
         let applied = state.last_applied.map_or(0, |l| l.index);
-        let leases = state.leases.ids_and_ttls();
+        let leases = state.leases.seeds();
         *self.write_lock() = state;
         if let Some(lessor) = &self.lessor {
-            // A node installing a snapshot is a follower; a primary lessor
-            // here would be stale, but keep it coherent if it ever is.
-            if lessor.is_primary() {
-                lessor.promote(&leases, tokio::time::Instant::now());
-            }
+            lessor.load(&leases, tokio::time::Instant::now());
         }
         self.applied_tx.send_replace(applied);
         self.hub.reset();

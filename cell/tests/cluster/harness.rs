@@ -179,6 +179,15 @@ impl Cluster {
         }
     }
 
+    /// Sends `signal` ("STOP", "CONT", ...) to every running member.
+    pub fn signal_all(&self, signal: &str) {
+        for child in self.procs.values() {
+            let _ = Command::new("kill")
+                .args([format!("-{signal}"), child.id().to_string()])
+                .status();
+        }
+    }
+
     /// Whether member `id`'s process has exited on its own.
     pub fn exited(&mut self, id: u64) -> bool {
         self.procs
@@ -253,6 +262,8 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
+        // Stopped members must run again to die cleanly.
+        self.signal_all("CONT");
         // A failing test shows what the members logged last.
         if std::thread::panicking() {
             for m in &self.members {
@@ -368,4 +379,164 @@ impl KeepAliveStream {
         let _ = send.await;
         Ok(out)
     }
+}
+
+/// A client of the cell's batched refresh extension: one stream, one
+/// request per round naming every lease.
+pub struct Refresher {
+    tx: tokio::sync::mpsc::Sender<latchkey_shared::sessions_pb::RefreshRequest>,
+    rx: tonic::Streaming<latchkey_shared::sessions_pb::RefreshResponse>,
+    batch: u64,
+}
+
+impl Refresher {
+    pub async fn open(addr: &str) -> Result<Refresher, String> {
+        use latchkey_shared::sessions_pb::sessions_client::SessionsClient;
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .map_err(|e| e.to_string())?
+            .connect_timeout(Duration::from_secs(2))
+            .connect()
+            .await
+            .map_err(|e| e.to_string())?;
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let rx = SessionsClient::new(channel)
+            .max_decoding_message_size(64 << 20)
+            .max_encoding_message_size(64 << 20)
+            .refresh(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+            .map_err(|e| e.to_string())?
+            .into_inner();
+        Ok(Refresher { tx, rx, batch: 0 })
+    }
+
+    /// Refreshes `ids` in one request: per id its TTL, or -1 if gone.
+    pub async fn refresh(&mut self, ids: &[i64]) -> Result<Vec<i64>, String> {
+        self.batch += 1;
+        let req = latchkey_shared::sessions_pb::RefreshRequest {
+            batch: self.batch,
+            ids: ids.to_vec(),
+        };
+        self.tx.send(req).await.map_err(|e| e.to_string())?;
+        let resp = tokio::time::timeout(Duration::from_secs(10), self.rx.message())
+            .await
+            .map_err(|_| "no answer in 10 s".to_string())?
+            .map_err(|e| e.to_string())?
+            .ok_or("the refresh stream ended")?;
+        if resp.batch != self.batch {
+            return Err(format!("answer to batch {} for {}", resp.batch, self.batch));
+        }
+        Ok(resp.ttls)
+    }
+}
+
+/// Grants `n` leases with `ttl` through `client`, 256 at a time.
+pub async fn grant_many(client: &Client, n: usize, ttl: i64) -> Vec<i64> {
+    use futures::StreamExt;
+    futures::stream::iter(0..n)
+        .map(|_| {
+            let mut c = client.clone();
+            async move { c.lease_grant(ttl, None).await.expect("grant").id() }
+        })
+        .buffer_unordered(256)
+        .collect()
+        .await
+}
+
+/// Puts one key `prefix{lease:x}` per lease, 128 puts per txn.
+pub async fn attach_keys(client: &Client, prefix: &str, leases: &[i64]) {
+    use etcd_client::{PutOptions, Txn, TxnOp};
+    use futures::StreamExt;
+    let txns: Vec<Txn> = leases
+        .chunks(128)
+        .map(|chunk| {
+            Txn::new().and_then(
+                chunk
+                    .iter()
+                    .map(|id| {
+                        TxnOp::put(
+                            format!("{prefix}{id:x}"),
+                            "x",
+                            Some(PutOptions::new().with_lease(*id)),
+                        )
+                    })
+                    .collect::<Vec<_>>(),
+            )
+        })
+        .collect();
+    let results: Vec<_> = futures::stream::iter(txns)
+        .map(|t| {
+            let mut c = client.clone();
+            async move { c.txn(t).await }
+        })
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    if let Some(Err(e)) = results.iter().find(|r| r.is_err()) {
+        panic!("attaching keys failed: {e}");
+    }
+}
+
+/// Grants `n` leases with keys `prefix{id:x}` while refreshing, every
+/// second through `refresher`, every lease granted so far, so none expires
+/// before the caller takes over (granting 100 000 takes longer than a TTL).
+pub async fn grant_kept_alive(
+    client: &Client,
+    refresher: &mut Refresher,
+    n: usize,
+    ttl: i64,
+    prefix: &str,
+) -> Vec<i64> {
+    use futures::StreamExt;
+    let granted = std::sync::Arc::new(std::sync::Mutex::new(Vec::with_capacity(n)));
+    let grants = tokio::spawn({
+        let client = client.clone();
+        let granted = granted.clone();
+        async move {
+            futures::stream::iter(0..n)
+                .map(|_| {
+                    let mut c = client.clone();
+                    let granted = granted.clone();
+                    async move {
+                        let id = c.lease_grant(ttl, None).await.expect("grant").id();
+                        granted.lock().unwrap_or_else(|e| e.into_inner()).push(id);
+                    }
+                })
+                .buffer_unordered(64)
+                .collect::<Vec<()>>()
+                .await;
+        }
+    });
+    while !grants.is_finished() {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let ids = granted.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let ttls = refresher
+            .refresh(&ids)
+            .await
+            .expect("refresh while granting");
+        assert!(
+            ttls.iter().all(|t| *t > 0),
+            "a lease expired while granting"
+        );
+    }
+    grants.await.expect("granted");
+    let leases = granted.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let attach = tokio::spawn({
+        let client = client.clone();
+        let prefix = prefix.to_string();
+        let leases = leases.clone();
+        async move { attach_keys(&client, &prefix, &leases).await }
+    });
+    while !attach.is_finished() {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let ttls = refresher
+            .refresh(&leases)
+            .await
+            .expect("refresh while attaching");
+        assert!(
+            ttls.iter().all(|t| *t > 0),
+            "a lease expired while attaching keys"
+        );
+    }
+    attach.await.expect("keys attached");
+    leases
 }

@@ -9,3 +9,4 @@ mod t30_failover;
 mod t40_watch;
 mod t50_etcdctl;
 mod t60_membership;
+mod t70_sessions;

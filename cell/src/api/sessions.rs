@@ -1,0 +1,65 @@
+//! latchkey's session extension (`proto/sessions.proto`): batched lease
+//! refresh. One request refreshes every lease a proxy holds; a follower
+//! forwards each batch to the leader in one peer call.
+
+use crate::node::CellNode;
+use latchkey_shared::sessions_pb::sessions_server::Sessions;
+use latchkey_shared::sessions_pb::{RefreshRequest, RefreshResponse};
+use std::pin::Pin;
+use std::sync::Arc;
+use tokio_stream::{Stream, StreamExt};
+use tonic::{Request, Response, Status, Streaming};
+
+/// Batches answered per stream before its task waits for the client.
+const OUTBOUND_QUEUE: usize = 16;
+
+pub struct SessionsService {
+    pub node: Arc<CellNode>,
+    /// Most lease ids one batch may name.
+    pub max_batch: usize,
+}
+
+#[tonic::async_trait]
+impl Sessions for SessionsService {
+    type RefreshStream =
+        Pin<Box<dyn Stream<Item = Result<RefreshResponse, Status>> + Send + 'static>>;
+
+    async fn refresh(
+        &self,
+        request: Request<Streaming<RefreshRequest>>,
+    ) -> Result<Response<Self::RefreshStream>, Status> {
+        let mut inbound = request.into_inner();
+        let (tx, rx) = tokio::sync::mpsc::channel(OUTBOUND_QUEUE);
+        let node = self.node.clone();
+        let max_batch = self.max_batch;
+        tokio::spawn(async move {
+            while let Some(Ok(req)) = inbound.next().await {
+                let answer = if req.ids.len() > max_batch {
+                    Err(Status::invalid_argument(format!(
+                        "a refresh batch of {} leases is over the limit of {max_batch}; split it",
+                        req.ids.len()
+                    )))
+                } else {
+                    node.refresh_batch(req.ids)
+                        .await
+                        .map(|ttls| RefreshResponse {
+                            batch: req.batch,
+                            ttls,
+                            member_id: node.id,
+                            raft_term: node.raft.metrics().borrow().current_term,
+                        })
+                        .map_err(Status::from)
+                };
+                // An error ends the stream (gRPC semantics); the client
+                // reconnects, possibly to another member.
+                let failed = answer.is_err();
+                if tx.send(answer).await.is_err() || failed {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+}
