@@ -57,7 +57,9 @@ async fn main() -> anyhow::Result<()> {
     let url = format!("http://{}", args.endpoint);
     let client = etcd_client::Client::connect([url.as_str()], None).await?;
     let started = Instant::now();
-    let ttl = (args.interval_secs * 3) as i64;
+    // Long enough to outlast granting them all (tens of seconds for
+    // 100 000 on a debug build); the refresh cost does not depend on it.
+    let ttl = 300;
     let leases: Vec<i64> = futures::stream::iter(0..args.leases)
         .map(|_| {
             let mut c = client.clone();
@@ -114,6 +116,22 @@ async fn main() -> anyhow::Result<()> {
             let mut grpc = tonic::client::Grpc::new(channel);
             grpc.ready().await?;
             let (tx, rx) = tokio::sync::mpsc::channel(65_536);
+            // etcd (grpc-go) sends response headers with its first answer,
+            // so requests must flow before the call can return: the sender
+            // runs on its own, one round of requests per interval.
+            let ids = leases.clone();
+            let total = (args.duration_secs / args.interval_secs).max(2);
+            tokio::spawn(async move {
+                for _ in 0..total {
+                    let t = Instant::now();
+                    for id in &ids {
+                        if tx.send(PbLeaseKeepAliveRequest { id: *id }).await.is_err() {
+                            return;
+                        }
+                    }
+                    tokio::time::sleep(interval.saturating_sub(t.elapsed())).await;
+                }
+            });
             let codec = tonic_prost::ProstCodec::<PbLeaseKeepAliveRequest, PbLeaseKeepAliveResponse>::default();
             let mut responses = grpc
                 .streaming(
@@ -123,18 +141,8 @@ async fn main() -> anyhow::Result<()> {
                 )
                 .await?
                 .into_inner();
-            while Instant::now() < end {
-                let t = Instant::now();
+            while rounds < total {
                 rounds += 1;
-                let sender = tx.clone();
-                let ids = leases.clone();
-                tokio::spawn(async move {
-                    for id in ids {
-                        if sender.send(PbLeaseKeepAliveRequest { id }).await.is_err() {
-                            return;
-                        }
-                    }
-                });
                 let mut alive = 0;
                 for _ in 0..leases.len() {
                     let resp = responses
@@ -149,7 +157,6 @@ async fn main() -> anyhow::Result<()> {
                 if measuring_from.is_none() {
                     measuring_from = Some((Instant::now(), cpu_ticks(args.pid)?));
                 }
-                tokio::time::sleep(interval.saturating_sub(t.elapsed())).await;
             }
         }
         other => anyhow::bail!("--mode {other}: use latchkey or etcd"),

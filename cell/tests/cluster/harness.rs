@@ -429,19 +429,6 @@ impl Refresher {
     }
 }
 
-/// Grants `n` leases with `ttl` through `client`, 256 at a time.
-pub async fn grant_many(client: &Client, n: usize, ttl: i64) -> Vec<i64> {
-    use futures::StreamExt;
-    futures::stream::iter(0..n)
-        .map(|_| {
-            let mut c = client.clone();
-            async move { c.lease_grant(ttl, None).await.expect("grant").id() }
-        })
-        .buffer_unordered(256)
-        .collect()
-        .await
-}
-
 /// Puts one key `prefix{lease:x}` per lease, 128 puts per txn.
 pub async fn attach_keys(client: &Client, prefix: &str, leases: &[i64]) {
     use etcd_client::{PutOptions, Txn, TxnOp};
