@@ -359,3 +359,52 @@ async fn a_dead_lease_expires_within_ttl_plus_grace_through_five_leader_changes(
         "expired after {took:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ttl_bounds_are_enforced_and_batched_refreshes_are_counted() {
+    let cluster = Cluster::start(1, &["--min-ttl", "3", "--max-ttl", "600"]).await;
+    let mut client = cluster.client(1).await;
+    let short = client
+        .lease_grant(2, None)
+        .await
+        .expect_err("below the minimum");
+    assert!(
+        short.to_string().contains("below the minimum of 3s"),
+        "{short}"
+    );
+    let long = client
+        .lease_grant(601, None)
+        .await
+        .expect_err("above the maximum");
+    assert!(
+        long.to_string().contains("etcdserver: too large lease TTL"),
+        "{long}"
+    );
+    let a = client
+        .lease_grant(600, None)
+        .await
+        .expect("at the maximum")
+        .id();
+    let b = client
+        .lease_grant(3, None)
+        .await
+        .expect("at the minimum")
+        .id();
+    let mut refresher = Refresher::open(&cluster.member(1).client)
+        .await
+        .expect("refresh stream");
+    // Unknown leases are answered -1, known ones with their TTL, in order.
+    assert_eq!(
+        refresher.refresh(&[a, 12345, b]).await.expect("refresh"),
+        vec![600, -1, 3]
+    );
+    let metrics = cluster.metrics(1).await;
+    let value = |name: &str| {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+    };
+    assert_eq!(value("latchkey_refresh_batches_total "), Some(1.0));
+    assert_eq!(value("latchkey_leases_refreshed_total "), Some(3.0));
+}
