@@ -206,17 +206,25 @@ pub fn parse_initial_cluster(s: &str) -> anyhow::Result<BTreeMap<u64, String>> {
     Ok(out)
 }
 
-/// A stable id for the cell: a hash of its initial membership, the same on
-/// every member (FNV-1a, which is fixed, unlike std's hasher).
-fn cluster_id(members: &BTreeMap<u64, String>) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for (id, addr) in members {
-        for b in format!("{id}={addr};").bytes() {
-            h ^= b as u64;
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
+/// FNV-1a's offset basis: where a fresh hash starts.
+pub const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// Folds `bytes` into the FNV-1a hash `h`: fixed across builds and
+/// machines, unlike std's hasher, so every member computes the same ids.
+pub fn fnv1a(mut h: u64, bytes: impl IntoIterator<Item = u8>) -> u64 {
+    for b in bytes {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0100_0000_01b3);
     }
     h
+}
+
+/// A stable id for the cell: a hash of its initial membership, the same on
+/// every member.
+fn cluster_id(members: &BTreeMap<u64, String>) -> u64 {
+    members.iter().fold(FNV_OFFSET, |h, (id, addr)| {
+        fnv1a(h, format!("{id}={addr};").bytes())
+    })
 }
 
 impl Config {

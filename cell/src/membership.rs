@@ -6,6 +6,7 @@
 //! started with `--join` finds its own id by its peer address in the member
 //! list and waits for the leader to replicate to it.
 
+use crate::config::{fnv1a, FNV_OFFSET};
 use crate::node::CellNode;
 use crate::raft::{Member, NodeId};
 use latchkey_shared::{ApiError, ErrorCode};
@@ -69,12 +70,9 @@ pub fn new_member_id(peer_addr: &str, taken: impl Fn(NodeId) -> bool) -> NodeId 
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ nanos;
+    let mut h = FNV_OFFSET ^ nanos;
     loop {
-        for b in peer_addr.bytes().chain(nanos.to_le_bytes()) {
-            h ^= b as u64;
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
+        h = fnv1a(h, peer_addr.bytes().chain(nanos.to_le_bytes()));
         // Ids stay below 2^63 so tools that parse them as signed agree.
         let id = h & (i64::MAX as u64);
         if id != 0 && !taken(id) {

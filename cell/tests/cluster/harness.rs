@@ -493,18 +493,8 @@ pub async fn grant_kept_alive(
                 .await;
         }
     });
-    while !grants.is_finished() {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let ids = granted.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let ttls = refresher
-            .refresh(&ids)
-            .await
-            .expect("refresh while granting");
-        assert!(
-            ttls.iter().all(|t| *t > 0),
-            "a lease expired while granting"
-        );
-    }
+    let granted_so_far = || granted.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    keep_alive_until_done(&grants, refresher, granted_so_far, "granting").await;
     grants.await.expect("granted");
     let leases = granted.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let attach = tokio::spawn({
@@ -513,17 +503,25 @@ pub async fn grant_kept_alive(
         let leases = leases.clone();
         async move { attach_keys(&client, &prefix, &leases).await }
     });
-    while !attach.is_finished() {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let ttls = refresher
-            .refresh(&leases)
-            .await
-            .expect("refresh while attaching");
-        assert!(
-            ttls.iter().all(|t| *t > 0),
-            "a lease expired while attaching keys"
-        );
-    }
+    keep_alive_until_done(&attach, refresher, || leases.clone(), "attaching keys").await;
     attach.await.expect("keys attached");
     leases
+}
+
+/// Refreshes `ids()` every second until `task` finishes; every lease must
+/// still be alive each time.
+async fn keep_alive_until_done<T>(
+    task: &tokio::task::JoinHandle<T>,
+    refresher: &mut Refresher,
+    ids: impl Fn() -> Vec<i64>,
+    what: &str,
+) {
+    while !task.is_finished() {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let ttls = refresher
+            .refresh(&ids())
+            .await
+            .unwrap_or_else(|e| panic!("refresh while {what}: {e}"));
+        assert!(ttls.iter().all(|t| *t > 0), "a lease expired while {what}");
+    }
 }
