@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The one command that runs every test: installs what is missing, then
-# builds once (debug profile) and runs unit and integration tests.
+# The one command that runs every test: installs what is missing, checks
+# formatting, then builds once (debug profile) and runs the script tests,
+# unit tests and integration tests.
 #
 # Integration tests run one at a time: each starts real three-member cells,
 # and their timing assertions (a new leader within 3 s, expiry within
@@ -8,9 +9,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
+cargo fmt --all -- --check
 cargo build --workspace --all-targets
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-cargo test --workspace -- --test-threads=1 2>&1 | tee "$log"
+scripts/test-install-deps.sh 2>&1 | tee "$log"
+cargo test --workspace -- --test-threads=1 2>&1 | tee -a "$log"
 # One closing line for the whole run (cargo prints one per test binary).
 awk '/^test result:/ { p += $4; f += $6 } END { printf "tests: %d passed, %d failed\n", p, f }' "$log"
