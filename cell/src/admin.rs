@@ -13,7 +13,8 @@ use std::sync::Arc;
 #[derive(Clone)]
 struct AdminState {
     node: Arc<CellNode>,
-    prometheus: PrometheusHandle,
+    /// The process's recorder, when its owner installed one.
+    prometheus: Option<PrometheusHandle>,
 }
 
 async fn metrics_text(State(s): State<AdminState>) -> String {
@@ -22,7 +23,7 @@ async fn metrics_text(State(s): State<AdminState>) -> String {
     metrics::gauge!("latchkey_is_leader").set(if s.node.is_leader() { 1.0 } else { 0.0 });
     metrics::gauge!("latchkey_has_leader").set(if m.current_leader.is_some() { 1.0 } else { 0.0 });
     metrics::gauge!("latchkey_last_log_index").set(m.last_log_index.unwrap_or(0) as f64);
-    s.prometheus.render()
+    s.prometheus.as_ref().map(PrometheusHandle::render).unwrap_or_default()
 }
 
 async fn healthz() -> &'static str {
@@ -43,7 +44,7 @@ async fn readyz(State(s): State<AdminState>) -> (StatusCode, String) {
     }
 }
 
-pub fn router(node: Arc<CellNode>, prometheus: PrometheusHandle) -> Router {
+pub fn router(node: Arc<CellNode>, prometheus: Option<PrometheusHandle>) -> Router {
     Router::new()
         .route("/metrics", get(metrics_text))
         .route("/healthz", get(healthz))

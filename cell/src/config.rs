@@ -1,11 +1,11 @@
 //! Command-line configuration, with `LATCHKEY_*` environment fallbacks.
 
-use crate::auto_compaction::Retention;
 use anyhow::{bail, Context};
 use clap::Parser;
 use latchkey_shared::limits;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::time::Duration;
 
 /// latchkey-cell: one member of a Raft-replicated, etcd v3 compatible
 /// coordination store.
@@ -206,25 +206,93 @@ pub fn parse_initial_cluster(s: &str) -> anyhow::Result<BTreeMap<u64, String>> {
     Ok(out)
 }
 
-/// FNV-1a's offset basis: where a fresh hash starts.
-pub const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
-
-/// Folds `bytes` into the FNV-1a hash `h`: fixed across builds and
-/// machines, unlike std's hasher, so every member computes the same ids.
-pub fn fnv1a(mut h: u64, bytes: impl IntoIterator<Item = u8>) -> u64 {
-    for b in bytes {
-        h ^= b as u64;
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
+/// How much history automatic compaction keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retention {
+    Off,
+    Revisions(i64),
+    Period(Duration),
 }
 
-/// A stable id for the cell: a hash of its initial membership, the same on
-/// every member.
-fn cluster_id(members: &BTreeMap<u64, String>) -> u64 {
-    members.iter().fold(FNV_OFFSET, |h, (id, addr)| {
-        fnv1a(h, format!("{id}={addr};").bytes())
-    })
+
+fn parse_duration(s: &str) -> anyhow::Result<Duration> {
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (number, unit) = s.split_at(split);
+    let n: f64 = number
+        .parse()
+        .with_context(|| format!("'{s}' is not a duration such as 30m, 1h or 90s"))?;
+    let secs = match unit {
+        // A bare number is hours, as in etcd.
+        "" | "h" => n * 3600.0,
+        "m" => n * 60.0,
+        "s" => n,
+        "ms" => n / 1000.0,
+        _ => bail!("'{s}': unknown unit '{unit}' (use ms, s, m or h)"),
+    };
+    if !secs.is_finite() || secs < 0.0 {
+        bail!("'{s}' is not a valid duration");
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// Reads `--auto-compaction-mode` and `--auto-compaction-retention`.
+pub fn parse_retention(mode: &str, retention: &str) -> anyhow::Result<Retention> {
+    let retention = retention.trim();
+    match mode {
+        "revision" => {
+            let n: i64 = retention.parse().with_context(|| {
+                format!("--auto-compaction-retention '{retention}' is not a number of revisions")
+            })?;
+            match n {
+                0 => Ok(Retention::Off),
+                n if n > 0 => Ok(Retention::Revisions(n)),
+                _ => bail!("--auto-compaction-retention must not be negative"),
+            }
+        }
+        "periodic" => match parse_duration(retention)? {
+            d if d.is_zero() => Ok(Retention::Off),
+            d if d < Duration::from_secs(1) => {
+                bail!("--auto-compaction-retention '{retention}' is under one second")
+            }
+            d => Ok(Retention::Period(d)),
+        },
+        other => bail!("--auto-compaction-mode '{other}' is neither 'periodic' nor 'revision'"),
+    }
+}
+
+/// Limits enforced before a request is proposed.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    pub max_value_bytes: usize,
+    pub quota_bytes: u64,
+    pub min_ttl: i64,
+    pub max_ttl: i64,
+}
+
+impl Resolved {
+    pub fn limits(&self) -> Limits {
+        Limits {
+            max_value_bytes: self.cfg.max_value_bytes,
+            quota_bytes: self.cfg.quota_bytes,
+            min_ttl: self.cfg.min_ttl,
+            max_ttl: self.cfg.max_ttl,
+        }
+    }
+
+    /// How long a client request may wait (for a leader, a commit, a read
+    /// index) before it fails.
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_millis(self.cfg.request_timeout_ms)
+    }
+
+    /// How often the leader checkpoints refreshed leases through Raft;
+    /// never more often than every 50 ms, which already costs one small
+    /// entry per tick.
+    pub fn lease_checkpoint_interval(&self) -> Duration {
+        Duration::from_millis(self.cfg.lease_checkpoint_interval_ms.max(50))
+    }
 }
 
 impl Config {
@@ -285,7 +353,7 @@ impl Config {
         if self.election_timeout_ms <= self.heartbeat_ms * 2 {
             bail!("--election-timeout-ms must be more than twice --heartbeat-ms");
         }
-        let retention = crate::auto_compaction::parse_retention(
+        let retention = parse_retention(
             &self.auto_compaction_mode,
             &self.auto_compaction_retention,
         )?;
@@ -294,7 +362,7 @@ impl Config {
             id,
             data_dir,
             // A joining member learns the cell's id from the cell.
-            cluster_id: cluster_id(&initial_cluster),
+            cluster_id: crate::ids::cluster_id(&initial_cluster),
             initial_cluster,
             join,
             retention,
@@ -334,5 +402,26 @@ mod tests {
         let a = parse_initial_cluster("1=h:1,2=h:2").expect("valid");
         let b = parse_initial_cluster("2=h:2,1=h:1").expect("valid");
         assert_eq!(cluster_id(&a), cluster_id(&b));
+    }
+    #[test]
+    fn retention_reads_like_etcd_and_rejects_nonsense() {
+        assert_eq!(parse_retention("periodic", "0").ok(), Some(Retention::Off));
+        assert_eq!(
+            parse_retention("periodic", "1").ok(),
+            Some(Retention::Period(Duration::from_secs(3600)))
+        );
+        assert_eq!(
+            parse_retention("periodic", "30m").ok(),
+            Some(Retention::Period(Duration::from_secs(1800)))
+        );
+        assert_eq!(
+            parse_retention("revision", "1000").ok(),
+            Some(Retention::Revisions(1000))
+        );
+        assert!(parse_retention("revision", "1h").is_err());
+        assert!(parse_retention("revision", "-5").is_err());
+        assert!(parse_retention("periodic", "5 parsecs").is_err());
+        assert!(parse_retention("periodic", "10ms").is_err());
+        assert!(parse_retention("hourly", "1").is_err());
     }
 }

@@ -1,42 +1,54 @@
 //! # latchkey-cell
 //!
 //! One member of a cell: a Raft-replicated MVCC store that speaks the etcd
-//! v3 API.
+//! v3 API, as a library ([`cell::Cell::start`] returns a handle that owns
+//! everything it started) and a binary (`main.rs`).
 //!
-//! ## Layout
-//! - [`config`]: flags and their `LATCHKEY_*` environment fallbacks.
-//! - [`startup`]: opens storage, starts Raft, the servers and background tasks.
-//! - [`raft`]: openraft types, the RocksDB log store, the peer network.
-//! - [`storage`]: the data directory; every RocksDB key encoding in `keys.rs`.
-//! - [`state_machine`]: what the log carries and the deterministic apply.
-//! - [`mvcc`]: the multi-version keyspace and etcd's KV operations on it.
-//! - [`lease`]: the replicated lease table and the leader's lessor.
-//! - [`membership`]: member add/promote/remove/update and leader transfer.
-//! - [`node`]: where each request is served (leader, forwarding, read index).
-//! - [`watch`]: the hub applied changes are published to, and watch streams.
-//! - [`api`]: the etcd gRPC services, one file each.
-//! - [`auto_compaction`]: the leader compacts history by retention.
-//! - [`admin`]: `/metrics`, `/healthz`, `/readyz`.
+//! ## Layers
+//! Each module imports only modules on lower layers (and `latchkey_shared`):
+//!
+//! 1. [`storage`] (the data directory: key encodings, the disk and peer
+//!    codec), [`ids`] (cell and member ids), [`config`] (flags).
+//! 2. [`mvcc`]: the multi-version keyspace, the replicated lease table and
+//!    etcd's KV operations over them; pure.
+//! 3. [`raft`]: openraft's types, the log command, the RocksDB log store,
+//!    the peer network, the read index and the openraft error map.
+//! 4. [`state_machine`]: the deterministic apply, openraft's state machine
+//!    adapter, snapshots and the watch hub apply publishes to.
+//! 5. [`lease`]: the leader's lessor, the task that drives it, and the
+//!    lease requests only the leader answers.
+//! 6. [`peer`]: what members forward to the leader; client and server.
+//! 7. [`membership`]: member add/promote/remove/update, leader transfer,
+//!    `--join` discovery.
+//! 8. [`node`]: a running member and where each request is served.
+//! 9. [`jobs`] (auto-compaction, member publication) and [`watch`] (client
+//!    watch streams), which act through the node.
+//! 10. [`api`] (the etcd gRPC services) and [`admin`] (`/metrics`,
+//!     `/healthz`, `/readyz`).
+//! 11. [`cell`]: starting and stopping a member.
 //!
 //! ## Data flow
 //! A write arrives at [`api`], goes to [`node::CellNode::write`], which
-//! proposes it on the leader (forwarding from a follower). openraft appends
-//! it to the [`raft::log_store`] (fsynced, group-committed), replicates it,
-//! and once a quorum holds it, [`state_machine::store`] applies it to the
-//! [`state_machine::CellState`]; the applied [`state_machine::command::Response`]
-//! travels back to the handler. A linearizable read asks the leader for its
-//! read index, waits until the local state has applied it, and reads locally.
+//! proposes it on the leader (forwarding from a follower through [`peer`]).
+//! openraft appends it to the [`raft::log_store`] (fsynced, group-committed),
+//! replicates it, and once a quorum holds it, [`state_machine::store`]
+//! applies it to the [`state_machine::CellState`] and publishes its changes
+//! to the watch hub; the applied [`raft::command::Response`] travels back to
+//! the handler. A linearizable read asks the leader for its read index,
+//! waits until the local state has applied it, and reads locally.
 
 pub mod admin;
 pub mod api;
-pub mod auto_compaction;
+pub mod cell;
 pub mod config;
+pub mod ids;
+pub mod jobs;
 pub mod lease;
 pub mod membership;
 pub mod mvcc;
 pub mod node;
+pub mod peer;
 pub mod raft;
-pub mod startup;
 pub mod state_machine;
 pub mod storage;
 pub mod watch;

@@ -1,13 +1,19 @@
-use clap::Parser;
-use latchkey_cell::config::Config;
+//! `latchkey-cell`: parses flags, installs what is process-wide (logs,
+//! metrics recorder, signals), runs one member until a signal or until the
+//! member stops on its own, then shuts it down.
 
-fn main() -> std::process::ExitCode {
-    let cfg = Config::parse();
-    let resolved = match cfg.resolve() {
+use clap::Parser;
+use latchkey_cell::cell::{Cell, Stopped};
+use latchkey_cell::config::Config;
+use latchkey_shared::telemetry;
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let cfg = match Config::parse().resolve() {
         Ok(r) => r,
         Err(e) => {
             eprintln!("latchkey-cell: {e:#}");
-            return std::process::ExitCode::from(2);
+            return ExitCode::from(2);
         }
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -17,14 +23,35 @@ fn main() -> std::process::ExitCode {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("latchkey-cell: cannot start the runtime: {e}");
-            return std::process::ExitCode::FAILURE;
+            return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(latchkey_cell::startup::run(resolved)) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+    match runtime.block_on(run(cfg)) {
+        Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("latchkey-cell: {e:#}");
-            std::process::ExitCode::FAILURE
+            ExitCode::FAILURE
         }
+    }
+}
+
+async fn run(cfg: latchkey_cell::config::Resolved) -> anyhow::Result<()> {
+    telemetry::init_tracing(&cfg.cfg.log);
+    let prometheus = telemetry::install_prometheus().map_err(anyhow::Error::msg)?;
+    let cell = Cell::start(cfg, Some(prometheus)).await?;
+    let failed = tokio::select! {
+        _ = telemetry::shutdown_signal() => {
+            tracing::info!("stopping");
+            None
+        }
+        why = cell.stopped() => match why {
+            Stopped::Removed => None,
+            Stopped::ServerFailed(e) | Stopped::RaftFailed(e) => Some(e),
+        },
+    };
+    cell.shutdown().await?;
+    match failed {
+        Some(e) => anyhow::bail!("{e}"),
+        None => Ok(()),
     }
 }

@@ -6,35 +6,14 @@
 //! started with `--join` finds its own id by its peer address in the member
 //! list and waits for the leader to replicate to it.
 
-use crate::config::{fnv1a, FNV_OFFSET};
-use crate::node::CellNode;
-use crate::raft::{Member, NodeId};
+use crate::peer::client::PeerClients;
+use crate::peer::protocol::{Forward, MembershipChange};
+use crate::raft::{errors, Member, NodeId, Raft};
 use latchkey_shared::{ApiError, ErrorCode};
-use openraft::error::{ChangeMembershipError, ClientWriteError, RaftError};
 use openraft::ChangeMembers;
-use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 use tokio::time::Instant;
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub enum MembershipChange {
-    Add {
-        id: NodeId,
-        peer_addr: String,
-        learner: bool,
-    },
-    Promote {
-        id: NodeId,
-    },
-    Remove {
-        id: NodeId,
-    },
-    Update {
-        id: NodeId,
-        peer_addr: String,
-    },
-}
 
 /// A learner may be promoted when it is at most this many entries (or a
 /// tenth of the log, if more) behind the leader, like etcd's 90% rule.
@@ -64,46 +43,22 @@ pub fn parse_peer_urls(urls: &[String]) -> Result<String, ApiError> {
     }
 }
 
-/// A fresh member id: a hash of the address and the time, never one in use
-/// (etcd derives its member ids the same way).
-pub fn new_member_id(peer_addr: &str, taken: impl Fn(NodeId) -> bool) -> NodeId {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    let mut h = FNV_OFFSET ^ nanos;
-    loop {
-        h = fnv1a(h, peer_addr.bytes().chain(nanos.to_le_bytes()));
-        // Ids stay below 2^63 so tools that parse them as signed agree.
-        let id = h & (i64::MAX as u64);
-        if id != 0 && !taken(id) {
-            return id;
-        }
-    }
+
+/// What membership changes need of the member that leads.
+pub struct Membership<'a> {
+    pub id: NodeId,
+    pub raft: &'a Raft,
+    pub peers: &'a PeerClients,
+    pub request_timeout: Duration,
+    pub election_timeout: Duration,
 }
 
-fn map_change_error(e: RaftError<NodeId, ClientWriteError<NodeId, Member>>) -> ApiError {
-    match e {
-        RaftError::APIError(ClientWriteError::ForwardToLeader(_)) => {
-            ApiError::etcd(ErrorCode::NotLeader)
-        }
-        RaftError::APIError(ClientWriteError::ChangeMembershipError(c)) => match c {
-            ChangeMembershipError::InProgress(_) => {
-                ApiError::unavailable("another membership change is in progress; retry")
-            }
-            ChangeMembershipError::EmptyMembership(_) => {
-                ApiError::invalid("the cell must keep at least one voting member")
-            }
-            ChangeMembershipError::LearnerNotFound(_) => ApiError::etcd(ErrorCode::MemberNotFound),
-        },
-        RaftError::Fatal(e) => ApiError::unavailable(format!("raft stopped: {e}")),
-    }
-}
-
+impl Membership<'_> {
 /// Carries out `change` on this member, which must lead. Returns once the
 /// final configuration is committed, or fails at the request timeout (the
 /// change may still complete).
-pub async fn change_here(node: &CellNode, change: &MembershipChange) -> Result<(), ApiError> {
-    let m = node.raft.metrics().borrow().clone();
+pub async fn change(&self, change: &MembershipChange) -> Result<(), ApiError> {
+    let m = self.raft.metrics().borrow().clone();
     let membership = m.membership_config.membership();
     let node_addr = |id: NodeId| membership.get_node(&id).map(|n| n.peer_addr.clone());
     let is_voter = |id: NodeId| membership.voter_ids().any(|v| v == id);
@@ -112,7 +67,7 @@ pub async fn change_here(node: &CellNode, change: &MembershipChange) -> Result<(
             .nodes()
             .any(|(id, n)| *id != except && n.peer_addr == addr)
     };
-    let raft = &node.raft;
+    let raft = self.raft;
     let work = async {
         match change {
             MembershipChange::Add {
@@ -187,9 +142,9 @@ pub async fn change_here(node: &CellNode, change: &MembershipChange) -> Result<(
             }
         }
         .map(|_| ())
-        .map_err(map_change_error)
+        .map_err(errors::client_write)
     };
-    match tokio::time::timeout(node.request_timeout, work).await {
+    match tokio::time::timeout(self.request_timeout, work).await {
         Ok(result) => {
             if result.is_ok() {
                 tracing::info!(?change, "membership changed");
@@ -204,18 +159,18 @@ pub async fn change_here(node: &CellNode, change: &MembershipChange) -> Result<(
 }
 
 /// Keeps this member from campaigning while it lives.
-struct SitOutElections<'a>(&'a CellNode);
+struct SitOutElections<'a>(&'a Raft);
 
 impl<'a> SitOutElections<'a> {
-    fn new(node: &'a CellNode) -> Self {
-        node.raft.runtime_config().elect(false);
-        SitOutElections(node)
+    fn new(raft: &'a Raft) -> Self {
+        raft.runtime_config().elect(false);
+        SitOutElections(raft)
     }
 }
 
 impl Drop for SitOutElections<'_> {
     fn drop(&mut self) {
-        self.0.raft.runtime_config().elect(true);
+        self.0.runtime_config().elect(true);
     }
 }
 
@@ -223,19 +178,16 @@ impl Drop for SitOutElections<'_> {
 /// asks it to campaign, and waits until it leads. openraft 0.9 has no
 /// leader transfer; a caught-up candidate with a higher term wins because
 /// the old leader steps down when it sees that term.
-pub async fn move_leader_here(node: &CellNode, target: NodeId) -> Result<(), ApiError> {
-    if target == node.id {
+pub async fn move_leader(&self, target: NodeId) -> Result<(), ApiError> {
+    if target == self.id {
         return Ok(());
     }
-    let deadline = Instant::now() + node.request_timeout;
+    let deadline = Instant::now() + self.request_timeout;
     let addr = {
-        let m = node.raft.metrics().borrow().clone();
+        let m = self.raft.metrics().borrow().clone();
         let membership = m.membership_config.membership();
         if !membership.voter_ids().any(|v| v == target) {
-            return Err(ApiError::new(
-                ErrorCode::InvalidArgument,
-                "etcdserver: bad leader transferee",
-            ));
+            return Err(ApiError::bad_leader_transferee());
         }
         membership
             .get_node(&target)
@@ -245,7 +197,7 @@ pub async fn move_leader_here(node: &CellNode, target: NodeId) -> Result<(), Api
     // Wait until the target holds everything this leader has.
     loop {
         let caught_up = {
-            let m = node.raft.metrics();
+            let m = self.raft.metrics();
             let m = m.borrow();
             let matched = m
                 .replication
@@ -268,25 +220,24 @@ pub async fn move_leader_here(node: &CellNode, target: NodeId) -> Result<(), Api
     // The old leader steps down when it sees the target's higher term, but
     // it would then compete in the election (and often win, as the third
     // member still holds its lease). It sits this election out.
-    let _sit_out = SitOutElections::new(node);
-    let retry = node.election_timeout;
+    let _sit_out = SitOutElections::new(self.raft);
+    let retry = self.election_timeout;
     loop {
-        node.ask_to_campaign(&addr, deadline).await?;
+        self.peers.send(&addr, &Forward::Campaign, deadline).await?;
         let until = (Instant::now() + retry).min(deadline);
         while Instant::now() < until {
-            if node.raft.metrics().borrow().current_leader == Some(target) {
+            if self.raft.metrics().borrow().current_leader == Some(target) {
                 tracing::info!(target, "leadership moved");
                 return Ok(());
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         if Instant::now() >= deadline {
-            return Err(ApiError::new(
-                ErrorCode::Timeout,
-                "etcdserver: request timed out, leader transfer took too long",
-            ));
+            return Err(ApiError::leader_transfer_timeout());
         }
     }
+}
+
 }
 
 /// For `--join`: asks the running cell (any of `urls`) which id MemberAdd
@@ -357,14 +308,5 @@ mod tests {
         );
         assert!(parse_peer_urls(&[]).is_err());
         assert!(parse_peer_urls(&["http://a:1".into(), "http://b:2".into()]).is_err());
-    }
-
-    #[test]
-    fn new_member_ids_avoid_ids_in_use() {
-        let first = new_member_id("h:1", |_| false);
-        let second = new_member_id("h:1", |id| id == first);
-        assert_ne!(first, 0);
-        assert_ne!(first, second);
-        assert!(second <= i64::MAX as u64);
     }
 }

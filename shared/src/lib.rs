@@ -11,12 +11,17 @@
 //!   `proto/sessions.proto` (a latchkey extension, not etcd's API).
 //! - [`session`]: a client session: one lease kept alive, its state as
 //!   Alive / Jeopardy / Expired.
+//! - [`telemetry`]: logs, the metrics recorder and signals, installed once
+//!   per process by a binary's `main`.
 //! - [`error`]: the one error table (code -> HTTP status, gRPC code, etcd text).
+//! - [`lifecycle`]: a shutdown signal and the tasks that obey it.
 //! - [`limits`]: default limits shared by cells and proxies.
 
 pub mod error;
+pub mod lifecycle;
 pub mod limits;
 pub mod session;
+pub mod telemetry;
 
 /// The etcd v3 protocol types and server traits.
 pub use etcd_client::proto as etcdpb;

@@ -2,7 +2,9 @@
 //! MemberUpdate and MemberList. Changes are made on the leader through
 //! Raft joint consensus (see [`crate::membership`]).
 
-use crate::membership::{new_member_id, parse_peer_urls, MembershipChange};
+use crate::ids::new_member_id;
+use crate::membership::parse_peer_urls;
+use crate::peer::protocol::MembershipChange;
 use crate::node::CellNode;
 use latchkey_shared::etcdpb::{
     PbClusterService, PbMember, PbMemberAddRequest, PbMemberAddResponse, PbMemberListRequest,

@@ -3,7 +3,7 @@
 use super::{check_value, expect_reply, header_into};
 use crate::mvcc::txn;
 use crate::node::CellNode;
-use crate::state_machine::command::{Reply, Request};
+use crate::raft::command::{Reply, Request};
 use latchkey_shared::etcdpb::{
     PbCompactionRequest, PbCompactionResponse, PbDeleteRequest, PbDeleteResponse, PbKvService,
     PbPutRequest, PbPutResponse, PbRangeRequest, PbRangeResponse, PbRangeStreamResponse,

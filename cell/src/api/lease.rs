@@ -2,7 +2,7 @@
 
 use super::expect_reply;
 use crate::node::CellNode;
-use crate::state_machine::command::{Reply, Request};
+use crate::raft::command::{Reply, Request};
 use futures::{Stream, StreamExt};
 use latchkey_shared::etcdpb::{
     PbLeaseGrantRequest, PbLeaseGrantResponse, PbLeaseKeepAliveRequest, PbLeaseKeepAliveResponse,
@@ -106,7 +106,7 @@ impl PbLeaseService for LeaseService {
         let inbound = request.into_inner();
         let (tx, rx) = tokio::sync::mpsc::channel(KEEPALIVE_BUFFER);
         let node = self.node.clone();
-        tokio::spawn(async move {
+        self.node.lifecycle.spawn(async move {
             // Keep-alives of one stream are served concurrently: a proxy
             // refreshes thousands of leases on one stream, and each may need
             // a round trip to the leader. Replies carry their lease id, so

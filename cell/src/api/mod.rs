@@ -24,7 +24,7 @@ use latchkey_shared::etcdpb::{
 use latchkey_shared::{ApiError, ErrorCode};
 use std::sync::Arc;
 
-/// Takes the reply out of an applied [`Response`](crate::state_machine::command::Response),
+/// Takes the reply out of an applied [`Response`](crate::raft::command::Response),
 /// or its error.
 macro_rules! expect_reply {
     ($resp:expr, $pat:pat => $val:expr) => {
@@ -63,6 +63,22 @@ pub fn header_into(node: &CellNode, header: &mut Option<PbResponseHeader>, revis
     *header = Some(node.header(revision));
 }
 
+/// Accepted connections with Nagle's algorithm off. tonic ignores its own
+/// `tcp_nodelay` for a server fed from `serve_with_incoming*`, and with
+/// Nagle on every small answer waits for the client's delayed ACK (~40 ms).
+pub fn nodelay_incoming(
+    listener: tokio::net::TcpListener,
+) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    use tokio_stream::StreamExt;
+    tokio_stream::wrappers::TcpListenerStream::new(listener).map(|accepted| {
+        accepted.inspect(|stream| {
+            if let Err(e) = stream.set_nodelay(true) {
+                tracing::debug!(error = %e, "TCP_NODELAY not set");
+            }
+        })
+    })
+}
+
 /// Serves the etcd API until `shutdown` resolves.
 pub async fn serve(
     node: Arc<CellNode>,
@@ -91,17 +107,13 @@ pub async fn serve(
     .max_encoding_message_size(MAX_REFRESH_BATCH * 11 + 1024);
     let cluster = PbClusterServer::new(cluster::ClusterService { node });
     tonic::transport::Server::builder()
-        .tcp_nodelay(true)
         .add_service(kv)
         .add_service(lease)
         .add_service(maintenance)
         .add_service(cluster)
         .add_service(watch)
         .add_service(sessions)
-        .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::TcpListenerStream::new(listener),
-            shutdown,
-        )
+        .serve_with_incoming_shutdown(nodelay_incoming(listener), shutdown)
         .await?;
     Ok(())
 }

@@ -32,7 +32,7 @@ impl Sessions for SessionsService {
         let (tx, rx) = tokio::sync::mpsc::channel(OUTBOUND_QUEUE);
         let node = self.node.clone();
         let max_batch = self.max_batch;
-        tokio::spawn(async move {
+        self.node.lifecycle.spawn(async move {
             while let Some(Ok(req)) = inbound.next().await {
                 let answer = if req.ids.len() > max_batch {
                     Err(Status::invalid_argument(format!(

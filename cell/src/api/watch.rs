@@ -30,7 +30,7 @@ impl PbWatchService for WatchService {
         let inbound = request.into_inner();
         let (tx, rx) = tokio::sync::mpsc::channel(OUTBOUND_QUEUE);
         let stream = WatchStream::new(self.node.clone(), self.options.clone(), tx);
-        tokio::spawn(stream.run(inbound));
+        self.node.lifecycle.spawn(stream.run(inbound));
         Ok(Response::new(Box::pin(
             tokio_stream::wrappers::ReceiverStream::new(rx),
         )))

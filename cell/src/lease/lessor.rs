@@ -27,8 +27,11 @@
 //! move only when a client refreshes. (etcd restarts every TTL on election,
 //! so under leader churn its dead leases can live forever.)
 
+use crate::mvcc::lease_table::LeaseSeed;
+use crate::state_machine::store::LeaseObserver;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Mutex;
+use tokio::sync::watch;
 use tokio::time::{Duration, Instant};
 
 #[derive(Debug, Clone, Copy)]
@@ -80,17 +83,26 @@ pub enum RefreshError {
     NotFound,
 }
 
-/// What a member knows of one lease when it (re)loads its state: id, TTL
-/// and the remaining milliseconds of its last checkpoint, if any.
-pub type LeaseSeed = (i64, i64, Option<i64>);
 
 /// A std mutex, not a tokio one: every critical section is a few map
 /// operations and none is held across an `.await`. Lock order: the state
 /// machine's lock, then this one (apply notifies the lessor while holding
 /// the state machine).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Lessor {
     state: Mutex<LessorState>,
+    /// Whether this lessor is primary, for callers that wait for a
+    /// promotion (a new leader's first commit) instead of polling.
+    primary: watch::Sender<bool>,
+}
+
+impl Default for Lessor {
+    fn default() -> Self {
+        Lessor {
+            state: Mutex::new(LessorState::default()),
+            primary: watch::Sender::new(false),
+        }
+    }
 }
 
 /// How long the lessor waits for a proposed expiry to be applied before it
@@ -125,6 +137,16 @@ impl Lessor {
 
     pub fn is_primary(&self) -> bool {
         self.lock().primary
+    }
+
+    /// Waits until this lessor is primary, or `deadline`: false if it is
+    /// not primary by then.
+    pub async fn wait_primary(&self, deadline: Instant) -> bool {
+        let mut rx = self.primary.subscribe();
+        matches!(
+            tokio::time::timeout_at(deadline, rx.wait_for(|p| *p)).await,
+            Ok(Ok(_))
+        )
     }
 
     /// Starts over from loaded state (startup, snapshot install): every
@@ -181,11 +203,14 @@ impl Lessor {
             );
         }
         s.primary = true;
+        drop(s);
+        self.primary.send_replace(true);
     }
 
     /// No longer leader: keep the bases (a later checkpoint refines them),
     /// drop any grace, expire nothing.
     pub fn demote(&self) {
+        self.primary.send_replace(false);
         let mut s = self.lock();
         s.primary = false;
         s.expiring.clear();
@@ -355,6 +380,21 @@ impl Lessor {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+impl LeaseObserver for Lessor {
+    fn load(&self, leases: &[LeaseSeed], now: Instant) {
+        Lessor::load(self, leases, now)
+    }
+    fn on_grant(&self, id: i64, ttl: i64, now: Instant) {
+        Lessor::on_grant(self, id, ttl, now)
+    }
+    fn on_remove(&self, id: i64) {
+        Lessor::on_remove(self, id)
+    }
+    fn on_checkpoint(&self, entries: &[(i64, i64)], now: Instant) {
+        Lessor::on_checkpoint(self, entries, now)
     }
 }
 

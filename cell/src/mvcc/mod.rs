@@ -1,5 +1,8 @@
-//! The MVCC keyspace ([`keyspace`]) and etcd's KV operations over it
-//! ([`txn`]): range, put, delete, txn and compaction, all deterministic.
+//! The MVCC keyspace ([`keyspace`]), the replicated lease table its
+//! ephemeral keys are bound to ([`lease_table`]), and etcd's KV operations
+//! over both ([`txn`]): range, put, delete, txn and compaction, all
+//! deterministic.
 
 pub mod keyspace;
+pub mod lease_table;
 pub mod txn;

@@ -7,7 +7,7 @@
 //! leaves no partial write behind.
 
 use super::keyspace::{KeyRange, KeySpace, KeyValue};
-use crate::lease::lease_table::LeaseTable;
+use crate::mvcc::lease_table::LeaseTable;
 use latchkey_shared::etcdpb::{
     PbCompare, PbDeleteRequest, PbDeleteResponse, PbKeyValue, PbPutRequest, PbPutResponse,
     PbRangeRequest, PbRangeResponse, PbResponseOp, PbTargetUnion, PbTxnOpRequest, PbTxnOpResponse,

@@ -7,7 +7,7 @@
 //! many appends, and no append is acknowledged before it is on disk. Votes,
 //! truncations and purges are rare and are written with `sync` directly.
 
-use super::codec::{decode, encode};
+use crate::storage::codec::{decode, encode};
 use super::{Entry, LogId, NodeId, StorageError, TypeConfig, Vote};
 use crate::storage::keys::{self, CF_LOGS, CF_META};
 use openraft::storage::{LogFlushed, LogState, RaftLogReader, RaftLogStorage};
@@ -35,14 +35,15 @@ fn io_err(e: impl std::error::Error + Send + Sync + 'static) -> std::io::Error {
 }
 
 impl LogStore {
-    pub fn new(db: Arc<DB>) -> Self {
+    /// Opens the store over `db` and starts its flusher thread, which ends
+    /// (and lets go of `db`) when the last clone of the store is dropped.
+    pub fn new(db: Arc<DB>) -> std::io::Result<Self> {
         let (tx, rx) = mpsc::channel::<LogFlushed<TypeConfig>>();
         let flush_db = db.clone();
         std::thread::Builder::new()
             .name("raft-log-flusher".into())
-            .spawn(move || flusher(flush_db, rx))
-            .expect("spawning the log flusher thread");
-        LogStore { db, flusher: tx }
+            .spawn(move || flusher(flush_db, rx))?;
+        Ok(LogStore { db, flusher: tx })
     }
 
     fn cf_logs(&self) -> &rocksdb::ColumnFamily {
@@ -284,7 +285,7 @@ mod tests {
             let sm = StateMachineStore::open(dir.path(), None, Default::default())
                 .await
                 .map_err(|e| StorageIOError::write(&e))?;
-            Ok((dir, LogStore::new(db), sm))
+            Ok((dir, LogStore::new(db).map_err(|e| StorageIOError::write(&e))?, sm))
         }
     }
 

@@ -2,16 +2,20 @@
 //! supplies to it.
 //!
 //! - [`log_store`]: the Raft log and vote in RocksDB, with group commit.
-//! - [`network`]: the client side of cell-to-cell RPCs (tonic).
-//! - [`peer_service`]: the server side of the same RPCs.
-//! - [`codec`]: how RPC payloads are encoded.
+//! - [`errors`]: the one map from openraft's errors to API errors.
+//! - [`read_index`]: linearizable reads without a log write.
+//! - [`command`]: what the log carries (a command) and what applying it
+//!   returns.
+//! - [`network`]: openraft's network: the client side of Raft RPCs (tonic);
+//!   the server side is `crate::peer::server`.
 
-pub mod codec;
+pub mod command;
+pub mod errors;
 pub mod log_store;
 pub mod network;
-pub mod peer_service;
+pub mod read_index;
 
-use crate::state_machine::command::{Request, Response};
+use command::{Request, Response};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::io::Cursor;

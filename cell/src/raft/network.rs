@@ -5,7 +5,7 @@
 //! encoded `Result` carrying openraft's own error, so a remote Raft error
 //! reaches openraft unchanged.
 
-use super::codec::{decode, encode};
+use crate::storage::codec::{decode, encode};
 use super::{Member, NodeId, Snapshot, TypeConfig, Vote};
 use latchkey_shared::peer::peer_client::PeerClient;
 use latchkey_shared::peer::Payload;

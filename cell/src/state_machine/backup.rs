@@ -8,7 +8,7 @@
 //! checks that shape; a truncated or damaged file is refused on restore.
 
 use super::{CellState, StateImage};
-use crate::raft::codec::{decode, encode};
+use crate::storage::codec::{decode, encode};
 use anyhow::{bail, Context};
 use sha2::{Digest, Sha256};
 
@@ -63,7 +63,7 @@ pub fn decode_state_file(bytes: &[u8]) -> anyhow::Result<CellState> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state_machine::command::Request;
+    use crate::raft::command::Request;
     use latchkey_shared::etcdpb::PbPutRequest;
 
     #[test]

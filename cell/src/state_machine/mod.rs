@@ -1,20 +1,23 @@
 //! The replicated state machine.
 //!
-//! - [`command`]: what the Raft log carries and what applying returns.
+//! - `crate::raft::command`: what the Raft log carries and what applying
+//!   returns.
 //! - [`CellState`] (here): the pure state and its deterministic apply; it
 //!   reads no clock and no randomness, so it is tested without tokio or disk.
 //! - [`store`]: openraft's `RaftStateMachine` over a shared `CellState`, with
 //!   snapshots written to a file in the data directory.
+//! - [`watch_hub`]: where apply publishes each batch's changes for watches.
+//! - [`backup`]: the portable state file (Maintenance.Snapshot, `--restore`).
 
 pub mod backup;
-pub mod command;
 pub mod store;
+pub mod watch_hub;
 
-use crate::lease::lease_table::{LeaseImage, LeaseTable};
+use crate::mvcc::lease_table::{LeaseImage, LeaseTable};
 use crate::mvcc::keyspace::{KeySpace, KeySpaceImage};
 use crate::mvcc::txn::{self, Kv};
 use crate::raft::{LogId, StoredMembership};
-use command::{Reply, Request, Response};
+use crate::raft::command::{Reply, Request, Response};
 use imbl::OrdMap;
 use latchkey_shared::{ApiError, ErrorCode};
 use serde::{Deserialize, Serialize};

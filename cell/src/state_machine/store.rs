@@ -7,19 +7,20 @@
 //! on, and replaces `snapshot.bin` atomically. A restart loads that file and
 //! openraft replays the log after it.
 
-use super::command::{Reply, Request, Response};
+use crate::raft::command::{Reply, Request, Response};
 use super::{CellState, StateImage};
-use crate::lease::lessor::Lessor;
-use crate::raft::codec::{decode, encode};
+use crate::mvcc::lease_table::LeaseSeed;
+use crate::storage::codec::{decode, encode};
 use crate::raft::{
     Entry, LogId, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
 };
 use crate::storage::keys::{SNAPSHOT_FILE, SNAPSHOT_TMP_FILE};
-use crate::watch::hub::WatchHub;
+use crate::state_machine::watch_hub::WatchHub;
 use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine};
 use openraft::{EntryPayload, OptionalSend, RaftLogId, StorageIOError};
 use serde::{Deserialize, Serialize};
 use std::io::{Cursor, Write};
+use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -31,6 +32,17 @@ struct SnapshotFile {
     meta: SnapshotMeta,
     /// An encoded [`StateImage`]; also exactly what is sent to followers.
     data: Vec<u8>,
+}
+
+/// What apply tells the leader's lessor (which lives above the state
+/// machine, in `crate::lease`) about leases: every member's lessor follows
+/// grants, removals and checkpoints as they are applied.
+pub trait LeaseObserver: Send + Sync {
+    /// Starts over from loaded state (startup, snapshot install).
+    fn load(&self, leases: &[LeaseSeed], now: tokio::time::Instant);
+    fn on_grant(&self, id: i64, ttl: i64, now: tokio::time::Instant);
+    fn on_remove(&self, id: i64);
+    fn on_checkpoint(&self, entries: &[(i64, i64)], now: tokio::time::Instant);
 }
 
 /// The shared view of the state machine that API handlers read.
@@ -60,14 +72,45 @@ pub struct StateMachineStore {
     dir: PathBuf,
     applied_tx: watch::Sender<u64>,
     applied_rx: watch::Receiver<u64>,
-    lessor: Option<Arc<Lessor>>,
+    lessor: Option<Arc<dyn LeaseObserver>>,
     hub: Arc<WatchHub>,
     snapshot_seq: Arc<AtomicU64>,
 }
 
+/// What `snapshot.bin` starts with: a name and the format version, so a
+/// file from another format is refused by name instead of misread.
+const SNAPSHOT_MAGIC: &[u8; 8] = b"LKSNAP\0\0";
+/// The version of [`SnapshotFile`]'s encoding. Bump it on any change to
+/// the snapshot's types, and keep reading the older ones.
+const SNAPSHOT_FORMAT: u32 = 1;
+
+fn encode_snapshot_file(file: &SnapshotFile) -> std::io::Result<Vec<u8>> {
+    let mut bytes = Vec::with_capacity(file.data.len() + 256);
+    bytes.extend_from_slice(SNAPSHOT_MAGIC);
+    bytes.extend_from_slice(&SNAPSHOT_FORMAT.to_be_bytes());
+    bytes.extend(encode(file).map_err(std::io::Error::other)?);
+    Ok(bytes)
+}
+
+fn decode_snapshot_file(bytes: &[u8]) -> std::io::Result<SnapshotFile> {
+    let bad = |why: String| std::io::Error::new(std::io::ErrorKind::InvalidData, why);
+    let header = SNAPSHOT_MAGIC.len() + 4;
+    if bytes.len() < header || &bytes[..SNAPSHOT_MAGIC.len()] != SNAPSHOT_MAGIC {
+        return Err(bad(format!("{SNAPSHOT_FILE} is not a latchkey snapshot")));
+    }
+    let mut version = [0u8; 4];
+    version.copy_from_slice(&bytes[SNAPSHOT_MAGIC.len()..header]);
+    match u32::from_be_bytes(version) {
+        SNAPSHOT_FORMAT => decode(&bytes[header..]).map_err(|e| bad(e.to_string())),
+        other => Err(bad(format!(
+            "{SNAPSHOT_FILE} has format {other}; this build reads format {SNAPSHOT_FORMAT}"
+        ))),
+    }
+}
+
 fn read_snapshot_file(dir: &Path) -> std::io::Result<Option<SnapshotFile>> {
     match std::fs::read(dir.join(SNAPSHOT_FILE)) {
-        Ok(bytes) => decode(&bytes).map(Some).map_err(std::io::Error::other),
+        Ok(bytes) => decode_snapshot_file(&bytes).map(Some),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(e),
     }
@@ -75,7 +118,7 @@ fn read_snapshot_file(dir: &Path) -> std::io::Result<Option<SnapshotFile>> {
 
 /// Writes the snapshot file durably: temp file, fsync, rename, fsync dir.
 fn write_snapshot_file(dir: &Path, file: &SnapshotFile) -> std::io::Result<()> {
-    let bytes = encode(file).map_err(std::io::Error::other)?;
+    let bytes = encode_snapshot_file(file)?;
     let tmp = dir.join(SNAPSHOT_TMP_FILE);
     let mut f = std::fs::File::create(&tmp)?;
     f.write_all(&bytes)?;
@@ -109,7 +152,7 @@ impl StateMachineStore {
     /// Opens the state machine of `dir`, starting from its snapshot if any.
     pub async fn open(
         dir: &Path,
-        lessor: Option<Arc<Lessor>>,
+        lessor: Option<Arc<dyn LeaseObserver>>,
         hub: Arc<WatchHub>,
     ) -> std::io::Result<Self> {
         let state = match read_snapshot_file(dir)? {
@@ -228,30 +271,52 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let mut changes = Vec::new();
         {
             let mut s = self.write_lock();
-            for entry in entries {
-                let log_id = *entry.get_log_id();
-                s.last_applied = Some(log_id);
-                last_index = Some(log_id.index);
-                let resp = match &entry.payload {
-                    EntryPayload::Blank => Response {
-                        revision: s.keys.revision(),
-                        result: Ok(Reply::None),
-                    },
-                    EntryPayload::Membership(m) => {
-                        s.last_membership = StoredMembership::new(Some(log_id), m.clone());
-                        Response {
+            // O(1): the maps are persistent. What the state goes back to if
+            // apply panics, so no half-applied batch is ever served.
+            let before = s.clone();
+            let applied = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                for entry in entries {
+                    let log_id = *entry.get_log_id();
+                    #[cfg(test)]
+                    tests::maybe_panic(log_id.index);
+                    s.last_applied = Some(log_id);
+                    last_index = Some(log_id.index);
+                    let resp = match &entry.payload {
+                        EntryPayload::Blank => Response {
                             revision: s.keys.revision(),
                             result: Ok(Reply::None),
+                        },
+                        EntryPayload::Membership(m) => {
+                            s.last_membership = StoredMembership::new(Some(log_id), m.clone());
+                            Response {
+                                revision: s.keys.revision(),
+                                result: Ok(Reply::None),
+                            }
                         }
-                    }
-                    EntryPayload::Normal(req) => {
-                        let resp = s.apply(log_id.index, req);
-                        self.notify_lessor(req, &resp);
-                        changes.extend(s.keys.take_changes());
-                        resp
-                    }
-                };
-                out.push(resp);
+                        EntryPayload::Normal(req) => {
+                            let resp = s.apply(log_id.index, req);
+                            self.notify_lessor(req, &resp);
+                            changes.extend(s.keys.take_changes());
+                            resp
+                        }
+                    };
+                    out.push(resp);
+                }
+            }));
+            if applied.is_err() {
+                // A bug, not an input: apply is deterministic, so every
+                // member would fail alike. Stop applying (openraft stops
+                // this member on a storage error) and keep serving only
+                // what was whole before this batch.
+                *s = before;
+                let at = last_index.unwrap_or_default();
+                tracing::error!(index = at, "apply panicked; this member stops");
+                let log_id = s.last_applied.unwrap_or_default();
+                return Err(StorageIOError::apply(
+                    log_id,
+                    std::io::Error::other(format!("apply panicked at log index {at}")),
+                )
+                .into());
             }
             metrics::gauge!("latchkey_revision").set(s.keys.revision() as f64);
             metrics::gauge!("latchkey_keys").set(s.keys.live_keys() as f64);
@@ -325,5 +390,74 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             meta: f.meta,
             snapshot: Box::new(Cursor::new(f.data)),
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::raft::LogId;
+    use latchkey_shared::etcdpb::PbPutRequest;
+    use std::cell::Cell;
+
+    thread_local! {
+        /// The log index at which apply panics on this thread (0: never).
+        /// Per thread, so tests running beside this one are untouched.
+        static PANIC_AT: Cell<u64> = const { Cell::new(0) };
+    }
+
+    pub(super) fn maybe_panic(index: u64) {
+        if PANIC_AT.with(Cell::get) == index {
+            panic!("injected panic in apply at index {index}");
+        }
+    }
+
+    fn put(index: u64, key: &str) -> Entry {
+        Entry {
+            log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
+            payload: EntryPayload::Normal(Request::Put(PbPutRequest {
+                key: key.as_bytes().to_vec(),
+                value: b"v".to_vec(),
+                ..Default::default()
+            })),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_panic_in_apply_fails_the_batch_and_leaves_the_state_as_before_it() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut sm = StateMachineStore::open(dir.path(), None, Default::default())
+            .await
+            .expect("open");
+        sm.apply([put(1, "a")]).await.expect("first batch applies");
+        let shared = sm.shared();
+        let revision_before = shared.read(|s| s.keys.revision());
+        PANIC_AT.with(|p| p.set(3));
+        let failed = sm.apply([put(2, "b"), put(3, "c")]).await;
+        PANIC_AT.with(|p| p.set(0));
+        assert!(failed.is_err(), "a panicking apply must fail");
+        // Neither "b" (applied before the panic) nor "c" is visible: the
+        // batch is undone, not half-applied.
+        let (revision, applied, keys) =
+            shared.read(|s| (s.keys.revision(), s.last_applied, s.keys.live_keys()));
+        assert_eq!(revision, revision_before);
+        assert_eq!(applied.map(|l| l.index), Some(1));
+        assert_eq!(keys, 1);
+    }
+
+    #[test]
+    fn a_snapshot_file_carries_its_format_and_refuses_others() {
+        let file = SnapshotFile {
+            meta: SnapshotMeta::default(),
+            data: b"image".to_vec(),
+        };
+        let bytes = encode_snapshot_file(&file).expect("encode");
+        assert!(bytes.starts_with(SNAPSHOT_MAGIC));
+        assert_eq!(decode_snapshot_file(&bytes).expect("decode").data, b"image");
+        let mut future = bytes.clone();
+        future[SNAPSHOT_MAGIC.len()..SNAPSHOT_MAGIC.len() + 4].copy_from_slice(&2u32.to_be_bytes());
+        let err = decode_snapshot_file(&future).expect_err("format 2 is refused");
+        assert!(err.to_string().contains("format 2"), "{err}");
+        assert!(decode_snapshot_file(&encode(&file).expect("bare")).is_err());
     }
 }

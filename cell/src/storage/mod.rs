@@ -1,5 +1,7 @@
-//! Opening the cell's on-disk state. Key encodings live in [`keys`].
+//! Opening the cell's on-disk state. Key encodings live in [`keys`], the
+//! encoding of everything written to disk or sent to a peer in [`codec`].
 
+pub mod codec;
 pub mod keys;
 
 use rocksdb::{ColumnFamilyDescriptor, Options, DB};

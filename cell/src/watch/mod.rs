@@ -1,8 +1,9 @@
 //! Watches: committed changes streamed to clients from any revision still
 //! in history.
 //!
-//! - [`hub`]: where the state machine publishes each revision's changes; a
-//!   bounded broadcast ring, so publishing never waits for a watcher.
+//! - `crate::state_machine::watch_hub`: where the state machine publishes
+//!   each revision's changes; a bounded broadcast ring, so publishing never
+//!   waits for a watcher.
 //! - [`stream`]: one client watch stream and its many watches: catch-up
 //!   from history, live delivery, lag recovery, progress notifications.
 //!
@@ -11,5 +12,4 @@
 //! unsynced watchers; if the revisions it still needs were compacted it is
 //! cancelled with the compact revision.
 
-pub mod hub;
 pub mod stream;

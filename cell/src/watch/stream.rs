@@ -15,7 +15,7 @@
 //!   whose `next_rev` was compacted meanwhile is cancelled with the compact
 //!   revision, as etcd does.
 
-use super::hub::{Changes, Notice};
+use crate::state_machine::watch_hub::{Changes, Notice};
 use crate::mvcc::keyspace::{Event, EventKind, KeyRange, KeyValue};
 use crate::node::CellNode;
 use latchkey_shared::etcdpb::{

@@ -1,11 +1,15 @@
 //! The replicated part of leases: which leases exist, their granted TTL,
 //! the keys attached to each and the remaining time of each lease's last
 //! checkpoint. Live deadlines are not here: they live in the
-//! [`Lessor`](super::lessor::Lessor), because refreshes do not go through
+//! lessor (`crate::lease::lessor`), because refreshes do not go through
 //! Raft.
 
 use imbl::{OrdMap, OrdSet};
 use serde::{Deserialize, Serialize};
+
+/// What a member knows of one lease when it (re)loads its state: id, TTL
+/// and the remaining milliseconds of its last checkpoint, if any.
+pub type LeaseSeed = (i64, i64, Option<i64>);
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseRecord {
@@ -51,7 +55,7 @@ impl LeaseTable {
 
     /// Every lease as `(id, ttl, checkpointed ms left)`, in id order: what
     /// a lessor starts from.
-    pub fn seeds(&self) -> Vec<crate::lease::lessor::LeaseSeed> {
+    pub fn seeds(&self) -> Vec<LeaseSeed> {
         self.leases
             .values()
             .map(|l| (l.id, l.ttl, l.checkpoint_ms))

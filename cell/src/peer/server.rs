@@ -1,10 +1,13 @@
-//! The server side of cell-to-cell RPCs: hands Raft messages to openraft
-//! and forwarded client requests to the node.
+//! The server side of member-to-member RPCs: hands Raft messages to
+//! openraft and forwarded client requests to the [`ForwardHandler`].
+//!
+//! With the error module, this is the one place that builds gRPC statuses
+//! itself: a payload it cannot decode or encode is a fault of the peer
+//! protocol, not an API error.
 
-use super::codec::{decode, encode};
-use super::{NodeId, Snapshot, TypeConfig, Vote};
-use crate::node::{CellNode, Forward};
-use crate::raft::SnapshotMeta;
+use super::protocol::{Forward, ForwardHandler};
+use crate::raft::{NodeId, Raft, Snapshot, SnapshotMeta, TypeConfig, Vote};
+use crate::storage::codec::{decode, encode};
 use latchkey_shared::peer::peer_server::Peer;
 use latchkey_shared::peer::Payload;
 use latchkey_shared::ApiError;
@@ -15,8 +18,9 @@ use std::io::Cursor;
 use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
-pub struct PeerService {
-    pub node: Arc<CellNode>,
+pub struct PeerService<H> {
+    pub raft: Raft,
+    pub handler: Arc<H>,
 }
 
 fn decode_req<T: DeserializeOwned>(req: Request<Payload>) -> Result<T, Status> {
@@ -31,20 +35,20 @@ fn reply<T: Serialize>(value: &T) -> Result<Response<Payload>, Status> {
 }
 
 #[tonic::async_trait]
-impl Peer for PeerService {
+impl<H: ForwardHandler> Peer for PeerService<H> {
     async fn append_entries(&self, req: Request<Payload>) -> Result<Response<Payload>, Status> {
         let rpc: AppendEntriesRequest<TypeConfig> = decode_req(req)?;
-        reply(&self.node.raft.append_entries(rpc).await)
+        reply(&self.raft.append_entries(rpc).await)
     }
 
     async fn vote(&self, req: Request<Payload>) -> Result<Response<Payload>, Status> {
         let rpc: VoteRequest<NodeId> = decode_req(req)?;
-        reply(&self.node.raft.vote(rpc).await)
+        reply(&self.raft.vote(rpc).await)
     }
 
     async fn install_snapshot(&self, req: Request<Payload>) -> Result<Response<Payload>, Status> {
         let rpc: InstallSnapshotRequest<TypeConfig> = decode_req(req)?;
-        reply(&self.node.raft.install_snapshot(rpc).await)
+        reply(&self.raft.install_snapshot(rpc).await)
     }
 
     async fn full_snapshot(&self, req: Request<Payload>) -> Result<Response<Payload>, Status> {
@@ -53,12 +57,12 @@ impl Peer for PeerService {
             meta,
             snapshot: Box::new(Cursor::new(data)),
         };
-        reply(&self.node.raft.install_full_snapshot(vote, snapshot).await)
+        reply(&self.raft.install_full_snapshot(vote, snapshot).await)
     }
 
     async fn forward(&self, req: Request<Payload>) -> Result<Response<Payload>, Status> {
         let forward: Forward = decode_req(req)?;
-        let result: Result<_, ApiError> = self.node.serve_forwarded(&forward).await;
+        let result: Result<_, ApiError> = self.handler.serve_forwarded(&forward).await;
         reply(&result)
     }
 }

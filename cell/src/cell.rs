@@ -1,0 +1,546 @@
+//! A member as a library: [`Cell::start`] opens storage, starts Raft, the
+//! servers and every background task, and returns a [`CellHandle`] that owns
+//! them all; [`CellHandle::shutdown`] stops them and closes the database.
+//!
+//! Nothing here is process-wide: tracing, the metrics recorder and signal
+//! handling belong to whoever embeds the cell (`main.rs`, a proxy started
+//! with `--dev`, a test), so several cells can live in one process.
+
+use crate::config::Resolved;
+use crate::jobs::auto_compaction::AutoCompaction;
+use crate::jobs::publish_member::PublishMember;
+use crate::lease::lessor::Lessor;
+use crate::lease::lessor_loop::LessorLoop;
+use crate::membership::discover_identity;
+use crate::node::CellNode;
+use crate::peer::server::PeerService;
+use crate::raft::log_store::{self, LogStore};
+use crate::raft::network::{NetworkFactory, MAX_PEER_MESSAGE_BYTES};
+use crate::raft::{Member, NodeId, Raft};
+use crate::state_machine::backup::decode_state_file;
+use crate::state_machine::store::{has_state, write_initial_state, StateMachineStore};
+use crate::state_machine::watch_hub::WatchHub;
+use crate::watch::stream::WatchOptions;
+use anyhow::{bail, Context};
+use latchkey_shared::lifecycle::Lifecycle;
+use latchkey_shared::peer::peer_server::PeerServer;
+use metrics_exporter_prometheus::PrometheusHandle;
+use openraft::SnapshotPolicy;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+/// How long a server may take to finish in-flight requests at shutdown
+/// before it is aborted: long enough for an answer already computed, short
+/// enough that a stuck client cannot hold a restart.
+const SERVER_GRACE: Duration = Duration::from_secs(3);
+/// How long background tasks may take to notice shutdown.
+const TASK_GRACE: Duration = Duration::from_secs(3);
+/// How long to wait for Raft's tasks and the log flusher to let go of the
+/// database once Raft has shut down.
+const DB_RELEASE: Duration = Duration::from_secs(5);
+/// How long a `--join`ing member keeps asking the cell for its identity
+/// (MemberAdd may come just after the process starts).
+const JOIN_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a removed member goes on answering (the MemberRemove that
+/// removed a leader must reach its client) before it stops.
+const REMOVED_LINGER: Duration = Duration::from_secs(2);
+
+fn raft_config(cfg: &Resolved) -> anyhow::Result<openraft::Config> {
+    let c = &cfg.cfg;
+    let config = openraft::Config {
+        cluster_name: format!("latchkey-{:x}", cfg.cluster_id),
+        heartbeat_interval: c.heartbeat_ms,
+        election_timeout_min: c.election_timeout_ms,
+        election_timeout_max: c.election_timeout_ms * 2,
+        // openraft's default (200 ms) makes a large snapshot time out and be
+        // resent forever; a snapshot of a full keyspace takes seconds.
+        install_snapshot_timeout: 60_000,
+        snapshot_policy: SnapshotPolicy::LogsSinceLast(c.snapshot_entries),
+        max_in_snapshot_log_to_keep: c.snapshot_keep_entries,
+        // openraft 0.9 gives every AppendEntries the heartbeat interval as
+        // its whole timeout. A follower that fell behind is sent batches of
+        // this many entries; at openraft's default (300 entries of up to
+        // 128 puts each) one batch could take longer than the interval on a
+        // loaded machine, time out, and be resent forever: the follower
+        // never caught up (seen with 100 000 leases on 2 cores). Smaller
+        // batches always make progress.
+        max_payload_entries: 32,
+        ..Default::default()
+    };
+    Ok(config.validate()?)
+}
+
+fn parse_addr(flag: &str, addr: &str) -> anyhow::Result<SocketAddr> {
+    addr.parse()
+        .with_context(|| format!("{flag} '{addr}' is not ip:port"))
+}
+
+/// Settles which member of which cell this is: what the data directory
+/// records, else the flags, else (with `--join`) what the running cell says;
+/// and applies `--restore` to a fresh directory.
+async fn settle_identity(cfg: &mut Resolved, db: &rocksdb::DB) -> anyhow::Result<()> {
+    let stored = log_store::stored_node_id(db)?;
+    if let Some(file) = &cfg.cfg.restore {
+        if stored.is_some() || has_state(&cfg.data_dir) {
+            bail!(
+                "--restore needs an empty data directory, but {} already holds a member's data \
+                 (to restart that member, leave out --restore)",
+                cfg.data_dir.display()
+            );
+        }
+        let bytes =
+            std::fs::read(file).with_context(|| format!("reading --restore {}", file.display()))?;
+        let state =
+            decode_state_file(&bytes).with_context(|| format!("--restore {}", file.display()))?;
+        tracing::info!(
+            revision = state.keys.revision(),
+            keys = state.keys.live_keys(),
+            leases = state.leases.len(),
+            "restoring a new cell from a state file"
+        );
+        write_initial_state(&cfg.data_dir, &state)?;
+    }
+    let (id, cluster_id) = match stored {
+        Some(stored) => {
+            if cfg.id != 0 && stored != cfg.id {
+                bail!(
+                    "{} belongs to member {stored}, not {}",
+                    cfg.data_dir.display(),
+                    cfg.id
+                );
+            }
+            let cluster_id = log_store::stored_cluster_id(db)?.unwrap_or(cfg.cluster_id);
+            (stored, cluster_id)
+        }
+        None if !cfg.join.is_empty() => {
+            let (id, cluster_id) = discover_identity(
+                &cfg.join,
+                &cfg.cfg.peer_addr,
+                JOIN_TIMEOUT,
+            )
+            .await?;
+            if cfg.id != 0 && cfg.id != id {
+                bail!(
+                    "--id {} but the cell added this peer address as member {id}",
+                    cfg.id
+                );
+            }
+            tracing::info!(id, cluster_id = %format!("{cluster_id:x}"), "joining a running cell");
+            (id, cluster_id)
+        }
+        None => (cfg.id, cfg.cluster_id),
+    };
+    log_store::store_identity(db, id, cluster_id)?;
+    cfg.id = id;
+    cfg.cluster_id = cluster_id;
+    if cfg.cfg.name.is_none() {
+        cfg.name = format!("cell-{id}");
+    }
+    Ok(())
+}
+
+/// Resolves when this member must stop: it has been removed from the
+/// cell's membership (after having been in it), as in etcd, or Raft on it
+/// has stopped (a storage error, a failed apply).
+async fn member_ends(raft: Raft, id: u64) -> Stopped {
+    let mut rx = raft.metrics();
+    let mut was_member = false;
+    loop {
+        {
+            let m = rx.borrow_and_update();
+            if let Err(fatal) = &m.running_state {
+                return Stopped::RaftFailed(fatal.to_string());
+            }
+            let membership = m.membership_config.membership();
+            let is_member = membership.get_node(&id).is_some();
+            // Only a configuration this member has applied (so committed)
+            // counts: an appended one may still be replaced.
+            let applied =
+                m.membership_config.log_id().map(|l| l.index) <= m.last_applied.map(|l| l.index);
+            if is_member {
+                was_member = true;
+            } else if was_member && applied && membership.nodes().next().is_some() {
+                return Stopped::Removed;
+            }
+        }
+        if rx.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// Why a running member stopped on its own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stopped {
+    /// It was removed from the cell's membership.
+    Removed,
+    /// A server failed (its error).
+    ServerFailed(String),
+    /// Raft on this member stopped (its error).
+    RaftFailed(String),
+}
+
+pub struct Cell;
+
+/// A running member. Dropping it without [`CellHandle::shutdown`] leaves
+/// its tasks running until the runtime ends.
+pub struct CellHandle {
+    pub id: NodeId,
+    pub client_addr: SocketAddr,
+    pub peer_addr: SocketAddr,
+    pub metrics_addr: SocketAddr,
+    node: Arc<CellNode>,
+    raft: Raft,
+    lifecycle: Lifecycle,
+    servers: Vec<JoinHandle<Result<(), String>>>,
+    stopped: tokio::sync::watch::Receiver<Option<Stopped>>,
+    db: std::sync::Weak<rocksdb::DB>,
+}
+
+/// Spawns a server; its result is reported once, as a `Stopped` reason
+/// when it ends before shutdown.
+fn spawn_server<F, E>(
+    lifecycle: &Lifecycle,
+    stopped: &tokio::sync::watch::Sender<Option<Stopped>>,
+    what: &'static str,
+    serve: F,
+) -> JoinHandle<Result<(), String>>
+where
+    F: std::future::Future<Output = Result<(), E>> + Send + 'static,
+    E: std::fmt::Display,
+{
+    let stopped = stopped.clone();
+    let lifecycle = lifecycle.clone();
+    tokio::spawn(async move {
+        let result = serve.await.map_err(|e| format!("{what}: {e}"));
+        if !lifecycle.is_stopping() {
+            let why = result.clone().err().unwrap_or_else(|| format!("{what} ended"));
+            stopped.send_replace(Some(Stopped::ServerFailed(why)));
+        }
+        result
+    })
+}
+
+impl Cell {
+    /// Starts a member. `prometheus` renders `/metrics` when the embedding
+    /// process installed a recorder.
+    pub async fn start(
+        mut cfg: Resolved,
+        prometheus: Option<PrometheusHandle>,
+    ) -> anyhow::Result<CellHandle> {
+        let client_addr = parse_addr("--client-addr", &cfg.cfg.client_addr)?;
+        let peer_addr = parse_addr("--peer-addr", &cfg.cfg.peer_addr)?;
+        let metrics_addr = parse_addr("--metrics-addr", &cfg.cfg.metrics_addr)?;
+
+        std::fs::create_dir_all(&cfg.data_dir)
+            .with_context(|| format!("creating {}", cfg.data_dir.display()))?;
+        let db = crate::storage::open(&cfg.data_dir)
+            .with_context(|| format!("opening the log in {}", cfg.data_dir.display()))?;
+        settle_identity(&mut cfg, &db).await?;
+
+        let lessor = Arc::new(Lessor::new());
+        let hub = Arc::new(WatchHub::new());
+        let sm = StateMachineStore::open(&cfg.data_dir, Some(lessor.clone()), hub.clone())
+            .await
+            .with_context(|| format!("loading the snapshot in {}", cfg.data_dir.display()))?;
+        let shared = sm.shared();
+        let raft = Raft::new(
+            cfg.id,
+            Arc::new(raft_config(&cfg)?),
+            NetworkFactory,
+            LogStore::new(db.clone()).context("starting the log store")?,
+            sm,
+        )
+        .await
+        .context("starting raft")?;
+        let lifecycle = Lifecycle::new();
+        let node = Arc::new(CellNode::new(
+            &cfg,
+            raft.clone(),
+            shared.clone(),
+            lessor.clone(),
+            hub,
+            db.clone(),
+            lifecycle.clone(),
+        ));
+        let (stopped_tx, stopped) = tokio::sync::watch::channel(None);
+        let mut servers = Vec::new();
+
+        // Peers first: the others may already be electing and need our vote.
+        let peer_listener = tokio::net::TcpListener::bind(peer_addr)
+            .await
+            .with_context(|| format!("binding --peer-addr {peer_addr}"))?;
+        let peer_addr = peer_listener.local_addr()?;
+        let peer_server = PeerServer::new(PeerService {
+            raft: raft.clone(),
+            handler: node.clone(),
+        })
+        .max_decoding_message_size(MAX_PEER_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES);
+        servers.push(spawn_server(&lifecycle, &stopped_tx, "peer server", {
+            let token = lifecycle.token();
+            tonic::transport::Server::builder()
+                .add_service(peer_server)
+                .serve_with_incoming_shutdown(
+                    crate::api::nodelay_incoming(peer_listener),
+                    token.cancelled_owned(),
+                )
+        }));
+
+        // A joining member never bootstraps: the leader replicates to it.
+        if cfg.join.is_empty() && !raft.is_initialized().await? {
+            let members: BTreeMap<u64, Member> = cfg
+                .initial_cluster
+                .iter()
+                .map(|(id, addr)| {
+                    (
+                        *id,
+                        Member {
+                            peer_addr: addr.clone(),
+                        },
+                    )
+                })
+                .collect();
+            tracing::info!(members = ?cfg.initial_cluster, "bootstrapping a new cell");
+            if let Err(e) = raft.initialize(members).await {
+                // Another member's bootstrap reached us first: that is fine.
+                tracing::info!(error = %e, "initialize skipped");
+            }
+        }
+
+        let lessor_loop = LessorLoop {
+            id: cfg.id,
+            raft: raft.clone(),
+            state: shared,
+            lessor,
+            grace: Duration::from_millis(cfg.cfg.lease_grace_ms),
+            checkpoint_interval: cfg.lease_checkpoint_interval(),
+            request_timeout: cfg.request_timeout(),
+        };
+        lifecycle.spawn_owned(|token| lessor_loop.run(token));
+        lifecycle.spawn(PublishMember { node: node.clone() }.run());
+        lifecycle.spawn(
+            AutoCompaction {
+                node: node.clone(),
+                retention: cfg.retention,
+            }
+            .run(),
+        );
+        lifecycle.spawn({
+            let (raft, id, stopped_tx) = (raft.clone(), cfg.id, stopped_tx.clone());
+            async move {
+                let why = member_ends(raft, id).await;
+                if why == Stopped::Removed {
+                    tracing::warn!("this member was removed from the cell; stopping");
+                    // Let in-flight answers (such as the MemberRemove that
+                    // removed this leader) reach their clients first.
+                    tokio::time::sleep(REMOVED_LINGER).await;
+                }
+                stopped_tx.send_replace(Some(why));
+            }
+        });
+
+        let admin_listener = tokio::net::TcpListener::bind(metrics_addr)
+            .await
+            .with_context(|| format!("binding --metrics-addr {metrics_addr}"))?;
+        let metrics_addr = admin_listener.local_addr()?;
+        let admin = crate::admin::router(node.clone(), prometheus);
+        servers.push(spawn_server(&lifecycle, &stopped_tx, "metrics server", {
+            let token = lifecycle.token();
+            async move {
+                axum::serve(admin_listener, admin)
+                    .with_graceful_shutdown(token.cancelled_owned())
+                    .await
+            }
+        }));
+
+        let api_listener = tokio::net::TcpListener::bind(client_addr)
+            .await
+            .with_context(|| format!("binding --client-addr {client_addr}"))?;
+        let client_addr = api_listener.local_addr()?;
+        servers.push(spawn_server(
+            &lifecycle,
+            &stopped_tx,
+            "client API server",
+            crate::api::serve(
+                node.clone(),
+                api_listener,
+                cfg.cfg.max_request_bytes,
+                WatchOptions {
+                    progress_interval: Duration::from_millis(
+                        cfg.cfg.watch_progress_notify_interval_ms.max(100),
+                    ),
+                    max_watches: cfg.cfg.max_watches_per_stream,
+                    max_response_bytes: cfg.cfg.max_request_bytes,
+                },
+                lifecycle.token().cancelled_owned(),
+            ),
+        ));
+        tracing::info!(id = cfg.id, %client_addr, %peer_addr, %metrics_addr, data_dir = %cfg.data_dir.display(), "latchkey-cell started");
+        Ok(CellHandle {
+            id: cfg.id,
+            client_addr,
+            peer_addr,
+            metrics_addr,
+            node,
+            raft,
+            lifecycle,
+            servers,
+            stopped,
+            db: Arc::downgrade(&db),
+        })
+    }
+}
+
+impl CellHandle {
+    /// The member, for in-process callers.
+    pub fn node(&self) -> &Arc<CellNode> {
+        &self.node
+    }
+
+    /// Resolves when the member stops on its own: removed from the cell,
+    /// or a server failed. Pending for as long as it runs normally.
+    pub async fn stopped(&self) -> Stopped {
+        let mut rx = self.stopped.clone();
+        match rx.wait_for(Option::is_some).await {
+            Ok(reason) => reason.clone().unwrap_or(Stopped::Removed),
+            Err(_) => std::future::pending().await,
+        }
+    }
+
+    /// Stops the servers, every background task and Raft, and waits until
+    /// the database is closed, so the same data directory can be opened
+    /// again at once.
+    pub async fn shutdown(self) -> anyhow::Result<()> {
+        let CellHandle {
+            node,
+            raft,
+            lifecycle,
+            servers,
+            db,
+            ..
+        } = self;
+        let left = lifecycle.shutdown(TASK_GRACE).await;
+        if left > 0 {
+            tracing::warn!(tasks = left, "background tasks still running after shutdown");
+        }
+        for mut server in servers {
+            if tokio::time::timeout(SERVER_GRACE, &mut server).await.is_err() {
+                server.abort();
+                let _ = server.await;
+            }
+        }
+        if let Err(e) = raft.shutdown().await {
+            tracing::warn!(error = %e, "raft shutdown");
+        }
+        drop(node);
+        drop(raft);
+        let deadline = Instant::now() + DB_RELEASE;
+        while db.strong_count() > 0 {
+            if Instant::now() >= deadline {
+                bail!(
+                    "the database is still open {DB_RELEASE:?} after shutdown ({} holders)",
+                    db.strong_count()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tracing::info!("stopped");
+        Ok(())
+    }
+
+    /// Tasks of this member still running (0 after shutdown).
+    pub fn live_tasks(&self) -> usize {
+        self.lifecycle.live_tasks()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use clap::Parser;
+
+    fn free_port() -> u16 {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port")
+    }
+
+    fn one_member(dir: &std::path::Path, ports: [u16; 3]) -> Resolved {
+        let [client, peer, metrics] = ports.map(|p| format!("127.0.0.1:{p}"));
+        Config::parse_from([
+            "latchkey-cell",
+            "--dev",
+            "--data-dir",
+            &dir.display().to_string(),
+            "--client-addr",
+            &client,
+            "--peer-addr",
+            &peer,
+            "--metrics-addr",
+            &metrics,
+        ])
+        .resolve()
+        .expect("config")
+    }
+
+    /// Tasks alive on this runtime, polled until it is `want` or 10 s pass
+    /// (an aborted task is reaped a moment after it is aborted).
+    async fn alive_tasks_settle_at(want: usize) -> usize {
+        let metrics = tokio::runtime::Handle::current().metrics();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let alive = metrics.num_alive_tasks();
+            if alive <= want || Instant::now() >= deadline {
+                return alive;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn client(cell: &CellHandle) -> etcd_client::Client {
+        etcd_client::Client::connect([cell.client_addr.to_string()], None)
+            .await
+            .expect("connect")
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_cell_starts_in_process_stops_through_its_handle_and_restarts_on_its_data() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let ports = [free_port(), free_port(), free_port()];
+        let baseline = tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks();
+
+        let cell = Cell::start(one_member(dir.path(), ports), None)
+            .await
+            .expect("start");
+        let mut c = client(&cell).await;
+        // The first write waits for the one-member cell to elect itself.
+        c.put("greeting", "hello", None).await.expect("put");
+        drop(c);
+        assert!(cell.live_tasks() > 0, "the cell runs background tasks");
+        cell.shutdown().await.expect("shutdown");
+        let alive = alive_tasks_settle_at(baseline).await;
+        assert_eq!(alive, baseline, "tasks outlived the cell's handle");
+
+        // Same data directory, same ports: the database was released.
+        let cell = Cell::start(one_member(dir.path(), ports), None)
+            .await
+            .expect("restart on the same data");
+        let mut c = client(&cell).await;
+        let got = c.get("greeting", None).await.expect("get");
+        let values: Vec<&[u8]> = got.kvs().iter().map(|kv| kv.value()).collect();
+        assert_eq!(values, [b"hello".as_slice()], "the write survived the restart");
+        drop(c);
+        cell.shutdown().await.expect("second shutdown");
+        let alive = alive_tasks_settle_at(baseline).await;
+        assert_eq!(alive, baseline, "tasks outlived the restarted cell's handle");
+    }
+}

@@ -1,0 +1,81 @@
+//! Forwarding to the leader: where it is, and one attempt to reach it.
+//!
+//! Channels are made once per peer address and reused (a tonic channel
+//! reconnects by itself). Each failed attempt is classified by what it
+//! proves: refused before anything was sent is safe to resend; broken after
+//! sending means the request may have been served, and only an idempotent
+//! request may then be sent again (see `Forward::is_idempotent`).
+
+use super::protocol::{Forward, ForwardReply};
+use crate::raft::network::{peer_channel, peer_client};
+use crate::raft::{NodeId, Raft};
+use crate::storage::codec;
+use dashmap::DashMap;
+use latchkey_shared::peer::peer_client::PeerClient;
+use latchkey_shared::peer::Payload;
+use latchkey_shared::ApiError;
+use tokio::time::Instant;
+use tonic::transport::Channel;
+
+/// Peer clients by address, made on first use.
+#[derive(Default)]
+pub struct PeerClients {
+    clients: DashMap<String, PeerClient<Channel>>,
+}
+
+impl PeerClients {
+    fn get(&self, addr: &str) -> Result<PeerClient<Channel>, ApiError> {
+        if let Some(c) = self.clients.get(addr) {
+            return Ok(c.clone());
+        }
+        let channel = peer_channel(addr)
+            .map_err(|e| ApiError::internal(format!("bad peer address {addr}: {e}")))?;
+        let client = peer_client(channel);
+        self.clients.insert(addr.to_string(), client.clone());
+        Ok(client)
+    }
+
+    /// Sends `req` to the member at `addr` once. A failure in transport is
+    /// `not_leader` when the request never left this member (so the caller
+    /// may look for the leader again and resend), and
+    /// `write_outcome_unknown` when it may have arrived.
+    pub async fn send(
+        &self,
+        addr: &str,
+        req: &Forward,
+        deadline: Instant,
+    ) -> Result<ForwardReply, ApiError> {
+        let data = codec::encode(req).map_err(|e| ApiError::internal(e.to_string()))?;
+        let mut client = self.get(addr)?;
+        let mut request = tonic::Request::new(Payload { data });
+        request.set_timeout(deadline.saturating_duration_since(Instant::now()));
+        match client.forward(request).await {
+            Ok(resp) => codec::decode::<Result<ForwardReply, ApiError>>(&resp.into_inner().data)
+                .map_err(|e| {
+                    ApiError::write_outcome_unknown(format!("undecodable reply from {addr}: {e}"))
+                })?,
+            Err(status) => Err(latchkey_shared::error::classify_call_failure(&status)),
+        }
+    }
+}
+
+/// The current leader and its peer address, waiting for one to be elected
+/// until `deadline`.
+pub async fn leader(raft: &Raft, deadline: Instant) -> Result<(NodeId, String), ApiError> {
+    let mut rx = raft.metrics();
+    loop {
+        {
+            let m = rx.borrow_and_update();
+            if let Some(leader) = m.current_leader {
+                if let Some(node) = m.membership_config.membership().get_node(&leader) {
+                    return Ok((leader, node.peer_addr.clone()));
+                }
+            }
+        }
+        match tokio::time::timeout_at(deadline, rx.changed()).await {
+            Ok(Ok(())) => continue,
+            Ok(Err(_)) => return Err(crate::raft::errors::fatal("metrics closed")),
+            Err(_) => return Err(ApiError::no_leader()),
+        }
+    }
+}

@@ -1,0 +1,84 @@
+//! What members ask each other besides Raft: a request only the leader may
+//! serve, forwarded by the member that received it, and its reply. Both
+//! travel bincode-encoded in the `Forward` RPC of `proto/peer.proto`.
+
+use crate::lease::leader_leases::LeaseTtl;
+use crate::raft::command::{Request, Response};
+use crate::raft::NodeId;
+use latchkey_shared::ApiError;
+use serde::{Deserialize, Serialize};
+use std::future::Future;
+
+/// A request a follower sends to the leader.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum Forward {
+    Write(Request),
+    ReadIndex,
+    KeepAlive {
+        id: i64,
+    },
+    /// Many leases refreshed at once (the sessions extension).
+    RefreshBatch {
+        ids: Vec<i64>,
+    },
+    TimeToLive {
+        id: i64,
+    },
+    Membership(MembershipChange),
+    MoveLeader {
+        target: NodeId,
+    },
+    /// Sent to one member (not the leader): start an election now.
+    Campaign,
+}
+
+impl Forward {
+    /// Whether serving this twice is the same as serving it once. Only
+    /// such a request is resent when its first attempt may have arrived.
+    pub fn is_idempotent(&self) -> bool {
+        !matches!(self, Forward::Write(_) | Forward::Membership(_))
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub enum ForwardReply {
+    Written(Response),
+    ReadIndex(u64),
+    KeepAlive {
+        ttl: i64,
+    },
+    /// Per requested id: its TTL, or -1 if it does not exist.
+    Refreshed {
+        ttls: Vec<i64>,
+    },
+    TimeToLive(LeaseTtl),
+    Done,
+}
+
+/// A change of the cell's membership (etcd's Cluster service).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum MembershipChange {
+    Add {
+        id: NodeId,
+        peer_addr: String,
+        learner: bool,
+    },
+    Promote {
+        id: NodeId,
+    },
+    Remove {
+        id: NodeId,
+    },
+    Update {
+        id: NodeId,
+        peer_addr: String,
+    },
+}
+/// Whoever serves forwarded requests on this member (the node). The peer
+/// server sits below it and reaches it only through this trait.
+pub trait ForwardHandler: Send + Sync + 'static {
+    fn serve_forwarded<'a>(
+        &'a self,
+        req: &'a Forward,
+    ) -> impl Future<Output = Result<ForwardReply, ApiError>> + Send + 'a;
+}

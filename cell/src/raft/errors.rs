@@ -1,0 +1,47 @@
+//! The one map from openraft's errors to the API's errors.
+//!
+//! openraft says "not the leader" (`ForwardToLeader`) before it appends a
+//! proposal, so that answer is safe to retry elsewhere; a `Fatal` error
+//! means Raft on this member has stopped, which is a fault of this member.
+
+use super::{Member, NodeId};
+use latchkey_shared::ApiError;
+use openraft::error::{
+    ChangeMembershipError, CheckIsLeaderError, ClientWriteError, ForwardToLeader, RaftError,
+};
+
+fn not_leader(f: &ForwardToLeader<NodeId, Member>) -> ApiError {
+    ApiError::not_leader(f.leader_id)
+}
+
+/// Raft on this member has stopped: nothing it answers can be trusted.
+pub fn fatal(e: impl std::fmt::Display) -> ApiError {
+    ApiError::member_stopped(format!("raft stopped: {e}"))
+}
+
+pub fn client_write(e: RaftError<NodeId, ClientWriteError<NodeId, Member>>) -> ApiError {
+    match e {
+        RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => not_leader(&f),
+        RaftError::APIError(ClientWriteError::ChangeMembershipError(c)) => match c {
+            ChangeMembershipError::InProgress(_) => {
+                ApiError::unavailable("another membership change is in progress; retry")
+            }
+            ChangeMembershipError::EmptyMembership(_) => {
+                ApiError::invalid("the cell must keep at least one voting member")
+            }
+            ChangeMembershipError::LearnerNotFound(_) => ApiError::member_not_found(),
+        },
+        RaftError::Fatal(e) => fatal(e),
+    }
+}
+
+pub fn check_is_leader(e: RaftError<NodeId, CheckIsLeaderError<NodeId, Member>>) -> ApiError {
+    match e {
+        RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f)) => not_leader(&f),
+        // The leader could not reach a quorum in time: nothing happened.
+        RaftError::APIError(e @ CheckIsLeaderError::QuorumNotEnough(_)) => {
+            ApiError::unavailable(e.to_string())
+        }
+        RaftError::Fatal(e) => fatal(e),
+    }
+}
