@@ -12,10 +12,16 @@
 //! - [`session`]: a client session: one lease kept alive, its state as
 //!   Alive / Jeopardy / Expired.
 //! - [`error`]: the one error table (code -> HTTP status, gRPC code, etcd text).
+//! - [`lease_id`] ([`LeaseId`], shown in hex as etcdctl shows it),
+//!   [`member_id`] ([`MemberId`], hex), [`revision`] ([`Revision`]): the
+//!   ids every tier speaks, one newtype per file.
 //! - [`limits`]: default limits shared by cells and proxies.
 
 pub mod error;
+pub mod lease_id;
 pub mod limits;
+pub mod member_id;
+pub mod revision;
 pub mod session;
 
 /// The etcd v3 protocol types and server traits.
@@ -32,3 +38,6 @@ pub mod sessions_pb {
 }
 
 pub use error::{ApiError, ErrorCode};
+pub use lease_id::LeaseId;
+pub use member_id::MemberId;
+pub use revision::Revision;
