@@ -15,9 +15,12 @@
 //! - [`lease_id`] ([`LeaseId`], shown in hex as etcdctl shows it),
 //!   [`member_id`] ([`MemberId`], hex), [`revision`] ([`Revision`]): the
 //!   ids every tier speaks, one newtype per file.
+//! - [`key_range`]: [`KeyRange`], etcd's `key`/`range_end` rules, shared
+//!   by the cell's keyspace and the proxy's coalescing and read cache.
 //! - [`limits`]: default limits shared by cells and proxies.
 
 pub mod error;
+pub mod key_range;
 pub mod lease_id;
 pub mod limits;
 pub mod member_id;
@@ -38,6 +41,7 @@ pub mod sessions_pb {
 }
 
 pub use error::{ApiError, ErrorCode};
+pub use key_range::KeyRange;
 pub use lease_id::LeaseId;
 pub use member_id::MemberId;
 pub use revision::Revision;
