@@ -17,9 +17,12 @@
 //!   ids every tier speaks, one newtype per file.
 //! - [`key_range`]: [`KeyRange`], etcd's `key`/`range_end` rules, shared
 //!   by the cell's keyspace and the proxy's coalescing and read cache.
+//! - [`etcd_enums`]: etcd's sort, compare, filter and event values, named
+//!   once and decoded from their `i32` fields.
 //! - [`limits`]: default limits shared by cells and proxies.
 
 pub mod error;
+pub mod etcd_enums;
 pub mod key_range;
 pub mod lease_id;
 pub mod limits;
