@@ -11,7 +11,12 @@
 //!   `proto/sessions.proto` (a latchkey extension, not etcd's API).
 //! - [`session`]: a client session: one lease kept alive, its state as
 //!   Alive / Jeopardy / Expired.
-//! - [`error`]: the one error table (code -> HTTP status, gRPC code, etcd text).
+//! - [`error`]: the one error model. A failure becomes an [`ApiError`]
+//!   where it happens (a named constructor per code, with the [`Detail`]
+//!   the caller needs); `error/code.rs` is THE table from [`ErrorCode`] to
+//!   HTTP status, gRPC code, etcd text and [`Retry`] class; `error/grpc.rs`
+//!   turns an `ApiError` into a `tonic::Status` and back. The peer wire
+//!   carries `ApiError` in bincode, encoded by name.
 //! - [`lease_id`] ([`LeaseId`], shown in hex as etcdctl shows it),
 //!   [`member_id`] ([`MemberId`], hex), [`revision`] ([`Revision`]): the
 //!   ids every tier speaks, one newtype per file.
@@ -43,7 +48,7 @@ pub mod sessions_pb {
     tonic::include_proto!("latchkey.sessions.v1");
 }
 
-pub use error::{ApiError, ErrorCode};
+pub use error::{ApiError, Detail, ErrorCode, Retry};
 pub use key_range::KeyRange;
 pub use lease_id::LeaseId;
 pub use member_id::MemberId;
