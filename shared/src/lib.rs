@@ -3,27 +3,34 @@
 //! What every latchkey binary agrees on.
 //!
 //! ## Layout
+//! Protocols (generated):
 //! - [`etcdpb`]: the etcd v3 protocol (messages and server traits), generated
 //!   by the `etcd-client` crate from etcd's own protos.
 //! - [`peer`]: latchkey's internal cell-to-cell service (Raft messages and
 //!   forwarded requests), generated from `proto/peer.proto`.
 //! - [`sessions_pb`]: the batched lease refresh service, from
 //!   `proto/sessions.proto` (a latchkey extension, not etcd's API).
+//!
+//! The nouns every tier speaks, one per file:
+//! - [`lease_id`] ([`LeaseId`], shown in hex), [`member_id`] ([`MemberId`],
+//!   hex), [`revision`] ([`Revision`]);
+//! - [`key_range`]: [`KeyRange`], etcd's `key`/`range_end` rules, shared
+//!   by the cell's keyspace and the proxy's watch coalescing and read cache;
+//! - [`etcd_enums`]: etcd's sort, compare, filter and event values, named
+//!   once, decoded from their `i32` fields.
+//!
+//! Errors: [`error`] is the one error model. A failure becomes an
+//! [`ApiError`] where it happens (a named constructor per code, with a
+//! [`Detail`] the caller needs); `error/code.rs` is THE table from
+//! [`ErrorCode`] to HTTP status, gRPC code, etcd text and [`Retry`] class;
+//! `error/grpc.rs` turns an `ApiError` into a `tonic::Status` and back, and
+//! [`classify_call_failure`] decides from a failed call's error chain
+//! whether the request can have left this process. The peer wire carries
+//! `ApiError` in bincode, encoded by name.
+//!
+//! Clients and limits:
 //! - [`session`]: a client session: one lease kept alive, its state as
 //!   Alive / Jeopardy / Expired.
-//! - [`error`]: the one error model. A failure becomes an [`ApiError`]
-//!   where it happens (a named constructor per code, with the [`Detail`]
-//!   the caller needs); `error/code.rs` is THE table from [`ErrorCode`] to
-//!   HTTP status, gRPC code, etcd text and [`Retry`] class; `error/grpc.rs`
-//!   turns an `ApiError` into a `tonic::Status` and back. The peer wire
-//!   carries `ApiError` in bincode, encoded by name.
-//! - [`lease_id`] ([`LeaseId`], shown in hex as etcdctl shows it),
-//!   [`member_id`] ([`MemberId`], hex), [`revision`] ([`Revision`]): the
-//!   ids every tier speaks, one newtype per file.
-//! - [`key_range`]: [`KeyRange`], etcd's `key`/`range_end` rules, shared
-//!   by the cell's keyspace and the proxy's coalescing and read cache.
-//! - [`etcd_enums`]: etcd's sort, compare, filter and event values, named
-//!   once and decoded from their `i32` fields.
 //! - [`limits`]: default limits shared by cells and proxies.
 
 pub mod error;
@@ -48,7 +55,7 @@ pub mod sessions_pb {
     tonic::include_proto!("latchkey.sessions.v1");
 }
 
-pub use error::{ApiError, Detail, ErrorCode, Retry};
+pub use error::{classify_call_failure, ApiError, Detail, ErrorCode, Retry};
 pub use key_range::KeyRange;
 pub use lease_id::LeaseId;
 pub use member_id::MemberId;

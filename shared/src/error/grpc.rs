@@ -1,12 +1,17 @@
-//! `ApiError` ⇄ `tonic::Status`.
+//! `ApiError` ⇄ `tonic::Status`, and the classification of failed calls.
 //!
 //! Outbound, a status carries etcd's text as its message (etcd clients
 //! match on it) and latchkey's code, detail and own message in trailing
 //! metadata, which etcd clients ignore. Inbound, [`ApiError::from_status`]
 //! reads that metadata back; a status from another etcd-compatible server
 //! maps by its etcd text, and anything else by its gRPC code alone.
+//!
+//! [`classify_call_failure`] answers the question a proxy and a forwarding
+//! member must ask before they retry: did the request leave this process?
+//! It reads the error's `source()` chain, never its message text.
 
 use super::{ApiError, Detail, ErrorCode};
+use std::error::Error as StdError;
 use tonic::metadata::{AsciiMetadataValue, BinaryMetadataValue, MetadataMap};
 use tonic::{Code, Status};
 
@@ -127,6 +132,111 @@ fn detail_from(md: &MetadataMap) -> Option<Detail> {
         }),
         _ => None,
     }
+}
+
+/// What the error chain of a failed call proves.
+#[derive(Debug, PartialEq, Eq)]
+enum Evidence {
+    /// The request never left this process (or, for REFUSED_STREAM, the
+    /// server guarantees it did not process it).
+    NeverSent,
+    /// The client's own deadline fired.
+    DeadlinePassed,
+    /// Nothing proves the request was not sent.
+    MaybeSent,
+}
+
+/// Classifies the status a tonic client returned for a failed call.
+///
+/// - A status carrying latchkey metadata or an etcd text is the server's
+///   answer: [`ApiError::from_status`].
+/// - A status the client made itself (it has a `source()`) is a transport
+///   failure. It is `Unavailable` ([`Retry::Safe`](super::Retry::Safe))
+///   only when the chain proves the request never left: the connection
+///   could not be made, or hyper never handed the request to a
+///   connection, or the server refused the stream (HTTP/2 REFUSED_STREAM
+///   means it was not processed). A client deadline is a `Timeout`. Any
+///   other break is `WriteOutcomeUnknown`: the request may have been sent
+///   and applied.
+/// - A status without a source came from the server: `from_status`.
+pub fn classify_call_failure(status: &Status) -> ApiError {
+    let servers_answer = status.metadata().contains_key(keys::ERROR)
+        || ErrorCode::from_etcd_text(status.message()).is_some();
+    let source = match status.source() {
+        Some(source) if !servers_answer => source,
+        _ => return ApiError::from_status(status),
+    };
+    let what = describe(status, source);
+    match evidence(source) {
+        Evidence::NeverSent => ApiError::unavailable(format!("the request was not sent: {what}")),
+        Evidence::DeadlinePassed => ApiError::timeout()
+            .with_message(format!("the deadline passed before an answer: {what}")),
+        Evidence::MaybeSent => match status.code() {
+            Code::DeadlineExceeded | Code::Cancelled => {
+                ApiError::timeout().with_message(format!("the call ended before an answer: {what}"))
+            }
+            _ => ApiError::write_outcome_unknown(format!("the connection failed: {what}")),
+        },
+    }
+}
+
+/// The status message and the innermost cause (the message alone is often
+/// just "transport error").
+fn describe(status: &Status, source: &(dyn StdError + 'static)) -> String {
+    let mut root = source;
+    while let Some(next) = root.source() {
+        root = next;
+    }
+    format!("{}: {root}", status.message())
+}
+
+fn evidence(first: &(dyn StdError + 'static)) -> Evidence {
+    let mut deadline = false;
+    let mut link = Some(first);
+    while let Some(err) = link {
+        if never_sent(err) {
+            return Evidence::NeverSent;
+        }
+        deadline |= err.is::<tonic::TimeoutExpired>();
+        link = err.source();
+    }
+    if deadline {
+        Evidence::DeadlinePassed
+    } else {
+        Evidence::MaybeSent
+    }
+}
+
+/// One link of an error chain that proves the request was not sent.
+fn never_sent(err: &(dyn StdError + 'static)) -> bool {
+    // tonic wraps every failure of its connector (TCP connect, connect
+    // timeout, TLS) in ConnectError; the request is written only to a
+    // connection that exists.
+    if err.is::<tonic::ConnectError>() {
+        return true;
+    }
+    // Refused and address-not-available only happen while connecting.
+    // Unreachable host or network can also end an established TCP
+    // connection, so they count only under a ConnectError (above).
+    if let Some(io) = err.downcast_ref::<std::io::Error>() {
+        return matches!(
+            io.kind(),
+            std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::AddrNotAvailable
+        );
+    }
+    // hyper's "canceled": the request was dropped before it was handed to
+    // the connection (the connection closed or was not ready).
+    if let Some(hyper) = err.downcast_ref::<hyper::Error>() {
+        return hyper.is_canceled();
+    }
+    // RFC 9113 §8.7: a stream the server resets with REFUSED_STREAM was not
+    // processed. (A GOAWAY does not prove it for streams at or below its
+    // last stream id, and h2 reports later connection errors as GOAWAY
+    // too, so GOAWAY is not taken as proof.)
+    if let Some(h2) = err.downcast_ref::<h2::Error>() {
+        return h2.is_reset() && h2.is_remote() && h2.reason() == Some(h2::Reason::REFUSED_STREAM);
+    }
+    false
 }
 
 #[cfg(test)]

@@ -6,7 +6,8 @@
 //! compact revision. [`ErrorCode`] (in `code.rs`) is the single table that
 //! maps each code to an HTTP status, a gRPC code, etcd's error text and a
 //! [`Retry`] class. `grpc.rs` turns an `ApiError` into a `tonic::Status`
-//! and back.
+//! and back, and classifies failed calls (did the request leave this
+//! process?).
 //!
 //! An `ApiError` also crosses the peer wire inside bincode payloads, so
 //! codes and details are encoded by name, never by declaration order.
@@ -15,7 +16,7 @@ mod code;
 mod grpc;
 
 pub use code::{ErrorCode, ErrorWire, Retry};
-pub use grpc::metadata_keys;
+pub use grpc::{classify_call_failure, metadata_keys};
 
 use crate::lease_id::LeaseId;
 use crate::member_id::MemberId;
