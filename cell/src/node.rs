@@ -171,7 +171,10 @@ impl CellNode {
         }
         let used = self.state.read(|s| s.keys.bytes());
         if used + added > self.limits.quota_bytes {
-            return Err(ApiError::quota_exceeded(used, self.limits.quota_bytes));
+            return Err(ApiError::quota_exceeded(format!(
+                "keyspace holds {used} bytes; quota is {} bytes",
+                self.limits.quota_bytes
+            )));
         }
         Ok(())
     }

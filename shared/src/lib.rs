@@ -3,23 +3,47 @@
 //! What every latchkey binary agrees on.
 //!
 //! ## Layout
+//! Protocols (generated):
 //! - [`etcdpb`]: the etcd v3 protocol (messages and server traits), generated
 //!   by the `etcd-client` crate from etcd's own protos.
 //! - [`peer`]: latchkey's internal cell-to-cell service (Raft messages and
 //!   forwarded requests), generated from `proto/peer.proto`.
 //! - [`sessions_pb`]: the batched lease refresh service, from
 //!   `proto/sessions.proto` (a latchkey extension, not etcd's API).
+//!
+//! The nouns every tier speaks, one per file:
+//! - [`lease_id`] ([`LeaseId`], shown in hex), [`member_id`] ([`MemberId`],
+//!   hex), [`revision`] ([`Revision`]);
+//! - [`key_range`]: [`KeyRange`], etcd's `key`/`range_end` rules, shared
+//!   by the cell's keyspace and the proxy's watch coalescing and read cache;
+//! - [`etcd_enums`]: etcd's sort, compare, filter and event values, named
+//!   once, decoded from their `i32` fields.
+//!
+//! Errors: [`error`] is the one error model. A failure becomes an
+//! [`ApiError`] where it happens (a named constructor per code, with a
+//! [`Detail`] the caller needs); `error/code.rs` is THE table from
+//! [`ErrorCode`] to HTTP status, gRPC code, etcd text and [`Retry`] class;
+//! `error/grpc.rs` turns an `ApiError` into a `tonic::Status` and back, and
+//! [`classify_call_failure`] decides from a failed call's error chain
+//! whether the request can have left this process. The peer wire carries
+//! `ApiError` in bincode, encoded by name.
+//!
+//! Clients and limits:
 //! - [`session`]: a client session: one lease kept alive, its state as
 //!   Alive / Jeopardy / Expired.
 //! - [`telemetry`]: logs, the metrics recorder and signals, installed once
 //!   per process by a binary's `main`.
-//! - [`error`]: the one error table (code -> HTTP status, gRPC code, etcd text).
 //! - [`lifecycle`]: a shutdown signal and the tasks that obey it.
 //! - [`limits`]: default limits shared by cells and proxies.
 
 pub mod error;
+pub mod etcd_enums;
+pub mod key_range;
+pub mod lease_id;
 pub mod lifecycle;
 pub mod limits;
+pub mod member_id;
+pub mod revision;
 pub mod session;
 pub mod telemetry;
 
@@ -36,4 +60,8 @@ pub mod sessions_pb {
     tonic::include_proto!("latchkey.sessions.v1");
 }
 
-pub use error::{ApiError, ErrorCode};
+pub use error::{classify_call_failure, ApiError, Detail, ErrorCode, Retry};
+pub use key_range::KeyRange;
+pub use lease_id::LeaseId;
+pub use member_id::MemberId;
+pub use revision::Revision;

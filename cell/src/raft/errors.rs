@@ -5,7 +5,7 @@
 //! means Raft on this member has stopped, which is a fault of this member.
 
 use super::{Member, NodeId};
-use latchkey_shared::ApiError;
+use latchkey_shared::{ApiError, MemberId};
 use openraft::error::{
     ChangeMembershipError, CheckIsLeaderError, ClientWriteError, ForwardToLeader, RaftError,
 };
@@ -29,7 +29,9 @@ pub fn client_write(e: RaftError<NodeId, ClientWriteError<NodeId, Member>>) -> A
             ChangeMembershipError::EmptyMembership(_) => {
                 ApiError::invalid("the cell must keep at least one voting member")
             }
-            ChangeMembershipError::LearnerNotFound(_) => ApiError::member_not_found(),
+            ChangeMembershipError::LearnerNotFound(e) => {
+                ApiError::member_not_found(MemberId(e.node_id))
+            }
         },
         RaftError::Fatal(e) => fatal(e),
     }
