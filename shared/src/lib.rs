@@ -11,9 +11,12 @@
 //!   `proto/sessions.proto` (a latchkey extension, not etcd's API).
 //! - [`session`]: a client session: one lease kept alive, its state as
 //!   Alive / Jeopardy / Expired.
+//! - [`client`]: the Rust client of a cell, starting with the one channel
+//!   builder.
 //! - [`error`]: the one error table (code -> HTTP status, gRPC code, etcd text).
 //! - [`limits`]: default limits shared by cells and proxies.
 
+pub mod client;
 pub mod error;
 pub mod limits;
 pub mod session;
