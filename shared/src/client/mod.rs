@@ -7,8 +7,21 @@
 //! - this file: [`endpoint`] and [`connect`], the ONE way to build a channel
 //!   to a cell member (timeouts, `TCP_NODELAY`, HTTP/2 keep-alive), and
 //!   [`ClientError`], the errors of every client call.
+//! - [`refresh_stream`]: [`RefreshStream`], batched lease refresh on
+//!   latchkey's `Sessions.Refresh` stream: one request names many leases,
+//!   answers are matched by batch number, a failed member is left for the
+//!   next one (the leader first, when a reply named it).
 //!
-//! A TTL of 0 or less from a refresh means the lease is gone ([`is_gone`]).
+//! Data flows one way: a caller hands lease ids to a stream, the stream
+//! sends them on a channel from [`connect`] and hands back one TTL per id.
+//! A TTL of 0 or less means the lease is gone ([`is_gone`]).
+
+pub mod refresh_stream;
+
+#[cfg(test)]
+mod fake_cell;
+
+pub use refresh_stream::{RefreshReply, RefreshStream};
 
 use std::time::Duration;
 use tonic::transport::{Channel, Endpoint};
@@ -68,6 +81,15 @@ pub enum ClientError {
     /// Refused before sending: the cell rejects batches this large.
     #[error("a refresh batch of {len} leases is over the limit of {max}; split it")]
     BatchTooLarge { len: usize, max: usize },
+}
+
+impl ClientError {
+    pub(crate) fn rpc(addr: &str, status: tonic::Status) -> ClientError {
+        ClientError::Rpc {
+            addr: addr.to_string(),
+            status: Box::new(status),
+        }
+    }
 }
 
 /// The endpoint of a member's client address, `host:port` or
