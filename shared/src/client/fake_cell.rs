@@ -145,6 +145,11 @@ impl FakeCell {
     pub(crate) fn batches(&self) -> usize {
         self.shared.batches.load(Ordering::SeqCst)
     }
+
+    /// Keep-alive streams opened so far.
+    pub(crate) fn keep_alive_streams(&self) -> usize {
+        self.shared.keep_alive_streams.load(Ordering::SeqCst)
+    }
 }
 
 /// An address on 127.0.0.1 where nothing listens.

@@ -11,16 +11,21 @@
 //!   latchkey's `Sessions.Refresh` stream: one request names many leases,
 //!   answers are matched by batch number, a failed member is left for the
 //!   next one (the leader first, when a reply named it).
+//! - [`keepalive_stream`]: [`KeepAliveStream`], etcd's own
+//!   `Lease/LeaseKeepAlive` stream carrying many leases, as a proxy would
+//!   use it against any etcd v3 server.
 //!
 //! Data flows one way: a caller hands lease ids to a stream, the stream
 //! sends them on a channel from [`connect`] and hands back one TTL per id.
 //! A TTL of 0 or less means the lease is gone ([`is_gone`]).
 
+pub mod keepalive_stream;
 pub mod refresh_stream;
 
 #[cfg(test)]
 mod fake_cell;
 
+pub use keepalive_stream::KeepAliveStream;
 pub use refresh_stream::{RefreshReply, RefreshStream};
 
 use std::time::Duration;
