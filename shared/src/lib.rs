@@ -9,17 +9,20 @@
 //!   forwarded requests), generated from `proto/peer.proto`.
 //! - [`sessions_pb`]: the batched lease refresh service, from
 //!   `proto/sessions.proto` (a latchkey extension, not etcd's API).
-//! - [`session`]: a client session: one lease kept alive, its state as
-//!   Alive / Jeopardy / Expired.
-//! - [`client`]: the Rust client of a cell, starting with the one channel
-//!   builder.
+//! - [`client`]: the Rust client of a cell: the one channel builder, the
+//!   batched refresh stream, etcd's keep-alive stream carrying many leases,
+//!   and [`client::Session`] (one lease kept alive, its state as
+//!   Alive / Jeopardy / Expired). [`session`] is the session's older path.
 //! - [`error`]: the one error table (code -> HTTP status, gRPC code, etcd text).
 //! - [`limits`]: default limits shared by cells and proxies.
 
 pub mod client;
 pub mod error;
 pub mod limits;
-pub mod session;
+
+/// The session's path before the client had a module of its own; the
+/// same items as [`client::session`].
+pub use client::session;
 
 /// The etcd v3 protocol types and server traits.
 pub use etcd_client::proto as etcdpb;

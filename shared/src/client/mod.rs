@@ -14,6 +14,8 @@
 //! - [`keepalive_stream`]: [`KeepAliveStream`], etcd's own
 //!   `Lease/LeaseKeepAlive` stream carrying many leases, as a proxy would
 //!   use it against any etcd v3 server.
+//! - [`session`]: [`Session`], one lease granted and kept alive on a
+//!   [`RefreshStream`], observable as Alive / Jeopardy / Expired.
 //!
 //! Data flows one way: a caller hands lease ids to a stream, the stream
 //! sends them on a channel from [`connect`] and hands back one TTL per id.
@@ -21,12 +23,14 @@
 
 pub mod keepalive_stream;
 pub mod refresh_stream;
+pub mod session;
 
 #[cfg(test)]
 mod fake_cell;
 
 pub use keepalive_stream::KeepAliveStream;
 pub use refresh_stream::{RefreshReply, RefreshStream};
+pub use session::{Session, SessionOptions, SessionState};
 
 use std::time::Duration;
 use tonic::transport::{Channel, Endpoint};

@@ -15,7 +15,7 @@
 //! most once, and never after the call's deadline.
 //!
 //! `refresh` takes `&mut self`: one task owns the stream (the proxy's
-//! keep-alive batcher, a session's keeper). A cell
+//! keep-alive batcher, a [`Session`](super::Session)'s keeper). A cell
 //! answers a stream's batches one after another, so two batches in flight
 //! on one stream would not be answered sooner; callers that must share one
 //! put it behind a `tokio::sync::Mutex`.
