@@ -152,18 +152,20 @@ impl RefreshStream {
         }
         let deadline = Instant::now() + timeout;
         let mut failure = ClientError::NoEndpoint;
+        let mut tried = vec![false; self.members.len()];
         for _ in 0..self.members.len() {
+            tried[self.current] = true;
             match timeout_at(deadline, self.attempt(ids)).await {
                 Ok(Ok(reply)) => return Ok(reply),
                 Ok(Err(e)) => {
                     tracing::debug!(endpoint = self.endpoint(), error = %e, "refresh failed; trying another endpoint");
-                    self.rotate();
+                    self.rotate(&tried);
                     failure = e;
                 }
                 Err(_) => {
                     let addr = self.endpoint().to_string();
                     tracing::debug!(endpoint = %addr, ?timeout, "refresh timed out; trying another endpoint next");
-                    self.rotate();
+                    self.rotate(&tried);
                     return Err(ClientError::TimedOut {
                         addr,
                         after: timeout,
@@ -242,14 +244,15 @@ impl RefreshStream {
     }
 
     /// Drops the stream; the next batch goes to the leader named by the
-    /// last answer if that is another endpoint, else to the next endpoint.
-    fn rotate(&mut self) {
+    /// last answer, else to the next endpoint in order, passing over those
+    /// `tried` in this call while any other is left.
+    fn rotate(&mut self, tried: &[bool]) {
         self.open = None;
-        let next = (self.current + 1) % self.members.len();
-        self.current = match self.leader.take() {
-            Some(leader) if leader != self.current => leader,
-            _ => next,
-        };
+        let n = self.members.len();
+        let untried = |i: &usize| *i != self.current && !tried[*i];
+        let leader = self.leader.take().filter(untried);
+        let next = (1..=n).map(|k| (self.current + k) % n).find(untried);
+        self.current = leader.or(next).unwrap_or((self.current + 1) % n);
     }
 }
 
@@ -375,6 +378,29 @@ mod tests {
         let second = stream.refresh(&[5], TIMEOUT).await.expect("refresh");
         assert_eq!(second.member_id, 3, "answered by the leader");
         assert_eq!(other.batches(), 0, "the next endpoint in order was skipped");
+    }
+
+    #[tokio::test]
+    async fn one_call_tries_every_endpoint_once_the_named_leader_first() {
+        let leader = FakeCell::start(3).await;
+        leader.script().otherwise = Fate::Fail;
+        let other = FakeCell::start(2).await;
+        let follower = FakeCell::start(1).await;
+        {
+            let mut script = follower.script();
+            script.says.leader_id = 3;
+            script.says.leader_client_url = leader.addr.clone();
+            script.fates = [Fate::Answer].into();
+            script.otherwise = Fate::Fail;
+        }
+        let endpoints = [&follower.addr, &other.addr, &leader.addr];
+        let mut stream = RefreshStream::new(endpoints.map(String::clone)).expect("endpoints");
+        assert_eq!(stream.refresh(&[5], TIMEOUT).await.expect("1").member_id, 1);
+        // The follower fails, then the leader it named: the third try goes
+        // to the endpoint not tried yet, not back to the follower.
+        let reply = stream.refresh(&[5], TIMEOUT).await.expect("2");
+        assert_eq!(reply.member_id, 2);
+        assert_eq!((follower.batches(), leader.batches()), (2, 1));
     }
 
     #[tokio::test]
