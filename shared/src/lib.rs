@@ -28,14 +28,17 @@
 //! whether the request can have left this process. The peer wire carries
 //! `ApiError` in bincode, encoded by name.
 //!
-//! Clients and limits:
-//! - [`session`]: a client session: one lease kept alive, its state as
-//!   Alive / Jeopardy / Expired.
+//! Clients and processes:
+//! - [`client`]: the Rust client of a cell: the one channel builder, the
+//!   batched refresh stream, etcd's keep-alive stream carrying many leases,
+//!   and [`client::Session`] (one lease kept alive, its state as
+//!   Alive / Jeopardy / Expired).
+//! - [`lifecycle`]: a shutdown signal and the tasks that obey it.
 //! - [`telemetry`]: logs, the metrics recorder and signals, installed once
 //!   per process by a binary's `main`.
-//! - [`lifecycle`]: a shutdown signal and the tasks that obey it.
 //! - [`limits`]: default limits shared by cells and proxies.
 
+pub mod client;
 pub mod error;
 pub mod etcd_enums;
 pub mod key_range;
@@ -44,8 +47,10 @@ pub mod lifecycle;
 pub mod limits;
 pub mod member_id;
 pub mod revision;
-pub mod session;
 pub mod telemetry;
+
+/// The session's older path, for callers not yet moved to [`client`].
+pub use client::session;
 
 /// The etcd v3 protocol types and server traits.
 pub use etcd_client::proto as etcdpb;
