@@ -406,8 +406,9 @@ impl CellHandle {
     /// or a server failed. Pending for as long as it runs normally.
     pub async fn stopped(&self) -> Stopped {
         let mut rx = self.stopped.clone();
-        match rx.wait_for(Option::is_some).await {
-            Ok(reason) => reason.clone().unwrap_or(Stopped::Removed),
+        let reason = rx.wait_for(Option::is_some).await.map(|r| r.clone());
+        match reason {
+            Ok(reason) => reason.unwrap_or(Stopped::Removed),
             Err(_) => std::future::pending().await,
         }
     }

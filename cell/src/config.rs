@@ -398,12 +398,6 @@ mod tests {
     }
 
     #[test]
-    fn the_cluster_id_is_the_same_for_the_same_membership() {
-        let a = parse_initial_cluster("1=h:1,2=h:2").expect("valid");
-        let b = parse_initial_cluster("2=h:2,1=h:1").expect("valid");
-        assert_eq!(cluster_id(&a), cluster_id(&b));
-    }
-    #[test]
     fn retention_reads_like_etcd_and_rejects_nonsense() {
         assert_eq!(parse_retention("periodic", "0").ok(), Some(Retention::Off));
         assert_eq!(

@@ -44,6 +44,22 @@ pub fn parse_peer_urls(urls: &[String]) -> Result<String, ApiError> {
 }
 
 
+/// Keeps this member from campaigning while it lives.
+struct SitOutElections<'a>(&'a Raft);
+
+impl<'a> SitOutElections<'a> {
+    fn new(raft: &'a Raft) -> Self {
+        raft.runtime_config().elect(false);
+        SitOutElections(raft)
+    }
+}
+
+impl Drop for SitOutElections<'_> {
+    fn drop(&mut self) {
+        self.0.runtime_config().elect(true);
+    }
+}
+
 /// What membership changes need of the member that leads.
 pub struct Membership<'a> {
     pub id: NodeId,
@@ -155,22 +171,6 @@ pub async fn change(&self, change: &MembershipChange) -> Result<(), ApiError> {
             ErrorCode::Timeout,
             "the membership change did not commit in time; check MemberList",
         )),
-    }
-}
-
-/// Keeps this member from campaigning while it lives.
-struct SitOutElections<'a>(&'a Raft);
-
-impl<'a> SitOutElections<'a> {
-    fn new(raft: &'a Raft) -> Self {
-        raft.runtime_config().elect(false);
-        SitOutElections(raft)
-    }
-}
-
-impl Drop for SitOutElections<'_> {
-    fn drop(&mut self) {
-        self.0.runtime_config().elect(true);
     }
 }
 

@@ -110,6 +110,18 @@ impl CellNode {
         m.state == ServerState::Leader && m.current_leader == Some(self.id)
     }
 
+    /// The leader as this member knows it, with the client URL it
+    /// published: a hint for clients to go to the leader directly.
+    pub fn leader_client_url(&self) -> Option<(NodeId, String)> {
+        let leader = self.raft.metrics().borrow().current_leader?;
+        let url = self.state.read(|s| {
+            s.members
+                .get(&leader)
+                .and_then(|m| m.client_urls.first().cloned())
+        })?;
+        Some((leader, url))
+    }
+
     fn membership(&self) -> Membership<'_> {
         Membership {
             id: self.id,

@@ -42,11 +42,19 @@ impl Sessions for SessionsService {
                 } else {
                     node.refresh_batch(req.ids)
                         .await
-                        .map(|ttls| RefreshResponse {
-                            batch: req.batch,
-                            ttls,
-                            member_id: node.id,
-                            raft_term: node.raft.metrics().borrow().current_term,
+                        .map(|ttls| {
+                            let header = node.header(0);
+                            let (leader_id, leader_client_url) =
+                                node.leader_client_url().unwrap_or_default();
+                            RefreshResponse {
+                                batch: req.batch,
+                                ttls,
+                                member_id: node.id,
+                                raft_term: header.raft_term,
+                                cluster_id: node.cluster_id,
+                                leader_id,
+                                leader_client_url,
+                            }
                         })
                         .map_err(Status::from)
                 };

@@ -143,10 +143,10 @@ impl Lessor {
     /// not primary by then.
     pub async fn wait_primary(&self, deadline: Instant) -> bool {
         let mut rx = self.primary.subscribe();
-        matches!(
-            tokio::time::timeout_at(deadline, rx.wait_for(|p| *p)).await,
-            Ok(Ok(_))
-        )
+        let primary = tokio::time::timeout_at(deadline, rx.wait_for(|p| *p))
+            .await
+            .is_ok_and(|r| r.is_ok());
+        primary
     }
 
     /// Starts over from loaded state (startup, snapshot install): every

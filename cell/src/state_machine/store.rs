@@ -27,7 +27,7 @@ use std::sync::{Arc, RwLock};
 use tokio::sync::watch;
 
 /// What `snapshot.bin` holds.
-#[derive(Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize)]
 struct SnapshotFile {
     meta: SnapshotMeta,
     /// An encoded [`StateImage`]; also exactly what is sent to followers.
@@ -314,7 +314,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 let log_id = s.last_applied.unwrap_or_default();
                 return Err(StorageIOError::apply(
                     log_id,
-                    std::io::Error::other(format!("apply panicked at log index {at}")),
+                    &std::io::Error::other(format!("apply panicked at log index {at}")),
                 )
                 .into());
             }
@@ -401,13 +401,13 @@ mod tests {
     use std::cell::Cell;
 
     thread_local! {
-        /// The log index at which apply panics on this thread (0: never).
+        /// The log index at which apply panics on this thread, if any.
         /// Per thread, so tests running beside this one are untouched.
-        static PANIC_AT: Cell<u64> = const { Cell::new(0) };
+        static PANIC_AT: Cell<Option<u64>> = const { Cell::new(None) };
     }
 
     pub(super) fn maybe_panic(index: u64) {
-        if PANIC_AT.with(Cell::get) == index {
+        if PANIC_AT.with(Cell::get) == Some(index) {
             panic!("injected panic in apply at index {index}");
         }
     }
@@ -432,9 +432,9 @@ mod tests {
         sm.apply([put(1, "a")]).await.expect("first batch applies");
         let shared = sm.shared();
         let revision_before = shared.read(|s| s.keys.revision());
-        PANIC_AT.with(|p| p.set(3));
+        PANIC_AT.with(|p| p.set(Some(3)));
         let failed = sm.apply([put(2, "b"), put(3, "c")]).await;
-        PANIC_AT.with(|p| p.set(0));
+        PANIC_AT.with(|p| p.set(None));
         assert!(failed.is_err(), "a panicking apply must fail");
         // Neither "b" (applied before the panic) nor "c" is visible: the
         // batch is undone, not half-applied.
