@@ -22,7 +22,7 @@ use crate::state_machine::store::SharedState;
 use crate::state_machine::watch_hub::WatchHub;
 use latchkey_shared::etcdpb::PbResponseHeader;
 use latchkey_shared::lifecycle::Lifecycle;
-use latchkey_shared::{ApiError, ErrorCode};
+use latchkey_shared::{ApiError, ErrorCode, Retry};
 use openraft::ServerState;
 use std::future::Future;
 use std::sync::Arc;
@@ -146,12 +146,8 @@ impl CellNode {
                 self.peers.send(&addr, &req, deadline).await
             };
             let resend = match &result {
-                // Refused before it was proposed (or never sent): safe.
-                Err(e) if e.code == ErrorCode::NotLeader => true,
-                // It may have arrived: only a request that may be served
-                // twice is sent again.
-                Err(e) if e.code == ErrorCode::WriteOutcomeUnknown => req.is_idempotent(),
-                _ => false,
+                Ok(_) => false,
+                Err(e) => resend(&req, e),
             };
             if !resend || Instant::now() >= deadline {
                 return result;
@@ -255,6 +251,18 @@ impl CellNode {
         self.on_leader(Forward::MoveLeader { target })
             .await
             .map(|_| ())
+    }
+}
+
+/// Whether a request that failed with `e` may be sent again (to whoever
+/// leads by then). Nothing happened: yes. It may have been served: only if
+/// serving it twice is harmless and what broke was the way there, not the
+/// member (a stopped member or a timeout is an answer in itself).
+fn resend(req: &Forward, e: &ApiError) -> bool {
+    match e.retry() {
+        Retry::Safe => true,
+        Retry::OutcomeUnknown => req.is_idempotent() && e.code == ErrorCode::WriteOutcomeUnknown,
+        Retry::Never => false,
     }
 }
 

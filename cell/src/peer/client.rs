@@ -79,3 +79,73 @@ pub async fn leader(raft: &Raft, deadline: Instant) -> Result<(NodeId, String), 
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::raft::command::Request;
+    use latchkey_shared::etcdpb::PbPutRequest;
+    use latchkey_shared::Retry;
+    use std::time::Duration;
+    use tokio::io::AsyncReadExt;
+    use tokio::net::TcpListener;
+
+    fn a_write() -> Forward {
+        Forward::Write(Request::Put(PbPutRequest {
+            key: b"k".to_vec(),
+            value: b"v".to_vec(),
+            ..Default::default()
+        }))
+    }
+
+    /// A "leader" that accepts one connection, reads all the client sends
+    /// (until it has been quiet for a moment: the whole request has
+    /// arrived), and closes it without answering.
+    async fn closes_after_reading() -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr").to_string();
+        tokio::spawn(async move {
+            let Ok((mut socket, _)) = listener.accept().await else {
+                return;
+            };
+            let mut buf = [0u8; 4096];
+            while let Ok(Ok(n)) =
+                tokio::time::timeout(Duration::from_millis(300), socket.read(&mut buf)).await
+            {
+                if n == 0 {
+                    break;
+                }
+            }
+        });
+        addr
+    }
+
+    async fn send_once(addr: &str, req: &Forward) -> ApiError {
+        let peers = PeerClients::default();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        tokio::time::timeout(Duration::from_secs(10), peers.send(addr, req, deadline))
+            .await
+            .expect("bounded")
+            .expect_err("nothing answers")
+    }
+
+    #[tokio::test]
+    async fn a_refused_connection_is_safe_to_send_again() {
+        let addr = {
+            let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+            l.local_addr().expect("addr").to_string()
+        };
+        let e = send_once(&addr, &a_write()).await;
+        assert_eq!(e.retry(), Retry::Safe, "{e}");
+        assert!(Forward::ReadIndex.is_idempotent());
+    }
+
+    #[tokio::test]
+    async fn a_write_whose_connection_broke_after_sending_has_an_unknown_outcome() {
+        let addr = closes_after_reading().await;
+        let e = send_once(&addr, &a_write()).await;
+        assert_eq!(e.code, latchkey_shared::ErrorCode::WriteOutcomeUnknown, "{e}");
+        assert_eq!(e.retry(), Retry::OutcomeUnknown);
+        assert!(!a_write().is_idempotent(), "a write is never sent twice");
+    }
+}
