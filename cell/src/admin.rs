@@ -23,7 +23,10 @@ async fn metrics_text(State(s): State<AdminState>) -> String {
     metrics::gauge!("latchkey_is_leader").set(if s.node.is_leader() { 1.0 } else { 0.0 });
     metrics::gauge!("latchkey_has_leader").set(if m.current_leader.is_some() { 1.0 } else { 0.0 });
     metrics::gauge!("latchkey_last_log_index").set(m.last_log_index.unwrap_or(0) as f64);
-    s.prometheus.as_ref().map(PrometheusHandle::render).unwrap_or_default()
+    s.prometheus
+        .as_ref()
+        .map(PrometheusHandle::render)
+        .unwrap_or_default()
 }
 
 async fn healthz() -> &'static str {

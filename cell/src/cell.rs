@@ -117,12 +117,8 @@ async fn settle_identity(cfg: &mut Resolved, db: &rocksdb::DB) -> anyhow::Result
             (stored, cluster_id)
         }
         None if !cfg.join.is_empty() => {
-            let (id, cluster_id) = discover_identity(
-                &cfg.join,
-                &cfg.cfg.peer_addr,
-                JOIN_TIMEOUT,
-            )
-            .await?;
+            let (id, cluster_id) =
+                discover_identity(&cfg.join, &cfg.cfg.peer_addr, JOIN_TIMEOUT).await?;
             if cfg.id != 0 && cfg.id != id {
                 bail!(
                     "--id {} but the cell added this peer address as member {id}",
@@ -218,7 +214,10 @@ where
     tokio::spawn(async move {
         let result = serve.await.map_err(|e| format!("{what}: {e}"));
         if !lifecycle.is_stopping() {
-            let why = result.clone().err().unwrap_or_else(|| format!("{what} ended"));
+            let why = result
+                .clone()
+                .err()
+                .unwrap_or_else(|| format!("{what} ended"));
             stopped.send_replace(Some(Stopped::ServerFailed(why)));
         }
         result
@@ -427,10 +426,16 @@ impl CellHandle {
         } = self;
         let left = lifecycle.shutdown(TASK_GRACE).await;
         if left > 0 {
-            tracing::warn!(tasks = left, "background tasks still running after shutdown");
+            tracing::warn!(
+                tasks = left,
+                "background tasks still running after shutdown"
+            );
         }
         for mut server in servers {
-            if tokio::time::timeout(SERVER_GRACE, &mut server).await.is_err() {
+            if tokio::time::timeout(SERVER_GRACE, &mut server)
+                .await
+                .is_err()
+            {
                 server.abort();
                 let _ = server.await;
             }
@@ -538,10 +543,17 @@ mod tests {
         let mut c = client(&cell).await;
         let got = c.get("greeting", None).await.expect("get");
         let values: Vec<&[u8]> = got.kvs().iter().map(|kv| kv.value()).collect();
-        assert_eq!(values, [b"hello".as_slice()], "the write survived the restart");
+        assert_eq!(
+            values,
+            [b"hello".as_slice()],
+            "the write survived the restart"
+        );
         drop(c);
         cell.shutdown().await.expect("second shutdown");
         let alive = alive_tasks_settle_at(baseline).await;
-        assert_eq!(alive, baseline, "tasks outlived the restarted cell's handle");
+        assert_eq!(
+            alive, baseline,
+            "tasks outlived the restarted cell's handle"
+        );
     }
 }

@@ -214,7 +214,6 @@ pub enum Retention {
     Period(Duration),
 }
 
-
 fn parse_duration(s: &str) -> anyhow::Result<Duration> {
     let split = s
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
@@ -353,10 +352,8 @@ impl Config {
         if self.election_timeout_ms <= self.heartbeat_ms * 2 {
             bail!("--election-timeout-ms must be more than twice --heartbeat-ms");
         }
-        let retention = parse_retention(
-            &self.auto_compaction_mode,
-            &self.auto_compaction_retention,
-        )?;
+        let retention =
+            parse_retention(&self.auto_compaction_mode, &self.auto_compaction_retention)?;
         let name = self.name.clone().unwrap_or_else(|| format!("cell-{id}"));
         Ok(Resolved {
             id,

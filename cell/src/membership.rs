@@ -43,7 +43,6 @@ pub fn parse_peer_urls(urls: &[String]) -> Result<String, ApiError> {
     }
 }
 
-
 /// Keeps this member from campaigning while it lives.
 struct SitOutElections<'a>(&'a Raft);
 
@@ -70,174 +69,173 @@ pub struct Membership<'a> {
 }
 
 impl Membership<'_> {
-/// Carries out `change` on this member, which must lead. Returns once the
-/// final configuration is committed, or fails at the request timeout (the
-/// change may still complete).
-pub async fn change(&self, change: &MembershipChange) -> Result<(), ApiError> {
-    let m = self.raft.metrics().borrow().clone();
-    let membership = m.membership_config.membership();
-    let node_addr = |id: NodeId| membership.get_node(&id).map(|n| n.peer_addr.clone());
-    let is_voter = |id: NodeId| membership.voter_ids().any(|v| v == id);
-    let addr_taken = |addr: &str, except: NodeId| {
-        membership
-            .nodes()
-            .any(|(id, n)| *id != except && n.peer_addr == addr)
-    };
-    let raft = self.raft;
-    let work = async {
-        match change {
-            MembershipChange::Add {
-                id,
-                peer_addr,
-                learner,
-            } => {
-                if node_addr(*id).is_some() {
-                    return Err(ApiError::etcd(ErrorCode::MemberExists));
+    /// Carries out `change` on this member, which must lead. Returns once the
+    /// final configuration is committed, or fails at the request timeout (the
+    /// change may still complete).
+    pub async fn change(&self, change: &MembershipChange) -> Result<(), ApiError> {
+        let m = self.raft.metrics().borrow().clone();
+        let membership = m.membership_config.membership();
+        let node_addr = |id: NodeId| membership.get_node(&id).map(|n| n.peer_addr.clone());
+        let is_voter = |id: NodeId| membership.voter_ids().any(|v| v == id);
+        let addr_taken = |addr: &str, except: NodeId| {
+            membership
+                .nodes()
+                .any(|(id, n)| *id != except && n.peer_addr == addr)
+        };
+        let raft = self.raft;
+        let work = async {
+            match change {
+                MembershipChange::Add {
+                    id,
+                    peer_addr,
+                    learner,
+                } => {
+                    if node_addr(*id).is_some() {
+                        return Err(ApiError::etcd(ErrorCode::MemberExists));
+                    }
+                    if addr_taken(peer_addr, 0) {
+                        return Err(ApiError::etcd(ErrorCode::PeerUrlExists));
+                    }
+                    let member = Member {
+                        peer_addr: peer_addr.clone(),
+                    };
+                    if *learner {
+                        raft.add_learner(*id, member, false).await
+                    } else {
+                        let nodes = BTreeMap::from([(*id, member)]);
+                        raft.change_membership(ChangeMembers::AddVoters(nodes), false)
+                            .await
+                    }
                 }
-                if addr_taken(peer_addr, 0) {
-                    return Err(ApiError::etcd(ErrorCode::PeerUrlExists));
+                MembershipChange::Promote { id } => {
+                    if node_addr(*id).is_none() {
+                        return Err(ApiError::etcd(ErrorCode::MemberNotFound));
+                    }
+                    if is_voter(*id) {
+                        return Err(ApiError::etcd(ErrorCode::MemberNotLearner));
+                    }
+                    let last = m.last_log_index.unwrap_or(0);
+                    let matched = m
+                        .replication
+                        .as_ref()
+                        .and_then(|r| r.get(id).copied().flatten())
+                        .map_or(0, |l| l.index);
+                    if matched + PROMOTE_MAX_LAG.max(last / 10) < last {
+                        return Err(ApiError::etcd(ErrorCode::LearnerNotReady));
+                    }
+                    raft.change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([*id])), false)
+                        .await
                 }
-                let member = Member {
-                    peer_addr: peer_addr.clone(),
-                };
-                if *learner {
-                    raft.add_learner(*id, member, false).await
-                } else {
-                    let nodes = BTreeMap::from([(*id, member)]);
-                    raft.change_membership(ChangeMembers::AddVoters(nodes), false)
+                MembershipChange::Remove { id } => {
+                    if node_addr(*id).is_none() {
+                        return Err(ApiError::etcd(ErrorCode::MemberNotFound));
+                    }
+                    let ids = BTreeSet::from([*id]);
+                    if is_voter(*id) {
+                        raft.change_membership(ChangeMembers::RemoveVoters(ids), false)
+                            .await
+                    } else {
+                        raft.change_membership(ChangeMembers::RemoveNodes(ids), false)
+                            .await
+                    }
+                }
+                MembershipChange::Update { id, peer_addr } => {
+                    if node_addr(*id).is_none() {
+                        return Err(ApiError::etcd(ErrorCode::MemberNotFound));
+                    }
+                    if addr_taken(peer_addr, *id) {
+                        return Err(ApiError::etcd(ErrorCode::PeerUrlExists));
+                    }
+                    let nodes = BTreeMap::from([(
+                        *id,
+                        Member {
+                            peer_addr: peer_addr.clone(),
+                        },
+                    )]);
+                    raft.change_membership(ChangeMembers::SetNodes(nodes), false)
                         .await
                 }
             }
-            MembershipChange::Promote { id } => {
-                if node_addr(*id).is_none() {
-                    return Err(ApiError::etcd(ErrorCode::MemberNotFound));
+            .map(|_| ())
+            .map_err(errors::client_write)
+        };
+        match tokio::time::timeout(self.request_timeout, work).await {
+            Ok(result) => {
+                if result.is_ok() {
+                    tracing::info!(?change, "membership changed");
                 }
-                if is_voter(*id) {
-                    return Err(ApiError::etcd(ErrorCode::MemberNotLearner));
-                }
-                let last = m.last_log_index.unwrap_or(0);
+                result
+            }
+            Err(_) => Err(ApiError::new(
+                ErrorCode::Timeout,
+                "the membership change did not commit in time; check MemberList",
+            )),
+        }
+    }
+
+    /// Hands leadership to voter `target`: waits until it has the whole log,
+    /// asks it to campaign, and waits until it leads. openraft 0.9 has no
+    /// leader transfer; a caught-up candidate with a higher term wins because
+    /// the old leader steps down when it sees that term.
+    pub async fn move_leader(&self, target: NodeId) -> Result<(), ApiError> {
+        if target == self.id {
+            return Ok(());
+        }
+        let deadline = Instant::now() + self.request_timeout;
+        let addr = {
+            let m = self.raft.metrics().borrow().clone();
+            let membership = m.membership_config.membership();
+            if !membership.voter_ids().any(|v| v == target) {
+                return Err(ApiError::bad_leader_transferee());
+            }
+            membership
+                .get_node(&target)
+                .map(|n| n.peer_addr.clone())
+                .ok_or_else(|| ApiError::etcd(ErrorCode::MemberNotFound))?
+        };
+        // Wait until the target holds everything this leader has.
+        loop {
+            let caught_up = {
+                let m = self.raft.metrics();
+                let m = m.borrow();
                 let matched = m
                     .replication
                     .as_ref()
-                    .and_then(|r| r.get(id).copied().flatten())
-                    .map_or(0, |l| l.index);
-                if matched + PROMOTE_MAX_LAG.max(last / 10) < last {
-                    return Err(ApiError::etcd(ErrorCode::LearnerNotReady));
-                }
-                raft.change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([*id])), false)
-                    .await
+                    .and_then(|r| r.get(&target).copied().flatten())
+                    .map(|l| l.index);
+                matched >= m.last_log_index
+            };
+            if caught_up {
+                break;
             }
-            MembershipChange::Remove { id } => {
-                if node_addr(*id).is_none() {
-                    return Err(ApiError::etcd(ErrorCode::MemberNotFound));
-                }
-                let ids = BTreeSet::from([*id]);
-                if is_voter(*id) {
-                    raft.change_membership(ChangeMembers::RemoveVoters(ids), false)
-                        .await
-                } else {
-                    raft.change_membership(ChangeMembers::RemoveNodes(ids), false)
-                        .await
-                }
-            }
-            MembershipChange::Update { id, peer_addr } => {
-                if node_addr(*id).is_none() {
-                    return Err(ApiError::etcd(ErrorCode::MemberNotFound));
-                }
-                if addr_taken(peer_addr, *id) {
-                    return Err(ApiError::etcd(ErrorCode::PeerUrlExists));
-                }
-                let nodes = BTreeMap::from([(
-                    *id,
-                    Member {
-                        peer_addr: peer_addr.clone(),
-                    },
-                )]);
-                raft.change_membership(ChangeMembers::SetNodes(nodes), false)
-                    .await
-            }
-        }
-        .map(|_| ())
-        .map_err(errors::client_write)
-    };
-    match tokio::time::timeout(self.request_timeout, work).await {
-        Ok(result) => {
-            if result.is_ok() {
-                tracing::info!(?change, "membership changed");
-            }
-            result
-        }
-        Err(_) => Err(ApiError::new(
-            ErrorCode::Timeout,
-            "the membership change did not commit in time; check MemberList",
-        )),
-    }
-}
-
-/// Hands leadership to voter `target`: waits until it has the whole log,
-/// asks it to campaign, and waits until it leads. openraft 0.9 has no
-/// leader transfer; a caught-up candidate with a higher term wins because
-/// the old leader steps down when it sees that term.
-pub async fn move_leader(&self, target: NodeId) -> Result<(), ApiError> {
-    if target == self.id {
-        return Ok(());
-    }
-    let deadline = Instant::now() + self.request_timeout;
-    let addr = {
-        let m = self.raft.metrics().borrow().clone();
-        let membership = m.membership_config.membership();
-        if !membership.voter_ids().any(|v| v == target) {
-            return Err(ApiError::bad_leader_transferee());
-        }
-        membership
-            .get_node(&target)
-            .map(|n| n.peer_addr.clone())
-            .ok_or_else(|| ApiError::etcd(ErrorCode::MemberNotFound))?
-    };
-    // Wait until the target holds everything this leader has.
-    loop {
-        let caught_up = {
-            let m = self.raft.metrics();
-            let m = m.borrow();
-            let matched = m
-                .replication
-                .as_ref()
-                .and_then(|r| r.get(&target).copied().flatten())
-                .map(|l| l.index);
-            matched >= m.last_log_index
-        };
-        if caught_up {
-            break;
-        }
-        if Instant::now() >= deadline {
-            return Err(ApiError::new(
-                ErrorCode::Timeout,
-                "the transferee did not catch up with the leader in time",
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    // The old leader steps down when it sees the target's higher term, but
-    // it would then compete in the election (and often win, as the third
-    // member still holds its lease). It sits this election out.
-    let _sit_out = SitOutElections::new(self.raft);
-    let retry = self.election_timeout;
-    loop {
-        self.peers.send(&addr, &Forward::Campaign, deadline).await?;
-        let until = (Instant::now() + retry).min(deadline);
-        while Instant::now() < until {
-            if self.raft.metrics().borrow().current_leader == Some(target) {
-                tracing::info!(target, "leadership moved");
-                return Ok(());
+            if Instant::now() >= deadline {
+                return Err(ApiError::new(
+                    ErrorCode::Timeout,
+                    "the transferee did not catch up with the leader in time",
+                ));
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        if Instant::now() >= deadline {
-            return Err(ApiError::leader_transfer_timeout());
+        // The old leader steps down when it sees the target's higher term, but
+        // it would then compete in the election (and often win, as the third
+        // member still holds its lease). It sits this election out.
+        let _sit_out = SitOutElections::new(self.raft);
+        let retry = self.election_timeout;
+        loop {
+            self.peers.send(&addr, &Forward::Campaign, deadline).await?;
+            let until = (Instant::now() + retry).min(deadline);
+            while Instant::now() < until {
+                if self.raft.metrics().borrow().current_leader == Some(target) {
+                    tracing::info!(target, "leadership moved");
+                    return Ok(());
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            if Instant::now() >= deadline {
+                return Err(ApiError::leader_transfer_timeout());
+            }
         }
     }
-}
-
 }
 
 /// For `--join`: asks the running cell (any of `urls`) which id MemberAdd

@@ -152,8 +152,10 @@ impl CellNode {
             if !resend || Instant::now() >= deadline {
                 return result;
             }
-            tokio::time::sleep(LEADER_RETRY.min(deadline.saturating_duration_since(Instant::now())))
-                .await;
+            tokio::time::sleep(
+                LEADER_RETRY.min(deadline.saturating_duration_since(Instant::now())),
+            )
+            .await;
         }
     }
 

@@ -4,8 +4,8 @@
 
 use crate::ids::new_member_id;
 use crate::membership::parse_peer_urls;
-use crate::peer::protocol::MembershipChange;
 use crate::node::CellNode;
+use crate::peer::protocol::MembershipChange;
 use latchkey_shared::etcdpb::{
     PbClusterService, PbMember, PbMemberAddRequest, PbMemberAddResponse, PbMemberListRequest,
     PbMemberListResponse, PbMemberPromoteRequest, PbMemberPromoteResponse, PbMemberRemoveRequest,

@@ -40,7 +40,7 @@ async fn keep_alive_reply(node: &CellNode, id: i64) -> Result<PbLeaseKeepAliveRe
             id,
             ttl: 0,
         }),
-        Err(e) => Err(Status::from(e)),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -61,7 +61,7 @@ impl PbLeaseService for LeaseService {
         }
         if req.ttl > self.node.limits.max_ttl {
             // etcd's exact text: clients recognise the error by it.
-            return Err(Status::out_of_range("etcdserver: too large lease TTL"));
+            return Err(ApiError::lease_ttl_too_large().into());
         }
         if req.id < 0 {
             return Err(

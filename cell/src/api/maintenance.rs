@@ -12,6 +12,7 @@ use latchkey_shared::etcdpb::{
     PbMaintenanceService, PbMoveLeaderRequest, PbMoveLeaderResponse, PbSnapshotRequest,
     PbSnapshotResponse, PbStatusRequest, PbStatusResponse,
 };
+use latchkey_shared::ApiError;
 use std::pin::Pin;
 use std::sync::Arc;
 use tokio_stream::Stream;
@@ -57,7 +58,7 @@ impl PbMaintenanceService for MaintenanceService {
             .read(|s| (s.keys.revision(), s.keys.bytes()));
         let mut errors = Vec::new();
         if m.current_leader.is_none() {
-            errors.push("etcdserver: no leader".to_string());
+            errors.push(ApiError::no_leader().message);
         }
         Ok(Response::new(PbStatusResponse {
             header: Some(self.node.header(revision)),
@@ -86,7 +87,7 @@ impl PbMaintenanceService for MaintenanceService {
         let db = self.node.db.clone();
         tokio::task::spawn_blocking(move || crate::storage::compact(&db))
             .await
-            .map_err(|e| Status::internal(e.to_string()))?;
+            .map_err(|e| ApiError::internal(e.to_string()))?;
         Ok(Response::new(PbDefragmentResponse {
             header: Some(self.node.header_now()),
         }))
@@ -119,8 +120,8 @@ impl PbMaintenanceService for MaintenanceService {
         let revision = state.keys.revision();
         let file = tokio::task::spawn_blocking(move || encode_state_file(&state))
             .await
-            .map_err(|e| Status::internal(e.to_string()))?
-            .map_err(|e| Status::internal(format!("{e:#}")))?;
+            .map_err(|e| ApiError::internal(e.to_string()))?
+            .map_err(|e| ApiError::internal(format!("{e:#}")))?;
         let header = self.node.header(revision);
         let total = file.len();
         let mut sent = 0;

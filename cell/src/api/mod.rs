@@ -15,13 +15,12 @@ use crate::node::CellNode;
 use crate::watch::stream::WatchOptions;
 use latchkey_shared::sessions_pb::sessions_server::SessionsServer;
 
-/// Most leases one refresh batch may name.
-pub const MAX_REFRESH_BATCH: usize = 200_000;
+use latchkey_shared::client::refresh_stream::MAX_BATCH as MAX_REFRESH_BATCH;
 use latchkey_shared::etcdpb::{
     PbClusterServer, PbKvServer, PbLeaseServer, PbMaintenanceServer, PbResponseHeader,
     PbWatchServer,
 };
-use latchkey_shared::{ApiError, ErrorCode};
+use latchkey_shared::ApiError;
 use std::sync::Arc;
 
 /// Takes the reply out of an applied [`Response`](crate::raft::command::Response),
@@ -42,13 +41,7 @@ pub(crate) use expect_reply;
 /// Rejects a value over the configured limit before it is proposed.
 pub fn check_value(node: &CellNode, len: usize) -> Result<(), ApiError> {
     if len > node.limits.max_value_bytes {
-        return Err(ApiError::new(
-            ErrorCode::ValueTooLarge,
-            format!(
-                "value of {len} bytes exceeds the limit of {} bytes",
-                node.limits.max_value_bytes
-            ),
-        ));
+        return Err(ApiError::value_too_large(len, node.limits.max_value_bytes));
     }
     Ok(())
 }
@@ -56,7 +49,7 @@ pub fn check_value(node: &CellNode, len: usize) -> Result<(), ApiError> {
 /// The answer for an etcd RPC latchkey does not serve yet: gRPC's own
 /// "unimplemented", which etcd clients report as such.
 pub fn not_built(what: &str) -> tonic::Status {
-    tonic::Status::unimplemented(format!("{what} is not supported by this latchkey version"))
+    ApiError::unimplemented(what).into()
 }
 
 pub fn header_into(node: &CellNode, header: &mut Option<PbResponseHeader>, revision: i64) {

@@ -5,6 +5,7 @@
 use crate::node::CellNode;
 use latchkey_shared::sessions_pb::sessions_server::Sessions;
 use latchkey_shared::sessions_pb::{RefreshRequest, RefreshResponse};
+use latchkey_shared::ApiError;
 use std::pin::Pin;
 use std::sync::Arc;
 use tokio_stream::{Stream, StreamExt};
@@ -35,10 +36,11 @@ impl Sessions for SessionsService {
         self.node.lifecycle.spawn(async move {
             while let Some(Ok(req)) = inbound.next().await {
                 let answer = if req.ids.len() > max_batch {
-                    Err(Status::invalid_argument(format!(
+                    Err(ApiError::invalid(format!(
                         "a refresh batch of {} leases is over the limit of {max_batch}; split it",
                         req.ids.len()
-                    )))
+                    ))
+                    .into())
                 } else {
                     node.refresh_batch(req.ids)
                         .await
@@ -56,7 +58,7 @@ impl Sessions for SessionsService {
                                 leader_client_url,
                             }
                         })
-                        .map_err(Status::from)
+                        .map_err(Into::into)
                 };
                 // An error ends the stream (gRPC semantics); the client
                 // reconnects, possibly to another member.

@@ -22,48 +22,48 @@ pub struct AutoCompaction {
 impl AutoCompaction {
     /// Runs until dropped (it holds nothing that must be finished).
     pub async fn run(self) {
-    let AutoCompaction { node, retention } = self;
-    let check = match retention {
-        Retention::Off => return,
-        Retention::Revisions(_) => REVISION_CHECK,
-        // Sample the revision ten times per retention period.
-        Retention::Period(d) => (d / 10).max(Duration::from_secs(1)),
-    };
-    // (when, revision) samples, oldest first, for periodic mode.
-    let mut samples: VecDeque<(Instant, i64)> = VecDeque::new();
-    loop {
-        tokio::time::sleep(check).await;
-        let (revision, compacted) = node
-            .state
-            .read(|s| (s.keys.revision(), s.keys.compact_revision()));
-        let now = Instant::now();
-        let target = match retention {
+        let AutoCompaction { node, retention } = self;
+        let check = match retention {
             Retention::Off => return,
-            Retention::Revisions(n) => revision - n,
-            Retention::Period(d) => {
-                samples.push_back((now, revision));
-                // The newest sample at least `d` old is the compaction point.
-                let mut target = 0;
-                while let Some(&(at, rev)) = samples.front() {
-                    if now.duration_since(at) < d {
-                        break;
-                    }
-                    target = rev;
-                    samples.pop_front();
-                }
-                target
-            }
+            Retention::Revisions(_) => REVISION_CHECK,
+            // Sample the revision ten times per retention period.
+            Retention::Period(d) => (d / 10).max(Duration::from_secs(1)),
         };
-        if target <= compacted || !node.is_leader() {
-            continue;
-        }
-        match node.write(Request::Compact { revision: target }).await {
-            Ok(resp) => match resp.result {
-                Ok(_) => tracing::info!(revision = target, "auto-compaction"),
-                Err(e) => tracing::debug!(error = %e, "auto-compaction skipped"),
-            },
-            Err(e) => tracing::warn!(error = %e, "auto-compaction failed; will retry"),
+        // (when, revision) samples, oldest first, for periodic mode.
+        let mut samples: VecDeque<(Instant, i64)> = VecDeque::new();
+        loop {
+            tokio::time::sleep(check).await;
+            let (revision, compacted) = node
+                .state
+                .read(|s| (s.keys.revision(), s.keys.compact_revision()));
+            let now = Instant::now();
+            let target = match retention {
+                Retention::Off => return,
+                Retention::Revisions(n) => revision - n,
+                Retention::Period(d) => {
+                    samples.push_back((now, revision));
+                    // The newest sample at least `d` old is the compaction point.
+                    let mut target = 0;
+                    while let Some(&(at, rev)) = samples.front() {
+                        if now.duration_since(at) < d {
+                            break;
+                        }
+                        target = rev;
+                        samples.pop_front();
+                    }
+                    target
+                }
+            };
+            if target <= compacted || !node.is_leader() {
+                continue;
+            }
+            match node.write(Request::Compact { revision: target }).await {
+                Ok(resp) => match resp.result {
+                    Ok(_) => tracing::info!(revision = target, "auto-compaction"),
+                    Err(e) => tracing::debug!(error = %e, "auto-compaction skipped"),
+                },
+                Err(e) => tracing::warn!(error = %e, "auto-compaction failed; will retry"),
+            }
         }
     }
-}
 }

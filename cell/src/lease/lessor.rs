@@ -83,7 +83,6 @@ pub enum RefreshError {
     NotFound,
 }
 
-
 /// A std mutex, not a tokio one: every critical section is a few map
 /// operations and none is held across an `.await`. Lock order: the state
 /// machine's lock, then this one (apply notifies the lessor while holding

@@ -135,7 +135,11 @@ impl LessorLoop {
         }
     }
 
-    async fn promote(&self, shutdown: &CancellationToken, promote_at: &mut Option<Instant>) -> Next {
+    async fn promote(
+        &self,
+        shutdown: &CancellationToken,
+        promote_at: &mut Option<Instant>,
+    ) -> Next {
         // ensure_linearizable returns once the blank entry of this term is
         // applied: the lease table is then complete.
         let confirmed = self

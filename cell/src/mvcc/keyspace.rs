@@ -6,9 +6,8 @@
 //! earlier clone is being serialised on another thread.
 
 use imbl::{OrdMap, Vector};
-use latchkey_shared::{ApiError, ErrorCode};
+use latchkey_shared::ApiError;
 use serde::{Deserialize, Serialize};
-use std::ops::Bound;
 
 /// One version of a key, as etcd's `mvccpb.KeyValue` describes it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -83,58 +82,7 @@ fn tombstone_kv(key: &[u8], rev: i64) -> KeyValue {
     }
 }
 
-/// A key range as etcd encodes it: `end` empty means the single key,
-/// `end == [0]` means every key `>= start`, otherwise `[start, end)`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KeyRange {
-    pub start: Vec<u8>,
-    pub end: Vec<u8>,
-}
-
-impl KeyRange {
-    pub fn new(start: Vec<u8>, end: Vec<u8>) -> Self {
-        KeyRange { start, end }
-    }
-
-    pub fn single(key: Vec<u8>) -> Self {
-        KeyRange {
-            start: key,
-            end: Vec::new(),
-        }
-    }
-
-    fn bounds(&self) -> (Bound<&[u8]>, Bound<&[u8]>) {
-        if self.end.is_empty() {
-            (
-                Bound::Included(&self.start[..]),
-                Bound::Included(&self.start[..]),
-            )
-        } else if self.end == [0] {
-            (Bound::Included(&self.start[..]), Bound::Unbounded)
-        } else {
-            (
-                Bound::Included(&self.start[..]),
-                Bound::Excluded(&self.end[..]),
-            )
-        }
-    }
-
-    /// Whether `key` lies in this range.
-    pub fn contains(&self, key: &[u8]) -> bool {
-        if self.end.is_empty() {
-            key == self.start.as_slice()
-        } else if self.end == [0] {
-            key >= self.start.as_slice()
-        } else {
-            key >= self.start.as_slice() && key < self.end.as_slice()
-        }
-    }
-
-    /// An inverted range (`end <= start`) selects nothing, as in etcd.
-    fn is_empty(&self) -> bool {
-        !self.end.is_empty() && self.end != [0] && self.end <= self.start
-    }
-}
+pub use latchkey_shared::KeyRange;
 
 /// The keyspace with its history.
 #[derive(Debug, Clone, Default)]
@@ -225,13 +173,10 @@ impl KeySpace {
     }
 
     fn future_revision(&self, revision: i64) -> ApiError {
-        ApiError::new(
-            ErrorCode::FutureRevision,
-            format!(
-                "revision {revision} is newer than the current revision {}",
-                self.revision
-            ),
-        )
+        ApiError::future_revision().with_message(format!(
+            "revision {revision} is newer than the current revision {}",
+            self.revision
+        ))
     }
 
     /// Checks that `revision` (0 = current) can be read.
@@ -243,13 +188,12 @@ impl KeySpace {
             return Err(self.future_revision(revision));
         }
         if revision < self.compact_revision {
-            return Err(ApiError::new(
-                ErrorCode::Compacted,
-                format!(
+            return Err(
+                ApiError::compacted(self.compact_revision).with_message(format!(
                     "revision {revision} has been compacted at {}",
                     self.compact_revision
-                ),
-            ));
+                )),
+            );
         }
         Ok(revision)
     }
@@ -365,13 +309,12 @@ impl KeySpace {
     /// for watchers, as etcd allows a watch from the compact revision.
     pub fn compact(&mut self, revision: i64) -> Result<(), ApiError> {
         if revision <= self.compact_revision {
-            return Err(ApiError::new(
-                ErrorCode::Compacted,
-                format!(
+            return Err(
+                ApiError::compacted(self.compact_revision).with_message(format!(
                     "revision {revision} is not after the compact revision {}",
                     self.compact_revision
-                ),
-            ));
+                )),
+            );
         }
         if revision > self.revision {
             return Err(self.future_revision(revision));
@@ -451,6 +394,7 @@ fn visible(versions: &Vector<Version>, revision: i64) -> Option<&KeyValue> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use latchkey_shared::ErrorCode;
 
     fn all() -> KeyRange {
         KeyRange::new(vec![0], vec![0])

@@ -14,7 +14,7 @@ use latchkey_shared::etcdpb::{
     PbTxnRequest, PbTxnResponse,
 };
 use latchkey_shared::limits::MAX_TXN_OPS;
-use latchkey_shared::{ApiError, ErrorCode};
+use latchkey_shared::{ApiError, ErrorCode, LeaseId};
 
 /// The state a KV operation reads and writes.
 pub struct Kv<'a> {
@@ -51,10 +51,7 @@ const TARGET_VALUE: i32 = 4;
 /// A Range request against the keyspace (read-only).
 pub fn range(keys: &KeySpace, req: &PbRangeRequest) -> Result<PbRangeResponse, ApiError> {
     if req.key.is_empty() {
-        return Err(ApiError::new(
-            ErrorCode::InvalidArgument,
-            "etcdserver: key is not provided",
-        ));
+        return Err(ApiError::key_not_provided());
     }
     if req.limit < 0 {
         return Err(ApiError::invalid("limit must not be negative"));
@@ -125,41 +122,26 @@ pub fn range(keys: &KeySpace, req: &PbRangeRequest) -> Result<PbRangeResponse, A
 /// Checks a put against the current state without changing anything.
 fn check_put(kv: &Kv<'_>, req: &PbPutRequest) -> Result<(), ApiError> {
     if req.key.is_empty() {
-        return Err(ApiError::new(
-            ErrorCode::InvalidArgument,
-            "etcdserver: key is not provided",
-        ));
+        return Err(ApiError::key_not_provided());
     }
     if req.ignore_value && !req.value.is_empty() {
-        return Err(ApiError::new(
-            ErrorCode::InvalidArgument,
-            "etcdserver: value is provided",
-        ));
+        return Err(ApiError::value_provided());
     }
     if req.ignore_lease && req.lease != 0 {
-        return Err(ApiError::new(
-            ErrorCode::InvalidArgument,
-            "etcdserver: lease is provided",
-        ));
+        return Err(ApiError::lease_provided());
     }
     if (req.ignore_value || req.ignore_lease) && kv.keys.get(&req.key).is_none() {
         return Err(ApiError::etcd(ErrorCode::KeyNotFound));
     }
     if req.lease != 0 && !kv.leases.contains(req.lease) {
-        return Err(ApiError::new(
-            ErrorCode::LeaseNotFound,
-            format!("lease {:x} not found", req.lease),
-        ));
+        return Err(ApiError::lease_not_found(LeaseId(req.lease)));
     }
     Ok(())
 }
 
 fn check_delete(req: &PbDeleteRequest) -> Result<(), ApiError> {
     if req.key.is_empty() {
-        return Err(ApiError::new(
-            ErrorCode::InvalidArgument,
-            "etcdserver: key is not provided",
-        ));
+        return Err(ApiError::key_not_provided());
     }
     Ok(())
 }
@@ -309,17 +291,11 @@ fn check_txn_shape(req: &PbTxnRequest) -> Result<(), ApiError> {
         || req.success.len() > MAX_TXN_OPS
         || req.failure.len() > MAX_TXN_OPS
     {
-        return Err(ApiError::new(
-            ErrorCode::InvalidArgument,
-            "etcdserver: too many operations in txn request",
-        ));
+        return Err(ApiError::too_many_txn_ops());
     }
     for c in &req.compare {
         if c.key.is_empty() {
-            return Err(ApiError::new(
-                ErrorCode::InvalidArgument,
-                "etcdserver: key is not provided",
-            ));
+            return Err(ApiError::key_not_provided());
         }
         if !(0..=3).contains(&c.result) || c.target_union.is_none() {
             return Err(ApiError::invalid(
@@ -344,16 +320,10 @@ fn check_txn_shape(req: &PbTxnRequest) -> Result<(), ApiError> {
         let mut sorted = puts.clone();
         sorted.sort();
         if sorted.windows(2).any(|w| w[0] == w[1]) {
-            return Err(ApiError::new(
-                ErrorCode::InvalidArgument,
-                "etcdserver: duplicate key given in txn request",
-            ));
+            return Err(ApiError::duplicate_key());
         }
         if puts.iter().any(|k| deletes.iter().any(|d| d.contains(k))) {
-            return Err(ApiError::new(
-                ErrorCode::InvalidArgument,
-                "etcdserver: duplicate key given in txn request",
-            ));
+            return Err(ApiError::duplicate_key());
         }
     }
     Ok(())
@@ -373,10 +343,7 @@ fn check_path(kv: &Kv<'_>, req: &PbTxnRequest, path: &TxnPath) -> Result<(), Api
             Some(PbTxnOpRequest::RequestDeleteRange(d)) => check_delete(d)?,
             Some(PbTxnOpRequest::RequestRange(r)) => {
                 if r.key.is_empty() {
-                    return Err(ApiError::new(
-                        ErrorCode::InvalidArgument,
-                        "etcdserver: key is not provided",
-                    ));
+                    return Err(ApiError::key_not_provided());
                 }
                 kv.keys.check_readable(r.revision)?;
             }
@@ -572,10 +539,7 @@ mod tests {
             success: vec![op_put("a", "1"), op_put("a", "2")],
             failure: vec![],
         };
-        assert_eq!(
-            txn(&mut kv, &req).unwrap_err().message,
-            "etcdserver: duplicate key given in txn request"
-        );
+        assert_eq!(txn(&mut kv, &req).unwrap_err(), ApiError::duplicate_key());
     }
 
     #[test]

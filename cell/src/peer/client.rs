@@ -144,7 +144,11 @@ mod tests {
     async fn a_write_whose_connection_broke_after_sending_has_an_unknown_outcome() {
         let addr = closes_after_reading().await;
         let e = send_once(&addr, &a_write()).await;
-        assert_eq!(e.code, latchkey_shared::ErrorCode::WriteOutcomeUnknown, "{e}");
+        assert_eq!(
+            e.code,
+            latchkey_shared::ErrorCode::WriteOutcomeUnknown,
+            "{e}"
+        );
         assert_eq!(e.retry(), Retry::OutcomeUnknown);
         assert!(!a_write().is_idempotent(), "a write is never sent twice");
     }

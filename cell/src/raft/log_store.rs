@@ -7,8 +7,8 @@
 //! many appends, and no append is acknowledged before it is on disk. Votes,
 //! truncations and purges are rare and are written with `sync` directly.
 
-use crate::storage::codec::{decode, encode};
 use super::{Entry, LogId, NodeId, StorageError, TypeConfig, Vote};
+use crate::storage::codec::{decode, encode};
 use crate::storage::keys::{self, CF_LOGS, CF_META};
 use openraft::storage::{LogFlushed, LogState, RaftLogReader, RaftLogStorage};
 use openraft::{OptionalSend, RaftLogId, StorageIOError};
@@ -285,7 +285,11 @@ mod tests {
             let sm = StateMachineStore::open(dir.path(), None, Default::default())
                 .await
                 .map_err(|e| StorageIOError::write(&e))?;
-            Ok((dir, LogStore::new(db).map_err(|e| StorageIOError::write(&e))?, sm))
+            Ok((
+                dir,
+                LogStore::new(db).map_err(|e| StorageIOError::write(&e))?,
+                sm,
+            ))
         }
     }
 

@@ -5,8 +5,8 @@
 //! encoded `Result` carrying openraft's own error, so a remote Raft error
 //! reaches openraft unchanged.
 
-use crate::storage::codec::{decode, encode};
 use super::{Member, NodeId, Snapshot, TypeConfig, Vote};
+use crate::storage::codec::{decode, encode};
 use latchkey_shared::peer::peer_client::PeerClient;
 use latchkey_shared::peer::Payload;
 use openraft::error::{

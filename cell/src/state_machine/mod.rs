@@ -13,13 +13,13 @@ pub mod backup;
 pub mod store;
 pub mod watch_hub;
 
-use crate::mvcc::lease_table::{LeaseImage, LeaseTable};
 use crate::mvcc::keyspace::{KeySpace, KeySpaceImage};
+use crate::mvcc::lease_table::{LeaseImage, LeaseTable};
 use crate::mvcc::txn::{self, Kv};
-use crate::raft::{LogId, StoredMembership};
 use crate::raft::command::{Reply, Request, Response};
+use crate::raft::{LogId, StoredMembership};
 use imbl::OrdMap;
-use latchkey_shared::{ApiError, ErrorCode};
+use latchkey_shared::{ApiError, ErrorCode, LeaseId};
 use serde::{Deserialize, Serialize};
 
 /// Attributes a member publishes about itself.
@@ -104,10 +104,7 @@ impl CellState {
             }
             Request::LeaseRevoke { id } => {
                 if !self.leases.contains(*id) {
-                    return Err(ApiError::new(
-                        ErrorCode::LeaseNotFound,
-                        format!("lease {id:x} not found"),
-                    ));
+                    return Err(ApiError::lease_not_found(LeaseId(*id)));
                 }
                 self.remove_lease(*id);
                 Ok(Reply::LeaseRevoked)

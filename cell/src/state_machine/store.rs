@@ -7,15 +7,15 @@
 //! on, and replaces `snapshot.bin` atomically. A restart loads that file and
 //! openraft replays the log after it.
 
-use crate::raft::command::{Reply, Request, Response};
 use super::{CellState, StateImage};
 use crate::mvcc::lease_table::LeaseSeed;
-use crate::storage::codec::{decode, encode};
+use crate::raft::command::{Reply, Request, Response};
 use crate::raft::{
     Entry, LogId, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
 };
-use crate::storage::keys::{SNAPSHOT_FILE, SNAPSHOT_TMP_FILE};
 use crate::state_machine::watch_hub::WatchHub;
+use crate::storage::codec::{decode, encode};
+use crate::storage::keys::{SNAPSHOT_FILE, SNAPSHOT_TMP_FILE};
 use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine};
 use openraft::{EntryPayload, OptionalSend, RaftLogId, StorageIOError};
 use serde::{Deserialize, Serialize};

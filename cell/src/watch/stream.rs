@@ -15,12 +15,13 @@
 //!   whose `next_rev` was compacted meanwhile is cancelled with the compact
 //!   revision, as etcd does.
 
-use crate::state_machine::watch_hub::{Changes, Notice};
 use crate::mvcc::keyspace::{Event, EventKind, KeyRange, KeyValue};
 use crate::node::CellNode;
+use crate::state_machine::watch_hub::{Changes, Notice};
 use latchkey_shared::etcdpb::{
     PbEvent, PbKeyValue, PbWatchRequest, PbWatchRequestUnion, PbWatchResponse,
 };
+use latchkey_shared::ApiError;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
@@ -243,9 +244,7 @@ impl WatchStream {
         } else if requested_id < 0 {
             return self.refuse("watch id must not be negative".into()).await;
         } else if self.watches.contains_key(&requested_id) {
-            return self
-                .refuse("mvcc: duplicate watch ID provided".into())
-                .await;
+            return self.refuse(ApiError::watch_id_exists().message).await;
         } else {
             requested_id
         };
@@ -284,9 +283,7 @@ impl WatchStream {
         let mut resp = self.response(id, self.seen.max(compact_revision));
         resp.canceled = true;
         resp.compact_revision = compact_revision;
-        resp.cancel_reason = format!(
-            "mvcc: required revision has been compacted (compact revision {compact_revision})"
-        );
+        resp.cancel_reason = ApiError::compacted(compact_revision).message;
         self.send(resp).await
     }
 
