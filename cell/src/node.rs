@@ -22,7 +22,7 @@ use crate::state_machine::store::SharedState;
 use crate::state_machine::watch_hub::WatchHub;
 use latchkey_shared::etcdpb::PbResponseHeader;
 use latchkey_shared::lifecycle::Lifecycle;
-use latchkey_shared::{ApiError, ErrorCode, Retry};
+use latchkey_shared::ApiError;
 use openraft::ServerState;
 use std::future::Future;
 use std::sync::Arc;
@@ -145,10 +145,7 @@ impl CellNode {
             } else {
                 self.peers.send(&addr, &req, deadline).await
             };
-            let resend = match &result {
-                Ok(_) => false,
-                Err(e) => resend(&req, e),
-            };
+            let resend = result.as_ref().is_err_and(|e| req.may_resend_after(e));
             if !resend || Instant::now() >= deadline {
                 return result;
             }
@@ -170,12 +167,7 @@ impl CellNode {
     }
 
     fn check_quota(&self, req: &Request) -> Result<(), ApiError> {
-        let added = match req {
-            Request::Put(p) => (p.key.len() + p.value.len()) as u64,
-            Request::Txn(t) => crate::mvcc::txn::txn_put_bytes(t),
-            Request::LeaseGrant { .. } => 1,
-            _ => 0,
-        };
+        let added = req.added_bytes();
         if added == 0 {
             return Ok(());
         }
@@ -253,18 +245,6 @@ impl CellNode {
         self.on_leader(Forward::MoveLeader { target })
             .await
             .map(|_| ())
-    }
-}
-
-/// Whether a request that failed with `e` may be sent again (to whoever
-/// leads by then). Nothing happened: yes. It may have been served: only if
-/// serving it twice is harmless and what broke was the way there, not the
-/// member (a stopped member or a timeout is an answer in itself).
-fn resend(req: &Forward, e: &ApiError) -> bool {
-    match e.retry() {
-        Retry::Safe => true,
-        Retry::OutcomeUnknown => req.is_idempotent() && e.code == ErrorCode::WriteOutcomeUnknown,
-        Retry::Never => false,
     }
 }
 

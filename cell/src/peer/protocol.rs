@@ -5,7 +5,7 @@
 use crate::lease::leader_leases::LeaseTtl;
 use crate::raft::command::{Request, Response};
 use crate::raft::NodeId;
-use latchkey_shared::ApiError;
+use latchkey_shared::{ApiError, ErrorCode, Retry};
 use serde::{Deserialize, Serialize};
 use std::future::Future;
 
@@ -37,6 +37,21 @@ impl Forward {
     /// such a request is resent when its first attempt may have arrived.
     pub fn is_idempotent(&self) -> bool {
         !matches!(self, Forward::Write(_) | Forward::Membership(_))
+    }
+
+    /// Whether this request, having failed with `e`, may be sent again (to
+    /// whoever leads by then). Nothing happened: yes. It may have been
+    /// served: only if serving it twice is harmless and what broke was the
+    /// way there, not the member (a stopped member or a timeout is an
+    /// answer in itself).
+    pub fn may_resend_after(&self, e: &ApiError) -> bool {
+        match e.retry() {
+            Retry::Safe => true,
+            Retry::OutcomeUnknown => {
+                self.is_idempotent() && e.code == ErrorCode::WriteOutcomeUnknown
+            }
+            Retry::Never => false,
+        }
     }
 }
 

@@ -48,6 +48,19 @@ pub enum Request {
     },
 }
 
+impl Request {
+    /// The bytes this command may add to the keyspace, for the quota check
+    /// before it is proposed (a grant counts 1 so a full cell refuses it).
+    pub fn added_bytes(&self) -> u64 {
+        match self {
+            Request::Put(p) => (p.key.len() + p.value.len()) as u64,
+            Request::Txn(t) => crate::mvcc::txn::txn_put_bytes(t),
+            Request::LeaseGrant { .. } => 1,
+            _ => 0,
+        }
+    }
+}
+
 impl fmt::Display for Request {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
