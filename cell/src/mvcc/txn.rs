@@ -8,6 +8,9 @@
 
 use super::keyspace::{KeyRange, KeySpace, KeyValue};
 use crate::mvcc::lease_table::LeaseTable;
+use latchkey_shared::etcd_enums::{
+    compare_holds, CompareResult, CompareTarget, EtcdEnum, SortOrder, SortTarget,
+};
 use latchkey_shared::etcdpb::{
     PbCompare, PbDeleteRequest, PbDeleteResponse, PbKeyValue, PbPutRequest, PbPutResponse,
     PbRangeRequest, PbRangeResponse, PbResponseOp, PbTargetUnion, PbTxnOpRequest, PbTxnOpResponse,
@@ -37,17 +40,6 @@ pub fn to_pb(kv: &KeyValue, keys_only: bool) -> PbKeyValue {
     }
 }
 
-// etcd's enum values (rpc.proto), named here because the generated enums
-// are not re-exported by etcd-client.
-const SORT_NONE: i32 = 0;
-const SORT_ASCEND: i32 = 1;
-const SORT_DESCEND: i32 = 2;
-const TARGET_KEY: i32 = 0;
-const TARGET_VERSION: i32 = 1;
-const TARGET_CREATE: i32 = 2;
-const TARGET_MOD: i32 = 3;
-const TARGET_VALUE: i32 = 4;
-
 /// A Range request against the keyspace (read-only).
 pub fn range(keys: &KeySpace, req: &PbRangeRequest) -> Result<PbRangeResponse, ApiError> {
     if req.key.is_empty() {
@@ -56,11 +48,8 @@ pub fn range(keys: &KeySpace, req: &PbRangeRequest) -> Result<PbRangeResponse, A
     if req.limit < 0 {
         return Err(ApiError::invalid("limit must not be negative"));
     }
-    if !(SORT_NONE..=SORT_DESCEND).contains(&req.sort_order)
-        || !(TARGET_KEY..=TARGET_VALUE).contains(&req.sort_target)
-    {
-        return Err(ApiError::invalid("unknown sort order or sort target"));
-    }
+    let sort_order = SortOrder::decode(req.sort_order)?;
+    let sort_target = SortTarget::decode(req.sort_target)?;
     let rev = keys.check_readable(req.revision)?;
     let range = KeyRange::new(req.key.clone(), req.range_end.clone());
     let filtered = |kv: &KeyValue| {
@@ -71,7 +60,7 @@ pub fn range(keys: &KeySpace, req: &PbRangeRequest) -> Result<PbRangeResponse, A
     };
     // Key order is the store's order, so an ascending key sort (or none)
     // can stop at the limit; any other sort needs every match first.
-    let key_ordered = req.sort_target == TARGET_KEY && req.sort_order != SORT_DESCEND;
+    let key_ordered = sort_target == SortTarget::Key && sort_order != SortOrder::Descend;
     let limit = if req.limit > 0 {
         req.limit as usize
     } else {
@@ -89,20 +78,16 @@ pub fn range(keys: &KeySpace, req: &PbRangeRequest) -> Result<PbRangeResponse, A
         true
     });
     if !key_ordered {
-        let order = if req.sort_order == SORT_NONE {
-            SORT_ASCEND
-        } else {
-            req.sort_order
-        };
         matched.sort_by(|a, b| {
-            let ord = match req.sort_target {
-                TARGET_VERSION => a.version.cmp(&b.version),
-                TARGET_CREATE => a.create_revision.cmp(&b.create_revision),
-                TARGET_MOD => a.mod_revision.cmp(&b.mod_revision),
-                TARGET_VALUE => a.value.cmp(&b.value),
-                _ => a.key.cmp(&b.key),
+            let ord = match sort_target {
+                SortTarget::Key => a.key.cmp(&b.key),
+                SortTarget::Version => a.version.cmp(&b.version),
+                SortTarget::Create => a.create_revision.cmp(&b.create_revision),
+                SortTarget::Mod => a.mod_revision.cmp(&b.mod_revision),
+                SortTarget::Value => a.value.cmp(&b.value),
             };
-            if order == SORT_DESCEND {
+            // No order given sorts ascending, as in etcd.
+            if sort_order == SortOrder::Descend {
                 ord.reverse()
             } else {
                 ord
@@ -251,13 +236,8 @@ fn compare_kv(c: &PbCompare, kv: &KeyValue) -> bool {
         Some(PbTargetUnion::Lease(v)) => kv.lease.cmp(v),
         None => return false,
     };
-    match c.result {
-        0 => ord == Ordering::Equal,
-        1 => ord == Ordering::Greater,
-        2 => ord == Ordering::Less,
-        3 => ord != Ordering::Equal,
-        _ => false,
-    }
+    // The shape check refused unknown results before any compare runs.
+    CompareResult::decode(c.result).is_ok_and(|result| compare_holds(result, ord))
 }
 
 /// The branch taken at every level of a (nested) txn, decided against the
@@ -297,10 +277,10 @@ fn check_txn_shape(req: &PbTxnRequest) -> Result<(), ApiError> {
         if c.key.is_empty() {
             return Err(ApiError::key_not_provided());
         }
-        if !(0..=3).contains(&c.result) || c.target_union.is_none() {
-            return Err(ApiError::invalid(
-                "compare has an unknown result or no target",
-            ));
+        CompareResult::decode(c.result)?;
+        CompareTarget::decode(c.target)?;
+        if c.target_union.is_none() {
+            return Err(ApiError::invalid("compare has no target value"));
         }
     }
     for branch in [&req.success, &req.failure] {
@@ -471,8 +451,8 @@ mod tests {
 
     fn cmp_value(key: &str, value: &str) -> PbCompare {
         PbCompare {
-            result: 0,
-            target: 3,
+            result: CompareResult::Equal as i32,
+            target: CompareTarget::Value as i32,
             key: key.into(),
             range_end: vec![],
             target_union: Some(PbTargetUnion::Value(value.into())),
@@ -547,8 +527,8 @@ mod tests {
         let keys = KeySpace::default();
         assert!(!compare(&keys, &cmp_value("nope", "")));
         let version_zero = PbCompare {
-            result: 0,
-            target: 0,
+            result: CompareResult::Equal as i32,
+            target: CompareTarget::Version as i32,
             key: b"nope".to_vec(),
             range_end: vec![],
             target_union: Some(PbTargetUnion::Version(0)),
@@ -570,8 +550,8 @@ mod tests {
             key: b"k".to_vec(),
             range_end: b"l".to_vec(),
             limit: 2,
-            sort_order: SORT_DESCEND,
-            sort_target: TARGET_VALUE,
+            sort_order: SortOrder::Descend as i32,
+            sort_target: SortTarget::Value as i32,
             ..Default::default()
         };
         let resp = range(kv.keys, &req).expect("range");

@@ -15,12 +15,12 @@
 //!   whose `next_rev` was compacted meanwhile is cancelled with the compact
 //!   revision, as etcd does.
 
-use crate::mvcc::keyspace::{Event, EventKind, KeyRange, KeyValue};
+use crate::mvcc::keyspace::{Event, EventKind, KeyRange};
+use crate::mvcc::txn::to_pb;
 use crate::node::CellNode;
 use crate::state_machine::watch_hub::{Changes, Notice};
-use latchkey_shared::etcdpb::{
-    PbEvent, PbKeyValue, PbWatchRequest, PbWatchRequestUnion, PbWatchResponse,
-};
+use latchkey_shared::etcd_enums::{EventType, FilterType};
+use latchkey_shared::etcdpb::{PbEvent, PbWatchRequest, PbWatchRequestUnion, PbWatchResponse};
 use latchkey_shared::ApiError;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -31,12 +31,6 @@ use tonic::Status;
 
 /// The watch id etcd uses for responses that belong to no single watch.
 const NO_WATCH: i64 = -1;
-/// etcd's `FilterType` values.
-const FILTER_NOPUT: i32 = 0;
-const FILTER_NODELETE: i32 = 1;
-/// etcd's `Event.EventType` values.
-const EVENT_PUT: i32 = 0;
-const EVENT_DELETE: i32 = 1;
 /// Hub notices taken in one go and sent as one response per watch.
 const MAX_REVISIONS_PER_BATCH: usize = 1000;
 /// While revisions arrive densely (the last send was less than this ago),
@@ -100,26 +94,15 @@ pub struct WatchStream {
     last_sent: tokio::time::Instant,
 }
 
-fn to_pb_kv(kv: &KeyValue) -> PbKeyValue {
-    PbKeyValue {
-        key: kv.key.clone(),
-        create_revision: kv.create_revision,
-        mod_revision: kv.mod_revision,
-        version: kv.version,
-        value: kv.value.clone(),
-        lease: kv.lease,
-    }
-}
-
 fn to_pb_event(event: &Event, with_prev: bool) -> PbEvent {
     PbEvent {
         r#type: match event.kind {
-            EventKind::Put => EVENT_PUT,
-            EventKind::Delete => EVENT_DELETE,
+            EventKind::Put => EventType::Put as i32,
+            EventKind::Delete => EventType::Delete as i32,
         },
-        kv: Some(to_pb_kv(&event.kv)),
+        kv: Some(to_pb(&event.kv, false)),
         prev_kv: if with_prev {
-            event.prev.as_ref().map(to_pb_kv)
+            event.prev.as_ref().map(|kv| to_pb(kv, false))
         } else {
             None
         },
@@ -193,8 +176,8 @@ impl WatchStream {
                         KeyRange::new(create.key, create.range_end)
                     },
                     next_rev: create.start_revision.max(0),
-                    no_put: filters.contains(&FILTER_NOPUT),
-                    no_delete: filters.contains(&FILTER_NODELETE),
+                    no_put: filters.contains(&(FilterType::NoPut as i32)),
+                    no_delete: filters.contains(&(FilterType::NoDelete as i32)),
                     prev_kv: create.prev_kv,
                     progress_notify: create.progress_notify,
                     fragment: create.fragment,
