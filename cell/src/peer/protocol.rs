@@ -9,7 +9,8 @@ use latchkey_shared::{ApiError, ErrorCode, Retry};
 use serde::{Deserialize, Serialize};
 use std::future::Future;
 
-/// A request a follower sends to the leader.
+/// A request a follower sends to the leader. The wire carries a variant
+/// by its position: add new ones at the end (a test pins every position).
 #[derive(Debug, Serialize, Deserialize)]
 pub enum Forward {
     Write(Request),
@@ -96,4 +97,66 @@ pub trait ForwardHandler: Send + Sync + 'static {
         &'a self,
         req: &'a Forward,
     ) -> impl Future<Output = Result<ForwardReply, ApiError>> + Send + 'a;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::codec::encode;
+
+    /// bincode writes a variant as its position; members of different
+    /// builds talk during a rolling upgrade, so positions never change:
+    /// new variants go at the end.
+    fn position<T: Serialize>(value: &T) -> u32 {
+        let bytes = encode(value).expect("encodes");
+        u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])
+    }
+
+    #[test]
+    fn forwarded_requests_and_replies_keep_their_wire_positions() {
+        let requests = [
+            (Forward::Write(Request::Compact { revision: 1 }), 0),
+            (Forward::ReadIndex, 1),
+            (Forward::KeepAlive { id: 1 }, 2),
+            (Forward::RefreshBatch { ids: vec![] }, 3),
+            (Forward::TimeToLive { id: 1 }, 4),
+            (Forward::Membership(MembershipChange::Promote { id: 1 }), 5),
+            (Forward::MoveLeader { target: 1 }, 6),
+            (Forward::Campaign, 7),
+        ];
+        for (request, want) in requests {
+            assert_eq!(position(&request), want, "{request:?}");
+        }
+        let changes = [
+            (
+                MembershipChange::Add {
+                    id: 1,
+                    peer_addr: String::new(),
+                    learner: true,
+                },
+                0,
+            ),
+            (MembershipChange::Promote { id: 1 }, 1),
+            (MembershipChange::Remove { id: 1 }, 2),
+            (
+                MembershipChange::Update {
+                    id: 1,
+                    peer_addr: String::new(),
+                },
+                3,
+            ),
+        ];
+        for (change, want) in changes {
+            assert_eq!(position(&change), want, "{change:?}");
+        }
+        let replies = [
+            (ForwardReply::ReadIndex(1), 1),
+            (ForwardReply::KeepAlive { ttl: 1 }, 2),
+            (ForwardReply::Refreshed { ttls: vec![] }, 3),
+            (ForwardReply::Done, 5),
+        ];
+        for (reply, want) in replies {
+            assert_eq!(position(&reply), want, "{reply:?}");
+        }
+    }
 }

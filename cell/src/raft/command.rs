@@ -11,6 +11,9 @@ use latchkey_shared::ApiError;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
+/// The log stores a variant by its position: add new ones at the end
+/// (a test pins every position).
+///
 /// A replicated command. Apply is deterministic: anything that depends on
 /// time or randomness is decided by the proposer and carried here.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -88,6 +91,7 @@ pub struct Response {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+/// Positions are pinned like [`Request`]'s.
 pub enum Reply {
     /// Blank and membership entries.
     None,
@@ -120,5 +124,63 @@ mod pb {
     ) -> Result<M, D::Error> {
         let bytes = Vec::<u8>::deserialize(d)?;
         M::decode(bytes.as_slice()).map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::codec::encode;
+
+    /// bincode writes an enum's variant as its position (a little-endian
+    /// u32). The log outlives the build that wrote it, so each variant
+    /// keeps its position for good: new variants go at the end.
+    fn position<T: Serialize>(value: &T) -> u32 {
+        let bytes = encode(value).expect("encodes");
+        u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])
+    }
+
+    #[test]
+    fn log_commands_keep_their_wire_positions() {
+        let commands = [
+            (Request::Put(Default::default()), 0),
+            (Request::DeleteRange(Default::default()), 1),
+            (Request::Txn(Default::default()), 2),
+            (Request::Compact { revision: 1 }, 3),
+            (Request::LeaseGrant { id: 1, ttl: 1 }, 4),
+            (Request::LeaseRevoke { id: 1 }, 5),
+            (Request::LeaseExpire { ids: vec![] }, 6),
+            (Request::LeaseCheckpoint { entries: vec![] }, 7),
+            (
+                Request::PublishMember {
+                    id: 1,
+                    name: String::new(),
+                    client_urls: vec![],
+                },
+                8,
+            ),
+        ];
+        for (command, want) in commands {
+            assert_eq!(position(&command), want, "{command}");
+        }
+    }
+
+    #[test]
+    fn applied_replies_keep_their_wire_positions() {
+        let replies = [
+            (Reply::None, 0),
+            (Reply::Put(Default::default()), 1),
+            (Reply::DeleteRange(Default::default()), 2),
+            (Reply::Txn(Default::default()), 3),
+            (Reply::Compacted, 4),
+            (Reply::LeaseGranted { id: 1, ttl: 1 }, 5),
+            (Reply::LeaseRevoked, 6),
+            (Reply::LeasesExpired { expired: vec![] }, 7),
+            (Reply::Published, 8),
+            (Reply::Checkpointed, 9),
+        ];
+        for (reply, want) in replies {
+            assert_eq!(position(&reply), want, "{reply:?}");
+        }
     }
 }
