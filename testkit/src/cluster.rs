@@ -12,7 +12,7 @@ use etcd_client::{Client, ConnectOptions, GetOptions};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use tokio::time::Duration;
+use tokio::time::{sleep, Duration, Instant};
 
 /// How long [`Cluster::start`] waits for the first leader. Three members
 /// elect one in about a second; a starved 2-core machine needs more.
@@ -219,13 +219,14 @@ impl Cluster {
         }
     }
 
-    /// SIGTERMs every member and waits (up to 10 s) for them to exit.
-    pub fn stop_all(&mut self) {
+    /// SIGTERMs every member and waits (up to 10 s in all) for them to
+    /// exit; a member still running then is SIGKILLed.
+    pub async fn stop_all(&mut self) {
         self.signal_all("TERM");
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let deadline = Instant::now() + Duration::from_secs(10);
         for (_, mut child) in std::mem::take(&mut self.procs) {
-            while !matches!(child.try_wait(), Ok(Some(_))) && std::time::Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(20));
+            while !matches!(child.try_wait(), Ok(Some(_))) && Instant::now() < deadline {
+                sleep(Duration::from_millis(20)).await;
             }
             let _ = child.kill();
             let _ = child.wait();

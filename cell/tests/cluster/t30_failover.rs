@@ -123,7 +123,7 @@ async fn a_full_restart_keeps_every_key_revision_and_lease() {
         .revision();
     let created = c1.get("f/000007", None).await.expect("get").kvs()[0].create_revision();
 
-    cluster.stop_all();
+    cluster.stop_all().await;
     for id in 1..=3 {
         cluster.spawn(id);
     }

@@ -323,7 +323,7 @@ async fn a_dead_lease_expires_within_ttl_plus_grace_through_five_leader_changes(
         admin.move_leader(target).await.expect("move leader");
         assert_eq!(cluster.wait_leader(Duration::from_secs(10)).await, target);
         println!(
-            "change {change}: {leader} -> {target} at {:?}",
+            "change {change}: {leader} -> {target} done at {:?}",
             refreshed.elapsed()
         );
     }
