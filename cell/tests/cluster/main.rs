@@ -1,8 +1,9 @@
 //! The cell's integration tests: ONE binary (it links once), numbered by
-//! area. Every test starts real `latchkey-cell` processes on 127.0.0.1 and
-//! cleans them up when its `Cluster` is dropped.
+//! area. Every test starts real `latchkey-cell` processes on 127.0.0.1
+//! through `latchkey_testkit::Cluster`, which cleans them up when dropped.
+//! `streams` holds the raw gRPC stream clients a few tests drive by hand.
 
-mod harness;
+mod streams;
 mod t10_kv;
 mod t20_lease;
 mod t30_failover;
@@ -10,3 +11,6 @@ mod t40_watch;
 mod t50_etcdctl;
 mod t60_membership;
 mod t70_sessions;
+
+/// The binary under test; cargo builds it for this test binary.
+pub const CELL_BIN: &str = env!("CARGO_BIN_EXE_latchkey-cell");

@@ -1,16 +1,18 @@
 //! The Lease service: every RPC and its errors, expiry by the leader in one
 //! revision, and leases kept alive through a leader's death.
 
-use crate::harness::{err_text, Cluster, KeepAliveStream};
+use crate::streams::KeepAliveStream;
+use crate::CELL_BIN;
 use etcd_client::{GetOptions, LeaseGrantOptions, LeaseTimeToLiveOptions, PutOptions};
-use std::time::{Duration, Instant};
+use latchkey_testkit::{
+    attach_keys, count_keys, err_text, eventually, grant_leases, Cluster, CLOCK_SLACK,
+};
+use tokio::time::{Duration, Instant};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_rpcs_and_their_errors() {
-    let cluster = Cluster::start(3, &[]).await;
-    let leader = cluster.wait_leader(Duration::from_secs(10)).await;
-    let follower = if leader == 1 { 2 } else { 1 };
-    let mut c = cluster.client(follower).await;
+    let cluster = Cluster::start(CELL_BIN, 3, &[]).await;
+    let mut c = cluster.client(cluster.follower()).await;
 
     // Server-chosen and client-chosen ids.
     let granted = c.lease_grant(30, None).await.expect("grant");
@@ -30,9 +32,9 @@ async fn lease_rpcs_and_their_errors() {
         "FailedPrecondition: etcdserver: lease already exists"
     );
     let short = c.lease_grant(1, None).await.unwrap_err();
-    assert!(
-        err_text(short).contains("below the minimum"),
-        "TTL under the minimum is refused clearly"
+    assert_eq!(
+        err_text(short),
+        "InvalidArgument: lease TTL 1s is below the minimum of 2s"
     );
 
     // Keys attached to a lease; TimeToLive with keys; Leases.
@@ -114,12 +116,19 @@ async fn lease_rpcs_and_their_errors() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_abandoned_lease_expires_within_ttl_plus_one_second_in_one_revision() {
-    let cluster = Cluster::start(3, &[]).await;
+    let cluster = Cluster::start(CELL_BIN, 3, &[]).await;
     let mut c = cluster.client(1).await;
-    let ttl = 3;
-    let lease = c.lease_grant(ttl, None).await.expect("grant").id();
-    // Keep it alive once, then abandon it: the TTL counts from here.
+    let ttl = Duration::from_secs(3);
+    let lease = c
+        .lease_grant(ttl.as_secs() as i64, None)
+        .await
+        .expect("grant")
+        .id();
+    // Keep it alive once more, then abandon it. The cell handles that
+    // keep-alive after `refresh_sent` and before `abandoned`, so the lease
+    // must live until refresh_sent + TTL, and die by abandoned + TTL + 1 s.
     let (mut keeper, mut stream) = c.lease_keep_alive(lease).await.expect("keep-alive");
+    let refresh_sent = Instant::now();
     keeper.keep_alive().await.expect("send");
     stream.message().await.expect("reply").expect("a reply");
     let abandoned = Instant::now();
@@ -138,32 +147,30 @@ async fn an_abandoned_lease_expires_within_ttl_plus_one_second_in_one_revision()
         .expect("h")
         .revision();
 
-    let expired_at = loop {
-        let left = c
-            .get(
-                "e/",
-                Some(GetOptions::new().with_prefix().with_count_only()),
-            )
-            .await
-            .expect("get")
-            .count();
-        if left == 1 {
-            break abandoned.elapsed();
+    // Seen gone at the end of the first read that no longer finds the
+    // keys: no earlier than the expiry itself.
+    let gone_seen = eventually(ttl + Duration::from_secs(5), async || {
+        match count_keys(&c, "e/").await {
+            1 => Ok(Instant::now()),
+            left => Err(format!(
+                "{left} keys left under e/: the lease never expired"
+            )),
         }
-        assert!(
-            abandoned.elapsed() < Duration::from_secs(ttl as u64 + 5),
-            "lease never expired"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    println!("lease with TTL {ttl}s expired {expired_at:?} after its last keep-alive");
-    assert!(
-        expired_at <= Duration::from_secs(ttl as u64 + 1),
-        "expired after {expired_at:?}"
+    })
+    .await;
+    println!(
+        "lease with TTL {ttl:?} seen gone {:?} after the keep-alive was sent",
+        gone_seen - refresh_sent
     );
     assert!(
-        expired_at >= Duration::from_secs(ttl as u64 - 1),
-        "expired too early: {expired_at:?}"
+        gone_seen >= refresh_sent + ttl - CLOCK_SLACK,
+        "expired early: gone {:?} after its last keep-alive was sent (TTL {ttl:?})",
+        gone_seen - refresh_sent
+    );
+    assert!(
+        gone_seen <= abandoned + ttl + Duration::from_secs(1),
+        "expired late: gone {:?} after its last keep-alive was answered",
+        gone_seen - abandoned
     );
 
     // All three keys went in ONE revision: right before it all three are
@@ -216,38 +223,18 @@ async fn an_abandoned_lease_expires_within_ttl_plus_one_second_in_one_revision()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_the_leader_expires_none_of_ten_thousand_kept_alive_leases() {
     const LEASES: usize = 10_000;
-    // Longer than granting takes (~10 s here), so the first refresh round
-    // finds every lease alive.
+    // Longer than granting and attaching keys take (~10 s here), so the
+    // first refresh round finds every lease alive.
     const TTL: i64 = 20;
-    let mut cluster = Cluster::start(3, &[]).await;
-    let leader = cluster.wait_leader(Duration::from_secs(10)).await;
-    let survivor = if leader == 1 { 2 } else { 1 };
+    let mut cluster = Cluster::start(CELL_BIN, 3, &[]).await;
+    let leader = cluster.leader_at_start();
+    let survivor = cluster.follower();
     let c = cluster.client(survivor).await;
 
     // Grant the leases and give each a key, 64 requests in flight.
     let started = Instant::now();
-    let ids = futures::future::join_all((0..64).map(|w| {
-        let mut c = c.clone();
-        async move {
-            let mut ids = Vec::new();
-            for i in (w..LEASES).step_by(64) {
-                let id = c.lease_grant(TTL, None).await.expect("grant").id();
-                c.put(
-                    format!("s/{i:05}"),
-                    "alive",
-                    Some(PutOptions::new().with_lease(id)),
-                )
-                .await
-                .expect("put");
-                ids.push(id);
-            }
-            ids
-        }
-    }))
-    .await
-    .into_iter()
-    .flatten()
-    .collect::<Vec<i64>>();
+    let ids = grant_leases(&c, LEASES, TTL).await;
+    attach_keys(&c, "s/", &ids).await;
     println!(
         "granted {} leases with keys in {:?}",
         ids.len(),
@@ -265,8 +252,8 @@ async fn killing_the_leader_expires_none_of_ten_thousand_kept_alive_leases() {
             let mut rounds = 0;
             // Refresh until more than a TTL after the kill (which comes 3 s
             // after refreshing starts).
-            let deadline = Instant::now() + Duration::from_secs(TTL as u64 + 8);
-            while Instant::now() < deadline {
+            let until = Instant::now() + Duration::from_secs(TTL as u64 + 8);
+            while Instant::now() < until {
                 match stream.refresh_all(&ids, Duration::from_secs(8)).await {
                     Ok(ttls) => {
                         let lost = ttls.values().filter(|t| **t <= 0).count();
@@ -298,16 +285,9 @@ async fn killing_the_leader_expires_none_of_ten_thousand_kept_alive_leases() {
     assert!(rounds >= 4, "only {rounds} full refresh rounds");
     // More than a TTL has passed since the kill: every lease and key lives.
     let mut c = cluster.client(survivor).await;
-    let count = c
-        .get(
-            "s/",
-            Some(GetOptions::new().with_prefix().with_count_only()),
-        )
-        .await
-        .expect("count")
-        .count();
     assert_eq!(
-        count as usize, LEASES,
+        count_keys(&c, "s/").await as usize,
+        LEASES,
         "keys of kept-alive leases were deleted"
     );
     let listed = c.leases().await.expect("leases").leases().len();

@@ -2,13 +2,14 @@
 //! compaction, prev_kv, filters, progress, many watches on one stream, and
 //! a watcher that stops reading while writers go on.
 
-use crate::harness::Cluster;
+use crate::CELL_BIN;
 use etcd_client::{
-    Client, EventType, PutOptions, WatchFilterType, WatchOptions, WatchResponse, WatchStream,
+    Client, EventType, GetOptions, PutOptions, WatchFilterType, WatchOptions, WatchResponse,
+    WatchStream,
 };
-use futures::StreamExt;
+use latchkey_testkit::{err_text, eventually, metric_value, numbered, put_all, Cluster};
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use tokio::time::{Duration, Instant};
 
 /// (type, key, value, mod_revision) of an event, for comparisons.
 type Seen = (&'static str, String, String, i64);
@@ -85,9 +86,10 @@ async fn delete(client: &mut Client, key: &str) -> i64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watches_follow_history_and_live_changes_like_etcd() {
-    let cluster = Cluster::start(3, &["--watch-progress-notify-interval-ms", "500"]).await;
-    let leader = cluster.wait_leader(Duration::from_secs(10)).await;
-    let follower = (1..=3).find(|id| *id != leader).expect("a follower");
+    let cluster =
+        Cluster::start(CELL_BIN, 3, &["--watch-progress-notify-interval-ms", "500"]).await;
+    let leader = cluster.leader_at_start();
+    let follower = cluster.follower();
     // Writes go through the leader; watches are served by a follower from
     // its own applied state.
     let mut writer = cluster.client(leader).await;
@@ -175,8 +177,9 @@ async fn watches_follow_history_and_live_changes_like_etcd() {
     // with it; one from the compact revision itself still works.
     let compact_at = put(&mut writer, "d/k", "x").await;
     writer.compact(compact_at, None).await.expect("compact");
-    // Let the follower apply the compaction.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // A linearizable read through the follower returns once the follower
+    // has applied everything committed before it: the compaction too.
+    watcher.get("d/k", None).await.expect("linearizable read");
     let mut old = watcher
         .watch(
             "a/",
@@ -222,33 +225,61 @@ async fn watches_follow_history_and_live_changes_like_etcd() {
     assert!(asked.events().is_empty());
     assert!(asked.header().expect("header").revision() >= compact_at);
 
-    // Cancel: acknowledged, and nothing more arrives for that watch.
+    // Cancel: acknowledged, and nothing more arrives for that watch while
+    // its stream stays open and goes past the next write.
     puts.cancel(puts_id).await.expect("cancel");
     let canceled = next(&mut puts).await;
-    assert!(canceled.canceled());
-    put(&mut writer, "c/k", "after-cancel").await;
+    assert!(
+        canceled.canceled() && canceled.watch_id() == puts_id,
+        "{canceled:?}"
+    );
+    let after_cancel = put(&mut writer, "c/k", "after-cancel").await;
     let quiet = tokio::time::timeout(Duration::from_millis(500), puts.message()).await;
     assert!(
-        !matches!(quiet, Ok(Ok(Some(ref r))) if !r.events().is_empty()),
-        "a cancelled watch got events: {quiet:?}"
+        quiet.is_err(),
+        "the stream of a cancelled watch must stay open and quiet: {quiet:?}"
     );
+    // Proof that the stream is alive and has seen that write: progress at
+    // or past its revision, and no event before it.
+    eventually(Duration::from_secs(10), async || {
+        puts.request_progress().await.map_err(|e| e.to_string())?;
+        let progress = next(&mut puts).await;
+        assert!(
+            progress.events().is_empty() && progress.watch_id() == -1,
+            "a cancelled watch's stream sent {progress:?}"
+        );
+        let revision = progress.header().expect("header").revision();
+        if revision >= after_cancel {
+            Ok(())
+        } else {
+            Err(format!(
+                "progress at {revision}, the write at {after_cancel}"
+            ))
+        }
+    })
+    .await;
 
-    // The follower reports its watches.
+    // The follower reports its watches: open now are replay, deletes,
+    // at_compact and idle, on six streams (puts and old keep theirs open);
+    // events sent were 5 + 1 + 2 + 1.
     let metrics = cluster.metrics(follower).await;
-    for name in [
-        "latchkey_watchers ",
-        "latchkey_watch_streams ",
-        "latchkey_watch_events_sent_total ",
-        "latchkey_watch_commit_to_send_seconds_bucket",
-    ] {
-        assert!(metrics.contains(name), "{name} in /metrics");
-    }
+    let value = |series: &str| {
+        metric_value(&metrics, series).unwrap_or_else(|| panic!("/metrics lacks {series}"))
+    };
+    assert_eq!(value("latchkey_watchers"), 4.0);
+    assert_eq!(value("latchkey_watch_streams"), 6.0);
+    assert_eq!(value("latchkey_watch_events_sent_total"), 9.0);
+    assert!(value("latchkey_watch_commit_to_send_seconds_count") >= 1.0);
+    assert_eq!(
+        value("latchkey_watch_commit_to_send_seconds_bucket{le=\"+Inf\"}"),
+        value("latchkey_watch_commit_to_send_seconds_count")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_watches_on_one_stream_each_get_their_own_events() {
     const WATCHES: usize = 1000;
-    let cluster = Cluster::start(1, &[]).await;
+    let cluster = Cluster::start(CELL_BIN, 1, &[]).await;
     let mut client = cluster.client(1).await;
     let mut stream = client.watch("many/0000", None).await.expect("watch stream");
     for i in 1..WATCHES {
@@ -267,15 +298,11 @@ async fn a_thousand_watches_on_one_stream_each_get_their_own_events() {
     assert_eq!(key_of.len(), WATCHES, "watch ids are distinct");
 
     // Every key written once, 64 writes in flight.
-    let writes = futures::stream::iter(0..WATCHES)
-        .map(|i| {
-            let mut c = client.clone();
-            async move { c.put(format!("many/{i:04}"), format!("v{i}"), None).await }
-        })
-        .buffer_unordered(64)
-        .collect::<Vec<_>>()
-        .await;
-    assert!(writes.iter().all(Result::is_ok));
+    put_all(
+        &client,
+        (0..WATCHES).map(|i| (format!("many/{i:04}"), format!("v{i}"))),
+    )
+    .await;
 
     let mut got: HashMap<i64, Vec<String>> = HashMap::new();
     let mut total = 0;
@@ -293,80 +320,43 @@ async fn a_thousand_watches_on_one_stream_each_get_their_own_events() {
     }
 }
 
-/// Writes `count` keys `prefix{i}` with `in_flight` concurrent puts and
-/// returns the throughput in writes per second.
-async fn write_burst(client: &Client, prefix: &str, range: std::ops::Range<usize>) -> f64 {
-    let started = Instant::now();
-    let count = range.len();
-    let results = futures::stream::iter(range)
-        .map(|i| {
-            let mut c = client.clone();
-            let key = format!("{prefix}{i:06}");
-            async move {
-                c.put(key, "0123456789abcdef", Some(PutOptions::new()))
-                    .await
-            }
-        })
-        .buffer_unordered(128)
-        .collect::<Vec<_>>()
-        .await;
-    assert!(results.iter().all(Result::is_ok), "every write succeeds");
-    count as f64 / started.elapsed().as_secs_f64()
-}
-
+/// The watcher's half of a test that also measured writer throughput: the
+/// throughput half (writes/s with a stalled watcher >= 0.9 x without) is a
+/// load-test scenario now, not a timed test.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_watcher_that_stops_reading_slows_no_writer_and_then_gets_every_event() {
+async fn a_watcher_that_stops_reading_during_a_hundred_thousand_writes_then_gets_every_event() {
     const WRITES: usize = 100_000;
-    let cluster = Cluster::start(1, &[]).await;
+    let cluster = Cluster::start(CELL_BIN, 1, &[]).await;
     let writer = cluster.client(1).await;
     let mut watch_client = cluster.client(1).await;
 
-    // Measured twice around the watched run, so drift on a shared machine
-    // counts against neither side.
-    let mut attempt = 0;
-    let (baseline, watched, mut stream, first_rev) = loop {
-        attempt += 1;
-        let tag = format!("slow{attempt}/");
-        let before = write_burst(&writer, &format!("{tag}warm/"), 0..WRITES / 4).await;
-        let start_rev = writer
-            .clone()
-            .get("none", None)
-            .await
-            .expect("get")
-            .header()
-            .expect("header")
-            .revision()
-            + 1;
-        let stream = open(&mut watch_client, &tag, WatchOptions::new().with_prefix()).await;
-        // The watcher now reads nothing while 100 000 writes happen, and
-        // for at least 10 s.
-        let paused = Instant::now();
-        let watched = write_burst(&writer, &format!("{tag}w/"), 0..WRITES).await;
-        let after = write_burst(&writer, &format!("{tag}cool/"), 0..WRITES / 4).await;
-        if let Some(rest) = Duration::from_secs(10).checked_sub(paused.elapsed()) {
-            tokio::time::sleep(rest).await;
-        }
-        let baseline = (before + after) / 2.0;
-        println!(
-            "attempt {attempt}: without a watcher {before:.0} and {after:.0} writes/s; \
-             with a stalled watcher {watched:.0} writes/s"
-        );
-        if watched >= 0.9 * baseline || attempt == 2 {
-            break (baseline, watched, stream, start_rev);
-        }
-    };
-    assert!(
-        watched >= 0.9 * baseline,
-        "a stalled watcher slowed writers from {baseline:.0} to {watched:.0} writes/s"
-    );
+    let first_rev = writer
+        .clone()
+        .get("none", None)
+        .await
+        .expect("get")
+        .header()
+        .expect("header")
+        .revision()
+        + 1;
+    let mut stream = open(
+        &mut watch_client,
+        "slow/",
+        WatchOptions::new().with_prefix(),
+    )
+    .await;
+    // The watcher now reads nothing while 100 000 writes happen, and for
+    // at least 10 s: far more than its stream can buffer.
+    let paused = Instant::now();
+    put_all(&writer, numbered("slow/", WRITES, "0123456789abcdef")).await;
+    println!("{WRITES} writes in {:?}", paused.elapsed());
+    tokio::time::sleep_until(paused + Duration::from_secs(10)).await;
 
-    // Now it reads: every event since it started, in order, none twice
-    // (the 25 000 "cool" writes came after the 100 000 and are included).
-    let expected = WRITES + WRITES / 4;
+    // Now it reads: every event since it started, in order, none twice.
     let mut next_rev = first_rev;
     let mut count = 0;
     let started = Instant::now();
-    while count < expected {
+    while count < WRITES {
         let resp = next(&mut stream).await;
         assert!(!resp.canceled(), "cancelled instead of caught up: {resp:?}");
         for event in resp.events() {
@@ -380,17 +370,17 @@ async fn a_watcher_that_stops_reading_slows_no_writer_and_then_gets_every_event(
         "the stalled watcher then received all {count} events in {:.1}s",
         started.elapsed().as_secs_f64()
     );
-    let metrics = cluster.metrics(1).await;
-    assert!(
-        metrics.contains("latchkey_watch_slow_streams_total"),
-        "the lagging stream is counted"
-    );
+    let slow = cluster
+        .metric(1, "latchkey_watch_slow_streams_total")
+        .await
+        .unwrap_or(0.0);
+    assert!(slow >= 1.0, "the lagging stream is counted ({slow})");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_revision_larger_than_a_message_arrives_in_fragments_when_asked() {
     // Responses are limited to the request limit, 64 KiB here.
-    let cluster = Cluster::start(1, &["--max-request-bytes", "65536"]).await;
+    let cluster = Cluster::start(CELL_BIN, 1, &["--max-request-bytes", "65536"]).await;
     let mut client = cluster.client(1).await;
     let lease = client.lease_grant(60, None).await.expect("grant").id();
     let big = "x".repeat(10_000);
@@ -431,6 +421,7 @@ async fn a_revision_larger_than_a_message_arrives_in_fragments_when_asked() {
 async fn automatic_compaction_keeps_the_configured_history() {
     // Revision mode: keep the last 10 revisions (checked every 5 s).
     let by_revision = Cluster::start(
+        CELL_BIN,
         1,
         &[
             "--auto-compaction-mode",
@@ -441,38 +432,29 @@ async fn automatic_compaction_keeps_the_configured_history() {
     )
     .await;
     // Periodic mode: keep the last 2 seconds.
-    let by_time = Cluster::start(1, &["--auto-compaction-retention", "2s"]).await;
+    let by_time = Cluster::start(CELL_BIN, 1, &["--auto-compaction-retention", "2s"]).await;
     for cluster in [&by_revision, &by_time] {
         let mut client = cluster.client(1).await;
         let mut last = 0;
         for i in 0..30 {
             last = put(&mut client, &format!("ac/{i}"), "v").await;
         }
-        let deadline = Instant::now() + Duration::from_secs(15);
-        let compacted = loop {
-            let err = client
-                .get(
-                    "ac/0",
-                    Some(etcd_client::GetOptions::new().with_revision(2)),
-                )
+        eventually(Duration::from_secs(15), async || {
+            match client
+                .get("ac/0", Some(GetOptions::new().with_revision(2)))
                 .await
-                .err();
-            if let Some(e) = err {
-                break e.to_string();
+            {
+                Err(e) => {
+                    assert_eq!(err_text(e), COMPACTED);
+                    Ok(())
+                }
+                Ok(_) => Err("revision 2 still reads: history was never compacted"),
             }
-            assert!(Instant::now() < deadline, "history was never compacted");
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        };
-        assert!(
-            compacted.contains("required revision has been compacted"),
-            "{compacted}"
-        );
+        })
+        .await;
         // The retained history still reads.
         let recent = client
-            .get(
-                "ac/29",
-                Some(etcd_client::GetOptions::new().with_revision(last)),
-            )
+            .get("ac/29", Some(GetOptions::new().with_revision(last)))
             .await
             .expect("a recent revision still reads");
         assert_eq!(recent.count(), 1);
@@ -482,18 +464,14 @@ async fn automatic_compaction_keeps_the_configured_history() {
     let status = client.status().await.expect("status");
     let revision = status.header().expect("header").revision();
     let err = client
-        .get(
-            "ac/0",
-            Some(etcd_client::GetOptions::new().with_revision(revision - 11)),
-        )
+        .get("ac/0", Some(GetOptions::new().with_revision(revision - 11)))
         .await
         .expect_err("compacted");
-    assert!(err.to_string().contains("compacted"));
+    assert_eq!(err_text(err), COMPACTED);
     client
-        .get(
-            "ac/0",
-            Some(etcd_client::GetOptions::new().with_revision(revision - 10)),
-        )
+        .get("ac/0", Some(GetOptions::new().with_revision(revision - 10)))
         .await
         .expect("the last 10 revisions are kept");
 }
+
+const COMPACTED: &str = "OutOfRange: etcdserver: mvcc: required revision has been compacted";

@@ -1,53 +1,17 @@
 //! etcd's own command-line client (Debian's etcd-client package, etcd 3.4)
 //! against a three-member cell: a scripted session with outputs checked.
 
-use crate::harness::Cluster;
-use std::time::Duration;
-
-/// Runs etcdctl against `endpoints`; returns stdout, panics with stderr on
-/// failure. Bounded by a timeout.
-async fn etcdctl(endpoints: &str, args: &[&str], stdin: Option<&str>) -> String {
-    use tokio::io::AsyncWriteExt;
-    let mut cmd = tokio::process::Command::new("etcdctl");
-    cmd.env("ETCDCTL_API", "3")
-        .arg(format!("--endpoints={endpoints}"))
-        .arg("--command-timeout=10s")
-        .args(args)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true);
-    let mut child = cmd
-        .spawn()
-        .expect("etcdctl is installed (the README's test command installs etcd-client)");
-    let mut input = child.stdin.take().expect("stdin");
-    if let Some(text) = stdin {
-        input.write_all(text.as_bytes()).await.expect("write stdin");
-    }
-    drop(input);
-    let out = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
-        .await
-        .expect("etcdctl finished in time")
-        .expect("etcdctl ran");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(
-        out.status.success(),
-        "etcdctl {args:?} failed: {stderr}{stdout}"
-    );
-    stdout
-}
+use crate::CELL_BIN;
+use latchkey_testkit::{
+    etcdctl, eventually, free_port, member_id_in, try_etcdctl, Cluster, EtcdctlProcess,
+};
+use tokio::time::Duration;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcdctl_scripted_session() {
-    let cluster = Cluster::start(3, &[]).await;
-    let all = cluster
-        .members
-        .iter()
-        .map(|m| m.client.clone())
-        .collect::<Vec<_>>()
-        .join(",");
-    let one = cluster.members[1].client.clone();
+    let cluster = Cluster::start(CELL_BIN, 3, &[]).await;
+    let all = cluster.client_addrs();
+    let one = cluster.member(2).client.clone();
 
     assert_eq!(etcdctl(&one, &["put", "foo", "bar"], None).await, "OK\n");
     assert_eq!(etcdctl(&one, &["put", "foo2", "baz"], None).await, "OK\n");
@@ -90,10 +54,7 @@ async fn etcdctl_scripted_session() {
         "unexpected timetolive output {ttl:?}"
     );
     let listed = etcdctl(&one, &["lease", "list"], None).await;
-    assert!(
-        listed.contains(&id),
-        "lease list shows the lease: {listed:?}"
-    );
+    assert_eq!(listed, format!("found 1 leases\n{id}\n"));
     assert_eq!(
         etcdctl(&one, &["lease", "revoke", &id], None).await,
         format!("lease {id} revoked\n")
@@ -122,104 +83,43 @@ async fn etcdctl_scripted_session() {
     );
     assert!(lines.iter().all(|l| l.contains("3.5.0")), "{status}");
 
-    // Member list: three started members with their peer and client URLs.
-    // Members publish their names and client URLs through Raft right
-    // after start; allow that a moment.
-    let mut members = String::new();
-    for _ in 0..50 {
-        members = etcdctl(&one, &["member", "list"], None).await;
-        if !members.contains("unstarted") {
-            break;
+    // Member list: three started members with their peer and client URLs
+    // (`%x` ids, unpadded). Members publish their names and client URLs
+    // through Raft right after start; allow that a moment.
+    let mut expected: Vec<String> = cluster
+        .members
+        .iter()
+        .map(|m| {
+            format!(
+                "{:x}, started, cell-{}, http://{}, http://{}, false",
+                m.id, m.id, m.peer, m.client
+            )
+        })
+        .collect();
+    expected.sort();
+    eventually(Duration::from_secs(10), async || {
+        let members = etcdctl(&one, &["member", "list"], None).await;
+        let mut lines: Vec<&str> = members.lines().collect();
+        lines.sort();
+        if lines == expected {
+            Ok(())
+        } else {
+            Err(format!("member list {lines:?}, expected {expected:?}"))
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    assert_eq!(members.lines().count(), 3, "{members}");
-    for m in &cluster.members {
-        let line = members
-            .lines()
-            .find(|l| l.starts_with(&format!("{:x}, ", m.id)))
-            .unwrap_or_else(|| panic!("member {} missing: {members}", m.id));
-        assert!(line.contains(", started, "), "{line}");
-        assert!(line.contains(&format!("http://{}", m.peer)), "{line}");
-        assert!(line.contains(&format!("http://{}", m.client)), "{line}");
-        assert!(line.ends_with(", false"), "voter, not learner: {line}");
-    }
-}
-
-/// A long-running etcdctl (watch, lock, elect) whose output is read line by
-/// line; killed when dropped.
-struct Running {
-    child: tokio::process::Child,
-    lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
-}
-
-impl Running {
-    fn start(endpoints: &str, args: &[&str]) -> Running {
-        use tokio::io::AsyncBufReadExt;
-        let mut child = tokio::process::Command::new("etcdctl")
-            .env("ETCDCTL_API", "3")
-            .arg(format!("--endpoints={endpoints}"))
-            .args(args)
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("etcdctl runs");
-        let stdout = child.stdout.take().expect("stdout");
-        Running {
-            child,
-            lines: tokio::io::BufReader::new(stdout).lines(),
-        }
-    }
-
-    /// The next `n` lines, within 15 s.
-    async fn lines(&mut self, n: usize) -> Vec<String> {
-        let mut out = Vec::new();
-        while out.len() < n {
-            let line = tokio::time::timeout(Duration::from_secs(15), self.lines.next_line())
-                .await
-                .unwrap_or_else(|_| panic!("no output in time; so far {out:?}"))
-                .expect("read etcdctl output")
-                .unwrap_or_else(|| panic!("etcdctl ended; so far {out:?}"));
-            out.push(line);
-        }
-        out
-    }
-
-    /// Whether a line arrives within `wait`.
-    async fn quiet_for(&mut self, wait: Duration) -> bool {
-        tokio::time::timeout(wait, self.lines.next_line())
-            .await
-            .is_err()
-    }
-
-    /// Ctrl-C: etcdctl releases its lock or leadership and exits.
-    fn interrupt(&self) {
-        if let Some(pid) = self.child.id() {
-            let _ = std::process::Command::new("kill")
-                .args(["-INT", &pid.to_string()])
-                .status();
-        }
-    }
+    })
+    .await;
 }
 
 /// Waits until member `id` serves at least `n` watches (so a watch started
 /// by a separate process is in place before the writes it must see).
 async fn wait_watchers(cluster: &Cluster, id: u64, n: usize) {
-    for _ in 0..150 {
-        let metrics = cluster.metrics(id).await;
-        let watchers = metrics
-            .lines()
-            .find_map(|l| l.strip_prefix("latchkey_watchers "))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .unwrap_or(0.0);
-        if watchers >= n as f64 {
-            return;
+    eventually(Duration::from_secs(15), async || {
+        match cluster.metric(id, "latchkey_watchers").await {
+            Some(w) if w >= n as f64 => Ok(()),
+            seen => Err(format!("member {id} has {seen:?} watchers, not {n}")),
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("member {id} never had {n} watchers");
+    })
+    .await
 }
 
 fn lines(v: &[&str]) -> Vec<String> {
@@ -228,35 +128,43 @@ fn lines(v: &[&str]) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcdctl_watch_members_status_snapshot_lock_and_elect() {
-    let mut cluster = Cluster::start(3, &[]).await;
-    let all = cluster
-        .members
-        .iter()
-        .map(|m| m.client.clone())
-        .collect::<Vec<_>>()
-        .join(",");
-    let two = cluster.member(2).client.clone();
+    let mut cluster = Cluster::start(CELL_BIN, 3, &[]).await;
+    // The three founding members, also after a fourth came and went.
+    let all = cluster.client_addrs();
+    check_watch(&cluster, &all).await;
+    check_watch_from_a_revision(&cluster, &all).await;
+    check_member_add_promote_remove(&mut cluster, &all).await;
+    check_endpoint_status_table(&all).await;
+    check_snapshot_save(&cluster).await;
+    check_lock(&all).await;
+    check_elect(&all).await;
+}
 
-    // watch: live changes to one key, served by member 2.
-    let mut watch = Running::start(&two, &["watch", "foo"]);
-    wait_watchers(&cluster, 2, 1).await;
-    etcdctl(&all, &["put", "foo", "bar"], None).await;
-    etcdctl(&all, &["put", "other", "x"], None).await;
-    etcdctl(&all, &["del", "foo"], None).await;
+/// watch: live changes to one key, served by member 2.
+async fn check_watch(cluster: &Cluster, all: &str) {
+    let two = cluster.member(2).client.clone();
+    let mut watch = EtcdctlProcess::start(&two, &["watch", "foo"]);
+    wait_watchers(cluster, 2, 1).await;
+    etcdctl(all, &["put", "foo", "bar"], None).await;
+    etcdctl(all, &["put", "other", "x"], None).await;
+    etcdctl(all, &["del", "foo"], None).await;
     assert_eq!(
         watch.lines(6).await,
         lines(&["PUT", "foo", "bar", "DELETE", "foo", ""])
     );
     drop(watch);
+}
 
-    // watch --prefix --rev N: history from N, then live.
-    let json = etcdctl(&all, &["put", "pre/a", "1", "-w", "json"], None).await;
+/// watch --prefix --rev N: history from N, then live.
+async fn check_watch_from_a_revision(cluster: &Cluster, all: &str) {
+    let two = cluster.member(2).client.clone();
+    let json = etcdctl(all, &["put", "pre/a", "1", "-w", "json"], None).await;
     let rev = serde_json::from_str::<serde_json::Value>(&json).expect("json")["header"]["revision"]
         .as_i64()
         .expect("revision");
-    etcdctl(&all, &["put", "pre/b", "2"], None).await;
-    etcdctl(&all, &["del", "pre/a"], None).await;
-    let mut history = Running::start(
+    etcdctl(all, &["put", "pre/b", "2"], None).await;
+    etcdctl(all, &["del", "pre/a"], None).await;
+    let mut history = EtcdctlProcess::start(
         &two,
         &["watch", "--prefix", "--rev", &rev.to_string(), "pre/"],
     );
@@ -264,14 +172,16 @@ async fn etcdctl_watch_members_status_snapshot_lock_and_elect() {
         history.lines(9).await,
         lines(&["PUT", "pre/a", "1", "PUT", "pre/b", "2", "DELETE", "pre/a", ""])
     );
-    etcdctl(&all, &["put", "pre/c", "3"], None).await;
+    etcdctl(all, &["put", "pre/c", "3"], None).await;
     assert_eq!(history.lines(3).await, lines(&["PUT", "pre/c", "3"]));
     drop(history);
+}
 
-    // member add --learner, start it with --join, promote, remove.
-    let peer = format!("127.0.0.1:{}", crate::harness::free_port());
+/// member add --learner, start it with --join, promote, remove.
+async fn check_member_add_promote_remove(cluster: &mut Cluster, all: &str) {
+    let peer = format!("127.0.0.1:{}", free_port());
     let added = etcdctl(
-        &all,
+        all,
         &[
             "member",
             "add",
@@ -282,70 +192,71 @@ async fn etcdctl_watch_members_status_snapshot_lock_and_elect() {
         None,
     )
     .await;
-    let first = added.lines().next().unwrap_or_default();
-    let hex = first
-        .strip_prefix("Member ")
-        .and_then(|s| s.split_once(" added to cluster "))
-        .map(|(id, _)| id.to_string())
-        .unwrap_or_else(|| panic!("unexpected member add output {added:?}"));
+    // "Member %16x added to cluster %16x": space-padded below 2^60.
+    let id = member_id_in(&added);
+    assert!(
+        added.starts_with(&format!("Member {id:16x} added to cluster ")),
+        "{added:?}"
+    );
+    let hex = format!("{id:x}");
     assert!(added.contains("ETCD_NAME=\"newbie\""), "{added}");
     assert!(
         added.contains("ETCD_INITIAL_CLUSTER_STATE=\"existing\""),
         "{added}"
     );
-    let id = u64::from_str_radix(&hex, 16).expect("hex member id");
-    let listed = etcdctl(&all, &["member", "list"], None).await;
+    let listed = etcdctl(all, &["member", "list"], None).await;
     assert!(
-        listed.contains(&format!("{hex}, unstarted, , http://{peer}, , true")),
+        listed
+            .lines()
+            .any(|l| l == format!("{hex}, unstarted, , http://{peer}, , true")),
         "{listed}"
     );
     cluster.new_joiner(id, peer.clone());
     cluster.spawn(id);
-    let mut promoted = String::new();
-    for _ in 0..60 {
-        let out = tokio::process::Command::new("etcdctl")
-            .env("ETCDCTL_API", "3")
-            .args([&format!("--endpoints={all}"), "member", "promote", &hex])
-            .output()
-            .await
-            .expect("etcdctl runs");
-        promoted = String::from_utf8_lossy(&out.stdout).into_owned();
-        if out.status.success() {
-            break;
+    // Refused with etcd's own text until the learner is in sync.
+    let promoted = eventually(Duration::from_secs(30), async || {
+        let out = try_etcdctl(all, &["member", "promote", &hex], None).await;
+        if let Err(e) = &out {
+            assert!(
+                e.contains(
+                    "etcdserver: can only promote a learner member which is in sync with leader"
+                ),
+                "{e}"
+            );
         }
-        // Not yet in sync with the leader: etcd's own refusal text.
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            err.contains("can only promote a learner member which is in sync with leader"),
-            "{err}"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+        out
+    })
+    .await;
     assert!(
-        promoted.starts_with(&format!("Member {hex} promoted in cluster ")),
+        promoted.starts_with(&format!("Member {id:16x} promoted in cluster ")),
         "{promoted:?}"
     );
-    let listed = etcdctl(&all, &["member", "list"], None).await;
+    let listed = etcdctl(all, &["member", "list"], None).await;
     let line = listed
         .lines()
-        .find(|l| l.starts_with(&hex))
+        .find(|l| l.starts_with(&format!("{hex}, ")))
         .unwrap_or_else(|| panic!("{listed}"));
-    assert!(line.ends_with(", false"), "a voter now: {line}");
-    let removed = etcdctl(&all, &["member", "remove", &hex], None).await;
     assert!(
-        removed.starts_with(&format!("Member {hex} removed from cluster ")),
+        line.contains(&format!(", http://{peer}, ")) && line.ends_with(", false"),
+        "a voter now: {line}"
+    );
+    let removed = etcdctl(all, &["member", "remove", &hex], None).await;
+    assert!(
+        removed.starts_with(&format!("Member {id:16x} removed from cluster ")),
         "{removed:?}"
     );
     assert_eq!(
-        etcdctl(&all, &["member", "list"], None)
+        etcdctl(all, &["member", "list"], None)
             .await
             .lines()
             .count(),
         3
     );
+}
 
-    // endpoint status -w table: a header and one row per member, one leader.
-    let table = etcdctl(&all, &["endpoint", "status", "-w", "table"], None).await;
+/// endpoint status -w table: a header and one row per member, one leader.
+async fn check_endpoint_status_table(all: &str) {
+    let table = etcdctl(all, &["endpoint", "status", "-w", "table"], None).await;
     let rows: Vec<Vec<String>> = table
         .lines()
         .filter(|l| l.starts_with('|'))
@@ -376,8 +287,11 @@ async fn etcdctl_watch_members_status_snapshot_lock_and_elect() {
         1,
         "{table}"
     );
+}
 
-    // snapshot save: a state file a new cell can be restored from.
+/// snapshot save: a state file a new cell can be restored from.
+async fn check_snapshot_save(cluster: &Cluster) {
+    let two = cluster.member(2).client.clone();
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("cell.snap");
     let path = path.to_str().expect("utf-8");
@@ -388,30 +302,34 @@ async fn etcdctl_watch_members_status_snapshot_lock_and_elect() {
     );
     let bytes = std::fs::read(path).expect("the snapshot file");
     assert!(bytes.starts_with(b"latchkey-state-v1\n"));
+}
 
-    // lock: the second locker waits until the first lets go.
-    let mut first = Running::start(&all, &["lock", "mylock"]);
+/// lock: the second locker waits until the first lets go.
+async fn check_lock(all: &str) {
+    let mut first = EtcdctlProcess::start(all, &["lock", "mylock"]);
     let held = first.lines(1).await;
     assert!(held[0].starts_with("mylock/"), "{held:?}");
-    let mut second = Running::start(&all, &["lock", "mylock", "echo", "second holder"]);
+    let mut second = EtcdctlProcess::start(all, &["lock", "mylock", "echo", "second holder"]);
     assert!(
         second.quiet_for(Duration::from_secs(2)).await,
         "two holders at once"
     );
     first.interrupt();
     assert_eq!(second.lines(1).await, lines(&["second holder"]));
+}
 
-    // elect: a campaigner leads, an observer sees it, a second campaigner
-    // takes over when the first resigns.
-    let mut p1 = Running::start(&all, &["elect", "myelection", "p1"]);
+/// elect: a campaigner leads, an observer sees it, a second campaigner
+/// takes over when the first resigns.
+async fn check_elect(all: &str) {
+    let mut p1 = EtcdctlProcess::start(all, &["elect", "myelection", "p1"]);
     let led = p1.lines(2).await;
     assert!(
         led[0].starts_with("myelection/") && led[1] == "p1",
         "{led:?}"
     );
-    let mut observer = Running::start(&all, &["elect", "-l", "myelection"]);
+    let mut observer = EtcdctlProcess::start(all, &["elect", "-l", "myelection"]);
     assert_eq!(observer.lines(2).await, led);
-    let mut p2 = Running::start(&all, &["elect", "myelection", "p2"]);
+    let mut p2 = EtcdctlProcess::start(all, &["elect", "myelection", "p2"]);
     assert!(
         p2.quiet_for(Duration::from_secs(2)).await,
         "two leaders at once"

@@ -1,12 +1,15 @@
 //! Membership changes under load, MoveLeader, and a new cell restored from
 //! a Maintenance snapshot.
 
-use crate::harness::{free_port, Cluster};
+use crate::CELL_BIN;
 use etcd_client::{Client, GetOptions, MemberAddOptions};
+use latchkey_testkit::{err_text, eventually, free_port, BackgroundWriter, Cluster};
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use tokio::time::{Duration, Instant};
+
+/// How long a membership call may keep finding the cell busy, or the
+/// learner not yet caught up, before the test gives up.
+const MEMBERSHIP_WITHIN: Duration = Duration::from_secs(60);
 
 /// Every member id and whether it is a learner, as `via` sees them.
 async fn members(via: &mut Client) -> BTreeMap<u64, bool> {
@@ -19,105 +22,11 @@ async fn members(via: &mut Client) -> BTreeMap<u64, bool> {
         .collect()
 }
 
-/// Retries `op` (a membership call that may find the cell busy, or the
-/// learner not yet caught up) for up to 60 s.
-async fn retry<T, F, Fut>(what: &str, mut op: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
-{
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        match op().await {
-            Ok(v) => return v,
-            Err(e) if Instant::now() < deadline => {
-                println!("{what}: {e}; retrying");
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-            Err(e) => panic!("{what} kept failing: {e}"),
-        }
-    }
-}
-
-/// Keys written and acknowledged by a background writer.
-struct Writer {
-    acked: Arc<Mutex<Vec<String>>>,
-    stop: Arc<AtomicBool>,
-    task: tokio::task::JoinHandle<usize>,
-}
-
-impl Writer {
-    /// Writes `grow/N` keys one after another through `endpoints`,
-    /// recording each acknowledged one; failures (elections, membership
-    /// changes) are counted, not acknowledged.
-    fn start(endpoints: Vec<String>) -> Writer {
-        let acked = Arc::new(Mutex::new(Vec::new()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let task = tokio::spawn({
-            let acked = acked.clone();
-            let stop = stop.clone();
-            async move {
-                let opts = etcd_client::ConnectOptions::new()
-                    .with_timeout(Duration::from_secs(5))
-                    .with_connect_timeout(Duration::from_secs(1));
-                let mut client = Client::connect(endpoints, Some(opts))
-                    .await
-                    .expect("writer connects");
-                let mut failures = 0;
-                let mut i = 0;
-                while !stop.load(Ordering::Relaxed) {
-                    let key = format!("grow/{i:06}");
-                    match client.put(key.as_str(), format!("v{i}"), None).await {
-                        Ok(_) => acked.lock().expect("lock").push(key),
-                        Err(e) => {
-                            if failures < 5 {
-                                println!("write {key} failed: {e}");
-                            }
-                            failures += 1;
-                            tokio::time::sleep(Duration::from_millis(50)).await;
-                        }
-                    }
-                    i += 1;
-                }
-                failures
-            }
-        });
-        Writer { acked, stop, task }
-    }
-
-    fn count(&self) -> usize {
-        self.acked.lock().expect("lock").len()
-    }
-
-    async fn finish(self) -> Vec<String> {
-        self.stop.store(true, Ordering::Relaxed);
-        let failures = self.task.await.expect("writer task");
-        let acked = self.acked.lock().expect("lock").clone();
-        println!("writer: {} acknowledged, {failures} failed", acked.len());
-        acked
-    }
-}
-
-/// Waits until `n` more writes have been acknowledged (bounded).
-async fn wait_writes(writer: &Writer, n: usize) {
-    let target = writer.count() + n;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while writer.count() < target {
-        assert!(Instant::now() < deadline, "writes stalled");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cell_grows_from_three_to_five_with_join_under_writes_and_shrinks_losing_nothing() {
-    let mut cluster = Cluster::start(3, &[]).await;
-    let endpoints: Vec<String> = cluster
-        .members
-        .iter()
-        .map(|m| format!("http://{}", m.client))
-        .collect();
-    let writer = Writer::start(endpoints);
-    wait_writes(&writer, 50).await;
+    let mut cluster = Cluster::start(CELL_BIN, 3, &[]).await;
+    let writer = BackgroundWriter::start(cluster.endpoints(), "grow/");
+    writer.wait_for_more(50).await;
     let mut admin = cluster.client(1).await;
 
     // Member 4: added as a learner, started with --join, promoted once it
@@ -136,17 +45,17 @@ async fn a_cell_grows_from_three_to_five_with_join_under_writes_and_shrinks_losi
     cluster.spawn(id4);
     // A learner serves serializable reads from its own copy.
     let mut learner = cluster.client(id4).await;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    eventually(Duration::from_secs(30), async || {
         let got = learner
             .get("grow/000000", Some(GetOptions::new().with_serializable()))
-            .await;
-        if got.is_ok_and(|r| r.count() == 1) {
-            break;
+            .await
+            .map_err(err_text)?;
+        match got.count() {
+            1 => Ok(()),
+            _ => Err("the learner has not caught up".to_string()),
         }
-        assert!(Instant::now() < deadline, "the learner never caught up");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
     // ...and watches: the writer's next puts reach a watch on the learner.
     let mut watch = learner
         .watch(
@@ -167,25 +76,25 @@ async fn a_cell_grows_from_three_to_five_with_join_under_writes_and_shrinks_losi
     // A learner does not vote: still one learner among four members.
     let listed = members(&mut admin).await;
     assert_eq!(listed.values().filter(|l| **l).count(), 1, "{listed:?}");
-    retry("promote", || {
-        let mut c = admin.clone();
-        async move { c.member_promote(id4).await }
+    eventually(MEMBERSHIP_WITHIN, async || {
+        admin.member_promote(id4).await.map_err(err_text)
     })
     .await;
-    wait_writes(&writer, 50).await;
+    writer.wait_for_more(50).await;
 
     // Member 5: added directly as a voter, then started.
     let peer5 = format!("127.0.0.1:{}", free_port());
-    let added = retry("member add", || {
-        let mut c = admin.clone();
-        let url = format!("http://{peer5}");
-        async move { c.member_add([url], None).await }
+    let added = eventually(MEMBERSHIP_WITHIN, async || {
+        admin
+            .member_add([format!("http://{peer5}")], None)
+            .await
+            .map_err(err_text)
     })
     .await;
     let id5 = added.member().expect("the new member").id();
     cluster.new_joiner(id5, peer5);
     cluster.spawn(id5);
-    wait_writes(&writer, 50).await;
+    writer.wait_for_more(50).await;
     let five = members(&mut admin).await;
     assert_eq!(five.len(), 5, "{five:?}");
     assert!(
@@ -196,84 +105,42 @@ async fn a_cell_grows_from_three_to_five_with_join_under_writes_and_shrinks_losi
     // Remove the leader: the hardest member to lose. Asked through another
     // member; a retry after an ambiguous failure may find it gone.
     let victim = cluster.wait_leader(Duration::from_secs(10)).await;
-    let via = *cluster
-        .running()
-        .iter()
-        .find(|id| **id != victim)
-        .expect("another member");
+    let via = cluster.follower_of(victim);
     let mut admin = cluster.client(via).await;
     println!("removing the leader, member {victim}, through member {via}");
-    retry("member remove", || {
-        let mut c = admin.clone();
-        async move {
-            match c.member_remove(victim).await {
-                Err(e) if e.to_string().contains("member not found") => Ok(()),
-                other => other.map(|_| ()),
-            }
+    eventually(MEMBERSHIP_WITHIN, async || {
+        match admin.member_remove(victim).await.map_err(err_text) {
+            Err(e) if e == "NotFound: etcdserver: member not found" => Ok(()),
+            other => other.map(|_| ()),
         }
     })
     .await;
-    wait_writes(&writer, 50).await;
+    writer.wait_for_more(50).await;
     // A removed member stops by itself, as in etcd.
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !cluster.exited(victim) {
-        assert!(Instant::now() < deadline, "the removed member kept running");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually(Duration::from_secs(15), async || {
+        if cluster.exited(victim) {
+            Ok(())
+        } else {
+            Err("the removed member kept running")
+        }
+    })
+    .await;
     cluster.kill(victim);
-    wait_writes(&writer, 50).await;
+    writer.wait_for_more(50).await;
     let acked = writer.finish().await;
     let four = members(&mut admin).await;
     assert_eq!(four.len(), 4, "{four:?}");
     assert!(!four.contains_key(&victim));
 
     // Every acknowledged write is on every remaining member.
-    let leader = cluster.wait_leader(Duration::from_secs(10)).await;
-    let mut lead = cluster.client(leader).await;
-    let revision = lead
-        .get(
-            "grow/",
-            Some(GetOptions::new().with_prefix().with_count_only()),
-        )
-        .await
-        .expect("linearizable read")
-        .header()
-        .expect("header")
-        .revision();
     for id in cluster.running() {
-        let mut c = cluster.client(id).await;
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let resp = loop {
-            let resp = c
-                .get(
-                    "grow/",
-                    Some(GetOptions::new().with_prefix().with_serializable()),
-                )
-                .await
-                .expect("serializable read");
-            if resp.header().expect("header").revision() >= revision || Instant::now() > deadline {
-                break resp;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        };
-        let have: std::collections::HashSet<String> = resp
-            .kvs()
-            .iter()
-            .map(|kv| kv.key_str().expect("utf-8").to_string())
-            .collect();
-        let lost: Vec<&String> = acked.iter().filter(|k| !have.contains(*k)).collect();
-        assert!(
-            lost.is_empty(),
-            "member {id} lost {} acknowledged writes: {:?}",
-            lost.len(),
-            &lost[..lost.len().min(5)]
-        );
+        cluster.wait_member_holds(id, "grow/", &acked).await;
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn move_leader_hands_leadership_to_the_chosen_voter() {
-    let cluster = Cluster::start(3, &[]).await;
+    let cluster = Cluster::start(CELL_BIN, 3, &[]).await;
     // Around the cell three times, each time asked through the member that
     // is neither leader nor target (the request is forwarded).
     for round in 0..3 {
@@ -296,12 +163,16 @@ async fn move_leader_hands_leadership_to_the_chosen_voter() {
     }
     let mut client = cluster.client(1).await;
     let err = client.move_leader(12345).await.expect_err("not a member");
-    assert!(err.to_string().contains("bad leader transferee"), "{err}");
+    // etcd's text; etcd's code is FailedPrecondition.
+    assert_eq!(
+        err_text(err),
+        "InvalidArgument: etcdserver: bad leader transferee"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_cell_restored_from_a_snapshot_serves_the_same_keys_and_revision() {
-    let old = Cluster::start(3, &[]).await;
+    let old = Cluster::start(CELL_BIN, 3, &[]).await;
     let mut client = old.client(2).await;
     for i in 0..200 {
         client
@@ -337,7 +208,7 @@ async fn a_new_cell_restored_from_a_snapshot_serves_the_same_keys_and_revision()
     drop(old);
 
     let path_arg = path.to_str().expect("utf-8 path").to_string();
-    let restored = Cluster::start(3, &["--restore", &path_arg]).await;
+    let restored = Cluster::start(CELL_BIN, 3, &["--restore", &path_arg]).await;
     let mut client = restored.client(3).await;
     let after = client
         .get("r/", Some(GetOptions::new().with_prefix()))

@@ -1,30 +1,39 @@
 //! Sessions: batched refresh at scale through a leader kill, mass expiry
-//! without stalling writers, the `Session` client through a partition, and
-//! lease expiry bounded under leader churn.
+//! while writes go on, the `Session` client through a partition, and lease
+//! expiry bounded (from below and above) under leader churn.
 
-use crate::harness::{grant_kept_alive, Cluster, Refresher};
-use etcd_client::{Client, EventType, GetOptions, WatchOptions};
+use crate::streams::Refresher;
+use crate::CELL_BIN;
+use etcd_client::{Client, EventType, WatchOptions};
 use latchkey_shared::session::{Session, SessionOptions, SessionState};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use latchkey_testkit::{
+    count_keys, err_text, eventually, grant_kept_alive, metric_value, Cluster, CLOCK_SLACK,
+};
+use std::sync::{Arc, Mutex};
+use tokio::time::{Duration, Instant};
 
-/// Counts delete events under `prefix` (seen by member `client`) from now on.
-async fn count_deletes(
-    client: &mut Client,
-    prefix: &str,
-) -> (Arc<AtomicUsize>, Arc<std::sync::Mutex<Option<Instant>>>) {
+/// Delete events under a prefix, as one watch sees them arrive.
+#[derive(Debug, Default, Clone, Copy)]
+struct Deletes {
+    count: usize,
+    /// When the first and the latest delete arrived: no earlier than the
+    /// deletes themselves.
+    first: Option<Instant>,
+    last: Option<Instant>,
+}
+
+/// Counts delete events under `prefix` (seen by member `client`) from now
+/// on. A std mutex: held only to copy or bump three fields.
+async fn count_deletes(client: &mut Client, prefix: &str) -> Arc<Mutex<Deletes>> {
     let mut stream = client
         .watch(prefix, Some(WatchOptions::new().with_prefix()))
         .await
         .expect("watch");
     let created = stream.message().await.expect("watch ok").expect("created");
     assert!(created.created());
-    let deletes = Arc::new(AtomicUsize::new(0));
-    let last = Arc::new(std::sync::Mutex::new(None));
+    let deletes = Arc::new(Mutex::new(Deletes::default()));
     tokio::spawn({
         let deletes = deletes.clone();
-        let last = last.clone();
         async move {
             while let Ok(Some(resp)) = stream.message().await {
                 let n = resp
@@ -33,170 +42,151 @@ async fn count_deletes(
                     .filter(|e| e.event_type() == EventType::Delete)
                     .count();
                 if n > 0 {
-                    deletes.fetch_add(n, Ordering::SeqCst);
-                    *last.lock().expect("lock") = Some(Instant::now());
+                    let now = Instant::now();
+                    let mut d = deletes.lock().unwrap_or_else(|e| e.into_inner());
+                    d.count += n;
+                    d.first.get_or_insert(now);
+                    d.last = Some(now);
                 }
             }
         }
     });
-    (deletes, last)
+    deletes
 }
 
-async fn count_keys(client: &mut Client, prefix: &str) -> i64 {
-    client
-        .get(
-            prefix,
-            Some(GetOptions::new().with_prefix().with_count_only()),
-        )
-        .await
-        .expect("count")
-        .count()
+fn seen(deletes: &Mutex<Deletes>) -> Deletes {
+    *deletes.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hundred_thousand_leases_refreshed_in_batches_survive_a_leader_kill() {
     const LEASES: usize = 100_000;
     const TTL: i64 = 15;
-    let mut cluster = Cluster::start(3, &[]).await;
-    let leader = cluster.wait_leader(Duration::from_secs(10)).await;
-    let via = (1..=3).find(|id| *id != leader).expect("a follower");
+    let mut cluster = Cluster::start(CELL_BIN, 3, &[]).await;
+    let leader = cluster.leader_at_start();
+    let via = cluster.follower();
     let writer = cluster.client(leader).await;
     // Refreshes go through a follower that survives the kill; one request
     // per round names all 100 000 leases.
     let addr = cluster.member(via).client.clone();
     let mut refresher = Refresher::open(&addr).await.expect("refresh stream");
     let started = Instant::now();
-    let leases = grant_kept_alive(&writer, &mut refresher, LEASES, TTL, "s/").await;
+    let leases = grant_kept_alive(&writer, LEASES, TTL, "s/", async |ids: &[i64]| {
+        refresher.refresh(ids).await
+    })
+    .await;
     println!(
         "granted {LEASES} leases with keys in {:?}",
         started.elapsed()
     );
     // Deletes are watched through the same follower.
     let mut watcher = cluster.client(via).await;
-    let (deletes, _) = count_deletes(&mut watcher, "s/").await;
+    let deletes = count_deletes(&mut watcher, "s/").await;
     let mut rounds_after_kill = 0;
     let mut rounds_before_kill = 0;
     let mut killed_at: Option<Instant> = None;
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let t = Instant::now();
-        match refresher.refresh(&leases).await {
-            Ok(ttls) => {
-                let dead = ttls.iter().filter(|t| **t <= 0).count();
-                assert_eq!(dead, 0, "{dead} leases were gone at a refresh");
-                println!("refreshed {} leases in {:?}", ttls.len(), t.elapsed());
-                if killed_at.is_some() {
-                    rounds_after_kill += 1;
-                } else {
-                    rounds_before_kill += 1;
+    // Refresh every 3 s until more than TTL + grace after the kill.
+    tokio::time::timeout(Duration::from_secs(120), async {
+        while !killed_at.is_some_and(|k| k.elapsed() > Duration::from_secs(TTL as u64 + 8)) {
+            let t = Instant::now();
+            match refresher.refresh(&leases).await {
+                Ok(ttls) => {
+                    let dead = ttls.iter().filter(|t| **t <= 0).count();
+                    assert_eq!(dead, 0, "{dead} leases were gone at a refresh");
+                    println!("refreshed {} leases in {:?}", ttls.len(), t.elapsed());
+                    if killed_at.is_some() {
+                        rounds_after_kill += 1;
+                    } else {
+                        rounds_before_kill += 1;
+                    }
+                }
+                Err(e) => {
+                    // The leader is gone and the follower forwards to
+                    // nobody yet, or the stream broke: reopen and go on.
+                    println!("refresh failed ({e}); reopening");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    if let Ok(r) = Refresher::open(&addr).await {
+                        refresher = r;
+                    }
                 }
             }
-            Err(e) => {
-                // The leader is gone and the follower forwards to nobody
-                // yet, or the stream broke: reopen and go on.
-                println!("refresh failed ({e}); reopening");
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                if let Ok(r) = Refresher::open(&addr).await {
-                    refresher = r;
-                }
+            if killed_at.is_none() && rounds_before_kill >= 2 {
+                // SIGKILL the leader after two rounds.
+                cluster.kill(leader);
+                killed_at = Some(Instant::now());
+                println!("killed leader {leader}");
             }
+            tokio::time::sleep_until(t + Duration::from_secs(3)).await;
         }
-        if killed_at.is_none() && rounds_before_kill >= 2 {
-            // SIGKILL the leader after two rounds.
-            cluster.kill(leader);
-            killed_at = Some(Instant::now());
-            println!("killed leader {leader}");
-        }
-        // Keep refreshing for longer than TTL + grace after the kill.
-        if killed_at.is_some_and(|k| k.elapsed() > Duration::from_secs(TTL as u64 + 8)) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "refreshing took too long");
-        let elapsed = t.elapsed();
-        tokio::time::sleep(Duration::from_secs(3).saturating_sub(elapsed)).await;
-    }
+    })
+    .await
+    .expect("refreshing took too long");
     assert!(rounds_after_kill >= 3, "refreshes went on after the kill");
-    assert_eq!(
-        deletes.load(Ordering::SeqCst),
-        0,
-        "no leased key was deleted"
-    );
+    assert_eq!(seen(&deletes).count, 0, "no leased key was deleted");
     let mut reader = cluster.client(via).await;
-    assert_eq!(count_keys(&mut reader, "s/").await, LEASES as i64);
+    assert_eq!(count_keys(&reader, "s/").await, LEASES as i64);
     let listed = reader.leases().await.expect("lease list").leases().len();
     assert_eq!(listed, LEASES);
 }
 
+/// The expiry half of a test that also measured writers: write p99
+/// during the mass expiry <= 3 x before is a load-test scenario now, not a
+/// timed test. Writes still go on throughout, and each must succeed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ten_thousand_leases_expire_together_within_ttl_plus_two_seconds_without_stalling_writes() {
+async fn ten_thousand_leases_expire_together_within_ttl_plus_two_seconds_while_writes_go_on() {
     const LEASES: usize = 10_000;
-    const TTL: i64 = 10;
-    let cluster = Cluster::start(3, &[]).await;
-    let leader = cluster.wait_leader(Duration::from_secs(10)).await;
+    const TTL: u64 = 10;
+    let ttl = Duration::from_secs(TTL);
+    let cluster = Cluster::start(CELL_BIN, 3, &[]).await;
+    let leader = cluster.leader_at_start();
     let client = cluster.client(leader).await;
     let addr = cluster.member(leader).client.clone();
     let mut refresher = Refresher::open(&addr).await.expect("refresh stream");
-    let short = grant_kept_alive(&client, &mut refresher, LEASES, TTL, "x/").await;
+    let short = grant_kept_alive(&client, LEASES, TTL as i64, "x/", async |ids: &[i64]| {
+        refresher.refresh(ids).await
+    })
+    .await;
     let mut watcher = cluster.client(leader).await;
-    let (deletes, last_delete) = count_deletes(&mut watcher, "x/").await;
+    let deletes = count_deletes(&mut watcher, "x/").await;
+    // The last refresh: the cell handles it after `refresh_sent`, so no
+    // lease may go before refresh_sent + TTL; all must go by stopped +
+    // TTL + 2 s.
+    let refresh_sent = Instant::now();
     let ttls = refresher.refresh(&short).await.expect("refresh");
     assert!(
-        ttls.iter().all(|t| *t == TTL),
+        ttls.iter().all(|t| *t == TTL as i64),
         "all alive at the last refresh"
     );
     let stopped = Instant::now();
 
-    // Another client writes one key at a time and records each latency.
+    // Another client writes one key at a time throughout the expiry.
     let mut writer = cluster.client(leader).await;
-    let mut samples: Vec<(Duration, Duration)> = Vec::new();
-    let until = stopped + Duration::from_secs(TTL as u64 + 4);
-    let mut i = 0;
-    while Instant::now() < until {
-        let t = Instant::now();
-        writer.put(format!("w/{i}"), "v", None).await.expect("put");
-        samples.push((t.duration_since(stopped), t.elapsed()));
-        i += 1;
+    let mut writes = 0;
+    while Instant::now() < stopped + ttl + Duration::from_secs(4) {
+        writer
+            .put(format!("w/{writes}"), "v", None)
+            .await
+            .unwrap_or_else(|e| panic!("write {writes} during the mass expiry: {e}"));
+        writes += 1;
     }
-    let p99 = |from: Duration, to: Duration| {
-        let mut l: Vec<Duration> = samples
-            .iter()
-            .filter(|(at, _)| *at >= from && *at < to)
-            .map(|(_, l)| *l)
-            .collect();
-        l.sort();
-        l.get((l.len() * 99 / 100).min(l.len().saturating_sub(1)))
-            .copied()
-            .unwrap_or_default()
-    };
-    let ttl = Duration::from_secs(TTL as u64);
-    let before = p99(Duration::ZERO, ttl - Duration::from_millis(500));
-    let during = p99(
-        ttl - Duration::from_millis(100),
-        ttl + Duration::from_secs(2),
-    );
-    let expired = deletes.load(Ordering::SeqCst);
-    let last = last_delete
-        .lock()
-        .expect("lock")
-        .map(|t| t.duration_since(stopped));
+    let d = seen(&deletes);
+    let first = d.first.map(|t| t - refresh_sent);
+    let last = d.last.map(|t| t - stopped);
     println!(
-        "{expired} of {LEASES} leases expired, the last {last:?} after the last refresh; \
-         write p99 {before:?} before, {during:?} during the expiry ({} writes)",
-        samples.len()
+        "{} of {LEASES} leases expired, the first {first:?} after the last refresh was sent, \
+         the last {last:?} after it was answered; {writes} writes meanwhile",
+        d.count
     );
-    assert_eq!(expired, LEASES, "every key deleted");
+    assert_eq!(d.count, LEASES, "every key deleted");
+    assert!(
+        first.is_some_and(|f| f >= ttl - CLOCK_SLACK),
+        "a lease expired early: the first delete came {first:?} after the last refresh"
+    );
     assert!(
         last.is_some_and(|l| l <= ttl + Duration::from_secs(2)),
-        "all expired within TTL + 2 s"
+        "all expired within TTL + 2 s: the last {last:?}"
     );
-    let mut reader = cluster.client(leader).await;
-    assert_eq!(count_keys(&mut reader, "x/").await, 0);
-    // Loosely: the mass expiry costs writers at most 3x their p99 (with a
-    // floor for timer noise on a busy 2-core machine).
-    assert!(
-        during <= (before * 3).max(Duration::from_millis(30)),
-        "write p99 went from {before:?} to {during:?}"
-    );
+    assert_eq!(count_keys(&client, "x/").await, 0);
 }
 
 async fn wait_state(
@@ -218,13 +208,8 @@ async fn wait_state(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_rides_out_a_short_partition_and_expires_in_a_long_one() {
     const TTL: i64 = 6;
-    let cluster = Cluster::start(3, &["--lease-grace-ms", "2000"]).await;
-    let endpoints: Vec<String> = cluster
-        .members
-        .iter()
-        .map(|m| format!("http://{}", m.client))
-        .collect();
-    let session = Session::start(&endpoints, SessionOptions::with_ttl(TTL))
+    let cluster = Cluster::start(CELL_BIN, 3, &["--lease-grace-ms", "2000"]).await;
+    let session = Session::start(&cluster.endpoints(), SessionOptions::with_ttl(TTL))
         .await
         .expect("session");
     let mut client = cluster.client(1).await;
@@ -261,12 +246,8 @@ async fn a_session_rides_out_a_short_partition_and_expires_in_a_long_one() {
         "alive again {:?} after the cells continued",
         stopped.elapsed()
     );
-    let mut client = cluster.client(1).await;
-    assert_eq!(
-        count_keys(&mut client, "eph/").await,
-        1,
-        "the lease survived"
-    );
+    let client = cluster.client(1).await;
+    assert_eq!(count_keys(&client, "eph/").await, 1, "the lease survived");
 
     // Stopped for longer than the TTL: the session gives up (expired), and
     // the cell deletes the ephemeral key once it runs again.
@@ -281,15 +262,14 @@ async fn a_session_rides_out_a_short_partition_and_expires_in_a_long_one() {
     println!("expired {:?} after the cells stopped", stopped.elapsed());
     tokio::time::sleep(Duration::from_secs(1)).await;
     cluster.signal_all("CONT");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut client = cluster.client(1).await;
-    while count_keys(&mut client, "eph/").await != 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the ephemeral key outlived its session"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let client = cluster.client(1).await;
+    eventually(Duration::from_secs(10), async || {
+        match count_keys(&client, "eph/").await {
+            0 => Ok(()),
+            _ => Err("the ephemeral key outlived its session"),
+        }
+    })
+    .await;
     assert_eq!(session.state(), SessionState::Expired);
 }
 
@@ -297,7 +277,8 @@ async fn a_session_rides_out_a_short_partition_and_expires_in_a_long_one() {
 async fn a_dead_lease_expires_within_ttl_plus_grace_through_five_leader_changes() {
     const TTL: u64 = 4;
     const GRACE: u64 = 2;
-    let cluster = Cluster::start(3, &["--lease-grace-ms", "2000"]).await;
+    const CHANGES: u32 = 5;
+    let cluster = Cluster::start(CELL_BIN, 3, &["--lease-grace-ms", "2000"]).await;
     let mut client = cluster.client(1).await;
     let lease = client
         .lease_grant(TTL as i64, None)
@@ -312,8 +293,9 @@ async fn a_dead_lease_expires_within_ttl_plus_grace_through_five_leader_changes(
         )
         .await
         .expect("put");
-    let (deletes, last_delete) = count_deletes(&mut client, "dead/").await;
-    // The last refresh the lease will ever get.
+    let deletes = count_deletes(&mut client, "dead/").await;
+    // The last refresh the lease will ever get; the cell handles it after
+    // `refreshed`, so the lease must live until refreshed + TTL.
     let addr = cluster.member(1).client.clone();
     let mut refresher = Refresher::open(&addr).await.expect("refresh stream");
     let refreshed = Instant::now();
@@ -322,63 +304,68 @@ async fn a_dead_lease_expires_within_ttl_plus_grace_through_five_leader_changes(
         vec![TTL as i64]
     );
 
-    // Five leader changes, one every 900 ms, the later ones after the
-    // lease's own deadline (where a restarting TTL would keep it alive).
-    for change in 1..=5u32 {
-        tokio::time::sleep_until(tokio::time::Instant::from_std(
-            refreshed + Duration::from_millis(900) * change,
-        ))
-        .await;
-        if deletes.load(Ordering::SeqCst) > 0 {
-            break;
-        }
+    // Five leader changes, one every 900 ms, the last ones after the
+    // lease's own deadline (where a restarting TTL would keep it alive,
+    // and where the grace each new leader gives must stay within
+    // TTL + grace of the last refresh). The lease is alive at each.
+    for change in 1..=CHANGES {
+        tokio::time::sleep_until(refreshed + Duration::from_millis(900) * change).await;
+        let d = seen(&deletes);
+        assert_eq!(
+            d.count,
+            0,
+            "the lease expired {:?} after its last refresh, before leader change {change}",
+            d.first.map(|t| t - refreshed)
+        );
         let leader = cluster.wait_leader(Duration::from_secs(10)).await;
         let target = leader % 3 + 1;
         let mut admin = cluster.client(target).await;
         admin.move_leader(target).await.expect("move leader");
+        assert_eq!(cluster.wait_leader(Duration::from_secs(10)).await, target);
         println!(
-            "change {change}: {leader} -> {target} at {:?}",
+            "change {change}: {leader} -> {target} done at {:?}",
             refreshed.elapsed()
         );
     }
     let limit = Duration::from_secs(TTL + GRACE);
-    let deadline = refreshed + limit + Duration::from_secs(3);
-    while deletes.load(Ordering::SeqCst) == 0 {
-        assert!(Instant::now() < deadline, "the dead lease is still alive");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let took = last_delete
-        .lock()
-        .expect("lock")
-        .map(|t| t.duration_since(refreshed))
-        .expect("a delete time");
+    let took = eventually(limit + Duration::from_secs(3), async || {
+        match seen(&deletes).first {
+            Some(t) => Ok(t - refreshed),
+            None => Err("the dead lease is still alive"),
+        }
+    })
+    .await;
     println!("expired {took:?} after its last refresh (TTL {TTL} s + grace {GRACE} s)");
+    assert!(
+        took >= Duration::from_secs(TTL) - CLOCK_SLACK,
+        "expired early: {took:?} after its last refresh"
+    );
     // The expiry loop looks every 100 ms, and a commit takes a few more.
     assert!(
         took <= limit + Duration::from_millis(500),
-        "expired after {took:?}"
+        "expired late: {took:?} after its last refresh"
     );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ttl_bounds_are_enforced_and_batched_refreshes_are_counted() {
-    let cluster = Cluster::start(1, &["--min-ttl", "3", "--max-ttl", "600"]).await;
+    let cluster = Cluster::start(CELL_BIN, 1, &["--min-ttl", "3", "--max-ttl", "600"]).await;
     let mut client = cluster.client(1).await;
     let short = client
         .lease_grant(2, None)
         .await
         .expect_err("below the minimum");
-    assert!(
-        short.to_string().contains("below the minimum of 3s"),
-        "{short}"
+    assert_eq!(
+        err_text(short),
+        "InvalidArgument: lease TTL 2s is below the minimum of 3s"
     );
     let long = client
         .lease_grant(601, None)
         .await
         .expect_err("above the maximum");
-    assert!(
-        long.to_string().contains("etcdserver: too large lease TTL"),
-        "{long}"
+    assert_eq!(
+        err_text(long),
+        "OutOfRange: etcdserver: too large lease TTL"
     );
     let a = client
         .lease_grant(600, None)
@@ -399,12 +386,7 @@ async fn ttl_bounds_are_enforced_and_batched_refreshes_are_counted() {
         vec![600, -1, 3]
     );
     let metrics = cluster.metrics(1).await;
-    let value = |name: &str| {
-        metrics
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-    };
-    assert_eq!(value("latchkey_refresh_batches_total "), Some(1.0));
-    assert_eq!(value("latchkey_leases_refreshed_total "), Some(3.0));
+    let value = |series: &str| metric_value(&metrics, series);
+    assert_eq!(value("latchkey_refresh_batches_total"), Some(1.0));
+    assert_eq!(value("latchkey_leases_refreshed_total"), Some(3.0));
 }

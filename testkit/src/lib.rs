@@ -1,0 +1,60 @@
+//! Test kit for latchkey: clusters of real `latchkey-cell` processes on
+//! 127.0.0.1 and the helpers that integration tests, the proxy's tests and
+//! the load test share. Every helper fails by panicking with what it saw,
+//! and every wait is bounded.
+//!
+//! # Layout
+//!
+//! - [`cluster`]: [`Cluster`] starts, kills, restarts and signals member
+//!   processes, hands out etcd clients, and finds the leader and its
+//!   followers. It takes the `latchkey-cell` binary as a parameter, so any
+//!   crate's tests can start one ([`cell_binary`] finds it outside the cell
+//!   crate).
+//! - [`ports`]: [`free_port`], ports no other test of this process holds.
+//! - [`eventually`]: [`eventually()`](eventually::eventually), the one
+//!   poll-until-deadline loop every wait is built on.
+//! - [`metrics`]: [`http_get`] for `/metrics` and `/healthz`, and
+//!   [`metric_value`] to read one series from Prometheus text.
+//! - [`etcdctl`]: etcd's own command-line client, run once
+//!   ([`etcdctl()`](etcdctl::etcdctl), [`try_etcdctl`]) or left running
+//!   and read line by line ([`EtcdctlProcess`]), and [`member_id_in`] to
+//!   read the space-padded member id it prints.
+//! - [`bulk`]: many keys and leases at once ([`put_all`], [`grant_leases`],
+//!   [`attach_keys`], [`grant_kept_alive`]) and [`count_keys`].
+//! - [`background_writer`]: [`BackgroundWriter`], one key at a time until
+//!   stopped, recording what was acknowledged (for membership changes and
+//!   failover under load).
+//! - [`errors`]: [`err_text`], an etcd-client error as `"Code: message"`.
+//!
+//! Data flows one way: a test starts a [`Cluster`], talks to its members
+//! through `etcd-client` (or etcdctl), and waits with
+//! [`eventually()`](eventually::eventually) for what must happen. Raw gRPC
+//! stream clients are not here: they belong to the shared client crate.
+
+pub mod background_writer;
+pub mod bulk;
+pub mod cluster;
+pub mod errors;
+pub mod etcdctl;
+pub mod eventually;
+pub mod metrics;
+pub mod ports;
+
+/// How much earlier than "last refresh + TTL" a test may see a lease gone
+/// before calling it an early expiry. The members and the test run on one
+/// host's monotonic clock, and every delay (forwarding, commit, the expiry
+/// tick, the read or watch that sees it) makes an expiry look later, never
+/// earlier; what remains is millisecond rounding of checkpointed deadlines
+/// and timer granularity.
+pub const CLOCK_SLACK: std::time::Duration = std::time::Duration::from_millis(50);
+
+pub use background_writer::BackgroundWriter;
+pub use bulk::{
+    attach_keys, count_keys, grant_kept_alive, grant_leases, numbered, put_all, IN_FLIGHT,
+};
+pub use cluster::{cell_binary, Cluster, MemberSpec};
+pub use errors::err_text;
+pub use etcdctl::{etcdctl, member_id_in, try_etcdctl, EtcdctlProcess};
+pub use eventually::eventually;
+pub use metrics::{http_get, metric_value};
+pub use ports::free_port;
