@@ -1,9 +1,9 @@
 //! The cell's integration tests: ONE binary (it links once), numbered by
 //! area. Every test starts real `latchkey-cell` processes on 127.0.0.1
 //! through `latchkey_testkit::Cluster`, which cleans them up when dropped.
-//! `streams` holds the raw gRPC stream clients a few tests drive by hand.
+//! Tests that drive lease streams by hand use the one shared client
+//! (`latchkey_shared::client`), as a proxy would.
 
-mod streams;
 mod t10_kv;
 mod t20_lease;
 mod t30_failover;

@@ -2,15 +2,32 @@
 //! while writes go on, the `Session` client through a partition, and lease
 //! expiry bounded (from below and above) under leader churn.
 
-use crate::streams::Refresher;
 use crate::CELL_BIN;
 use etcd_client::{Client, EventType, WatchOptions};
+use latchkey_shared::client::RefreshStream;
 use latchkey_shared::session::{Session, SessionOptions, SessionState};
 use latchkey_testkit::{
     count_keys, err_text, eventually, grant_kept_alive, metric_value, Cluster, CLOCK_SLACK,
 };
 use std::sync::{Arc, Mutex};
 use tokio::time::{Duration, Instant};
+
+/// How long one refresh batch may take, 100 000 leases included.
+const REFRESH_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The shared client's batched refresh stream to one member.
+fn refresh_stream(addr: &str) -> RefreshStream {
+    RefreshStream::new([addr.to_string()]).expect("refresh endpoint")
+}
+
+/// One batch: per id its TTL, or -1 if gone.
+async fn refresh(stream: &mut RefreshStream, ids: &[i64]) -> Result<Vec<i64>, String> {
+    stream
+        .refresh(ids, REFRESH_TIMEOUT)
+        .await
+        .map(|reply| reply.ttls)
+        .map_err(|e| e.to_string())
+}
 
 /// Delete events under a prefix, as one watch sees them arrive.
 #[derive(Debug, Default, Clone, Copy)]
@@ -69,10 +86,10 @@ async fn a_hundred_thousand_leases_refreshed_in_batches_survive_a_leader_kill() 
     // Refreshes go through a follower that survives the kill; one request
     // per round names all 100 000 leases.
     let addr = cluster.member(via).client.clone();
-    let mut refresher = Refresher::open(&addr).await.expect("refresh stream");
+    let mut refresher = refresh_stream(&addr);
     let started = Instant::now();
     let leases = grant_kept_alive(&writer, LEASES, TTL, "s/", async |ids: &[i64]| {
-        refresher.refresh(ids).await
+        refresh(&mut refresher, ids).await
     })
     .await;
     println!(
@@ -89,7 +106,7 @@ async fn a_hundred_thousand_leases_refreshed_in_batches_survive_a_leader_kill() 
     tokio::time::timeout(Duration::from_secs(120), async {
         while !killed_at.is_some_and(|k| k.elapsed() > Duration::from_secs(TTL as u64 + 8)) {
             let t = Instant::now();
-            match refresher.refresh(&leases).await {
+            match refresh(&mut refresher, &leases).await {
                 Ok(ttls) => {
                     let dead = ttls.iter().filter(|t| **t <= 0).count();
                     assert_eq!(dead, 0, "{dead} leases were gone at a refresh");
@@ -102,12 +119,10 @@ async fn a_hundred_thousand_leases_refreshed_in_batches_survive_a_leader_kill() 
                 }
                 Err(e) => {
                     // The leader is gone and the follower forwards to
-                    // nobody yet, or the stream broke: reopen and go on.
-                    println!("refresh failed ({e}); reopening");
+                    // nobody yet, or the stream broke: the next batch
+                    // reopens it.
+                    println!("refresh failed ({e}); trying again");
                     tokio::time::sleep(Duration::from_millis(200)).await;
-                    if let Ok(r) = Refresher::open(&addr).await {
-                        refresher = r;
-                    }
                 }
             }
             if killed_at.is_none() && rounds_before_kill >= 2 {
@@ -141,9 +156,9 @@ async fn ten_thousand_leases_expire_together_within_ttl_plus_two_seconds_while_w
     let leader = cluster.leader_at_start();
     let client = cluster.client(leader).await;
     let addr = cluster.member(leader).client.clone();
-    let mut refresher = Refresher::open(&addr).await.expect("refresh stream");
+    let mut refresher = refresh_stream(&addr);
     let short = grant_kept_alive(&client, LEASES, TTL as i64, "x/", async |ids: &[i64]| {
-        refresher.refresh(ids).await
+        refresh(&mut refresher, ids).await
     })
     .await;
     let mut watcher = cluster.client(leader).await;
@@ -152,7 +167,7 @@ async fn ten_thousand_leases_expire_together_within_ttl_plus_two_seconds_while_w
     // lease may go before refresh_sent + TTL; all must go by stopped +
     // TTL + 2 s.
     let refresh_sent = Instant::now();
-    let ttls = refresher.refresh(&short).await.expect("refresh");
+    let ttls = refresh(&mut refresher, &short).await.expect("refresh");
     assert!(
         ttls.iter().all(|t| *t == TTL as i64),
         "all alive at the last refresh"
@@ -297,10 +312,10 @@ async fn a_dead_lease_expires_within_ttl_plus_grace_through_five_leader_changes(
     // The last refresh the lease will ever get; the cell handles it after
     // `refreshed`, so the lease must live until refreshed + TTL.
     let addr = cluster.member(1).client.clone();
-    let mut refresher = Refresher::open(&addr).await.expect("refresh stream");
+    let mut refresher = refresh_stream(&addr);
     let refreshed = Instant::now();
     assert_eq!(
-        refresher.refresh(&[lease]).await.expect("refresh"),
+        refresh(&mut refresher, &[lease]).await.expect("refresh"),
         vec![TTL as i64]
     );
 
@@ -377,12 +392,12 @@ async fn ttl_bounds_are_enforced_and_batched_refreshes_are_counted() {
         .await
         .expect("at the minimum")
         .id();
-    let mut refresher = Refresher::open(&cluster.member(1).client)
-        .await
-        .expect("refresh stream");
+    let mut refresher = refresh_stream(&cluster.member(1).client);
     // Unknown leases are answered -1, known ones with their TTL, in order.
     assert_eq!(
-        refresher.refresh(&[a, 12345, b]).await.expect("refresh"),
+        refresh(&mut refresher, &[a, 12345, b])
+            .await
+            .expect("refresh"),
         vec![600, -1, 3]
     );
     let metrics = cluster.metrics(1).await;
