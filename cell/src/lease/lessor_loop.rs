@@ -63,6 +63,11 @@ impl LessorLoop {
         checkpoints.set_missed_tick_behavior(MissedTickBehavior::Delay);
         // Set while this member leads with a lessor not yet promoted.
         let mut promote_at: Option<Instant> = None;
+        // When expiry was last checked. The next check is timed from it,
+        // not from each turn of the loop: Raft's metrics change with every
+        // commit, and a timer restarted on each of them would never fire
+        // under a steady write load.
+        let mut expiry_checked = Instant::now();
         loop {
             let leading = {
                 let m = metrics.borrow_and_update();
@@ -85,25 +90,28 @@ impl LessorLoop {
                 }
             }
             let primary = self.lessor.is_primary();
-            let now = Instant::now();
             // The floor keeps a deadline already proposed for expiry (and
             // so still first in the queue) from spinning this loop.
+            let latest = expiry_checked + MAX_EXPIRY_SLEEP;
             let expiry_at = self
                 .lessor
                 .next_deadline()
-                .map_or(now + MAX_EXPIRY_SLEEP, |d| d.min(now + MAX_EXPIRY_SLEEP))
-                .max(now + MIN_EXPIRY_SLEEP);
+                .map_or(latest, |d| d.min(latest))
+                .max(expiry_checked + MIN_EXPIRY_SLEEP);
             let next = tokio::select! {
                 _ = shutdown.cancelled() => Next::Stop,
                 changed = metrics.changed() => match changed {
                     Ok(()) => Next::Go,
                     Err(_) => Next::Stop,
                 },
-                _ = tokio::time::sleep_until(promote_at.unwrap_or(now)), if promote_at.is_some() => {
+                _ = tokio::time::sleep_until(promote_at.unwrap_or(expiry_at)), if promote_at.is_some() => {
                     self.promote(&shutdown, &mut promote_at).await
                 }
                 _ = checkpoints.tick(), if primary => self.checkpoint(&shutdown).await,
-                _ = tokio::time::sleep_until(expiry_at), if primary => self.expire(&shutdown).await,
+                _ = tokio::time::sleep_until(expiry_at), if primary => {
+                    expiry_checked = Instant::now();
+                    self.expire(&shutdown).await
+                }
             };
             if let Next::Stop = next {
                 return;

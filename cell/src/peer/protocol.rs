@@ -102,15 +102,7 @@ pub trait ForwardHandler: Send + Sync + 'static {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::storage::codec::encode;
-
-    /// bincode writes a variant as its position; members of different
-    /// builds talk during a rolling upgrade, so positions never change:
-    /// new variants go at the end.
-    fn position<T: Serialize>(value: &T) -> u32 {
-        let bytes = encode(value).expect("encodes");
-        u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])
-    }
+    use crate::storage::codec::variant_position as position;
 
     #[test]
     fn forwarded_requests_and_replies_keep_their_wire_positions() {

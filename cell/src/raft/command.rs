@@ -130,15 +130,7 @@ mod pb {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::storage::codec::encode;
-
-    /// bincode writes an enum's variant as its position (a little-endian
-    /// u32). The log outlives the build that wrote it, so each variant
-    /// keeps its position for good: new variants go at the end.
-    fn position<T: Serialize>(value: &T) -> u32 {
-        let bytes = encode(value).expect("encodes");
-        u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])
-    }
+    use crate::storage::codec::variant_position as position;
 
     #[test]
     fn log_commands_keep_their_wire_positions() {

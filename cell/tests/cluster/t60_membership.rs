@@ -3,6 +3,7 @@
 
 use crate::CELL_BIN;
 use etcd_client::{Client, GetOptions, MemberAddOptions};
+use latchkey_shared::ApiError;
 use latchkey_testkit::{err_text, eventually, free_port, BackgroundWriter, Cluster};
 use std::collections::BTreeMap;
 use tokio::time::{Duration, Instant};
@@ -163,10 +164,13 @@ async fn move_leader_hands_leadership_to_the_chosen_voter() {
     }
     let mut client = cluster.client(1).await;
     let err = client.move_leader(12345).await.expect_err("not a member");
-    // etcd's text; etcd's code is FailedPrecondition.
+    // etcd's code and text.
     assert_eq!(
         err_text(err),
-        "InvalidArgument: etcdserver: bad leader transferee"
+        format!(
+            "FailedPrecondition: {}",
+            ApiError::bad_leader_transferee().message
+        )
     );
 }
 

@@ -404,4 +404,19 @@ async fn ttl_bounds_are_enforced_and_batched_refreshes_are_counted() {
     let value = |series: &str| metric_value(&metrics, series);
     assert_eq!(value("latchkey_refresh_batches_total"), Some(1.0));
     assert_eq!(value("latchkey_leases_refreshed_total"), Some(3.0));
+
+    // The answer names the cell and the leader that served it, so a proxy
+    // in front of several cells knows whom it refreshed.
+    let reply = refresher
+        .refresh(&[a], REFRESH_TIMEOUT)
+        .await
+        .expect("refresh");
+    let status = client.status().await.expect("status");
+    let header = status.header().expect("header");
+    assert_eq!(reply.cluster_id, Some(header.cluster_id()));
+    assert_eq!(reply.leader_id, Some(status.leader()));
+    assert_eq!(
+        reply.leader_client_url.as_deref(),
+        Some(format!("http://{}", cluster.member(status.leader()).client).as_str())
+    );
 }
