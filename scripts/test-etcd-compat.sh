@@ -1,0 +1,202 @@
+#!/usr/bin/env bash
+# Runs compat/etcd-go, the tests written against the official etcd Go client
+# (go.etcd.io/etcd/client/v3 and its concurrency package), against:
+#
+#   scripts/test-etcd-compat.sh --etcd             # a new 3-member etcd 3.4 (Debian's etcd-server)
+#   scripts/test-etcd-compat.sh --latchkey BIN     # a new 3-member cell of the latchkey-cell binary BIN
+#   scripts/test-etcd-compat.sh HOST:PORT,...      # a running cluster's client endpoints
+#
+# Arguments after `--` go to `go test` (e.g. `-- -run 'TestWatch|TestTxn'`).
+# The clusters it starts live on free 127.0.0.1 ports with their data in a
+# temporary directory; both are gone when it exits. It prints Go's verbose
+# test output, then one closing line:
+#
+#   test result: ok. N passed; M failed;
+#
+# counting the top-level tests (one per API area), and exits non-zero if any
+# failed. COMPAT_GO_TIMEOUT (default 15m) bounds the go test run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+mod=$root/compat/etcd-go
+
+usage() {
+  sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' >&2
+  exit 2
+}
+
+mode="" bin="" eps=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --etcd) mode=etcd; shift ;;
+    --latchkey) [ $# -ge 2 ] || usage; mode=latchkey; bin=$2; shift 2 ;;
+    --) shift; break ;;
+    -h|--help) usage ;;
+    -*) echo "unknown option $1" >&2; usage ;;
+    *) [ -z "$eps" ] || usage; mode=endpoints; eps=$1; shift ;;
+  esac
+done
+[ -n "$mode" ] || usage
+go_args=("$@")
+
+# --- Go and the client modules ----------------------------------------------
+GO=$(command -v go || true)
+[ -n "$GO" ] || { [ -x /usr/local/go/bin/go ] && GO=/usr/local/go/bin/go; }
+if [ -z "$GO" ]; then
+  echo "go is missing: compat/etcd-go needs the Go toolchain named in its go.mod" >&2
+  exit 1
+fi
+echo "== $("$GO" version)"
+# Fetches what go.sum names from the module proxy when it is not cached yet.
+(cd "$mod" && "$GO" mod download)
+# Compile and vet the tests before starting any server.
+(cd "$mod" && "$GO" vet ./...)
+
+# --- Servers -------------------------------------------------------------------
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  local p i
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for i in $(seq 100); do
+    local alive=0
+    for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
+    [ $alive = 0 ] && break
+    sleep 0.1
+  done
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# Free loopback ports, none chosen twice in this run.
+taken=" "
+free_port() {
+  local p
+  while :; do
+    p=$((20000 + RANDOM % 30000))
+    case "$taken" in *" $p "*) continue ;; esac
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+      taken="$taken$p "
+      echo "$p"
+      return
+    fi
+  done
+}
+
+# Fails with the member's log when a started process is gone.
+check_alive() {
+  local i
+  for i in "${!pids[@]}"; do
+    if ! kill -0 "${pids[$i]}" 2>/dev/null; then
+      echo "member $((i + 1)) exited; its log:" >&2
+      tail -n 40 "$work/member-$((i + 1)).log" >&2 || true
+      exit 1
+    fi
+  done
+}
+
+# wait_ready URL... : each URL answers 200 within 60 s.
+wait_ready() {
+  local url deadline=$((SECONDS + 60))
+  for url in "$@"; do
+    until [ "$(curl -s -o /dev/null -m 2 -w '%{http_code}' "$url" || true)" = 200 ]; do
+      check_alive
+      if [ $SECONDS -ge $deadline ]; then
+        echo "$url did not answer 200 within 60 s" >&2
+        for i in 1 2 3; do echo "--- member $i log:" >&2; tail -n 20 "$work/member-$i.log" >&2 || true; done
+        exit 1
+      fi
+      sleep 0.2
+    done
+  done
+}
+
+export LATCHKEY_FRESH=0
+case "$mode" in
+  etcd)
+    if ! command -v etcd >/dev/null 2>&1; then
+      SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+      echo "installing etcd-server" >&2
+      DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq etcd-server >/dev/null 2>&1 ||
+        { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq etcd-server >/dev/null; }
+    fi
+    echo "== $(etcd --version | head -1)"
+    cports=() pports=() cluster=""
+    for i in 1 2 3; do
+      cports+=("$(free_port)"); pports+=("$(free_port)")
+      cluster="$cluster${cluster:+,}m$i=http://127.0.0.1:${pports[$((i - 1))]}"
+    done
+    for i in 1 2 3; do
+      c=${cports[$((i - 1))]} p=${pports[$((i - 1))]}
+      etcd --name "m$i" --data-dir "$work/etcd-$i" \
+        --listen-client-urls "http://127.0.0.1:$c" --advertise-client-urls "http://127.0.0.1:$c" \
+        --listen-peer-urls "http://127.0.0.1:$p" --initial-advertise-peer-urls "http://127.0.0.1:$p" \
+        --initial-cluster "$cluster" --initial-cluster-state new --initial-cluster-token "compat-$$" \
+        --experimental-watch-progress-notify-interval 1s \
+        --logger zap --log-outputs stderr --log-level warn >"$work/member-$i.log" 2>&1 &
+      pids+=($!)
+    done
+    urls=()
+    for c in "${cports[@]}"; do urls+=("http://127.0.0.1:$c/health"); done
+    wait_ready "${urls[@]}"
+    eps=$(printf '127.0.0.1:%s,' "${cports[@]}"); eps=${eps%,}
+    export LATCHKEY_FRESH=1 LATCHKEY_PROGRESS_NOTIFY_INTERVAL=1s
+    ;;
+  latchkey)
+    [ -x "$bin" ] || { echo "$bin is not an executable latchkey-cell binary" >&2; exit 1; }
+    cports=() pports=() mports=() cluster=""
+    for i in 1 2 3; do
+      cports+=("$(free_port)"); pports+=("$(free_port)"); mports+=("$(free_port)")
+      cluster="$cluster${cluster:+,}$i=127.0.0.1:${pports[$((i - 1))]}"
+    done
+    for i in 1 2 3; do
+      "$bin" --id "$i" --data-dir "$work/latchkey-$i" \
+        --client-addr "127.0.0.1:${cports[$((i - 1))]}" --peer-addr "127.0.0.1:${pports[$((i - 1))]}" \
+        --metrics-addr "127.0.0.1:${mports[$((i - 1))]}" --initial-cluster "$cluster" \
+        --watch-progress-notify-interval-ms 1000 --log warn >"$work/member-$i.log" 2>&1 &
+      pids+=($!)
+    done
+    urls=()
+    for m in "${mports[@]}"; do urls+=("http://127.0.0.1:$m/readyz"); done
+    wait_ready "${urls[@]}"
+    eps=$(printf '127.0.0.1:%s,' "${cports[@]}"); eps=${eps%,}
+    export LATCHKEY_FRESH=1 LATCHKEY_PROGRESS_NOTIFY_INTERVAL=1s
+    ;;
+esac
+
+# --- Tests -----------------------------------------------------------------------
+echo "== endpoints $eps"
+log="$work/go-test.log"
+start=$SECONDS
+set +e
+(cd "$mod" && "$GO" test -count=1 -v -timeout "${COMPAT_GO_TIMEOUT:-15m}" "${go_args[@]}" ./... \
+  -args -endpoints="$eps") 2>&1 | tee "$log"
+rc=${PIPESTATUS[0]}
+set -e
+passed=$(grep -cE '^--- PASS: Test' "$log" || true)
+failed=$(grep -cE '^--- FAIL: Test' "$log" || true)
+if [ "$rc" != 0 ] && [ "$failed" = 0 ]; then
+  # A panic, a timeout or a build failure ends the run outside any test.
+  echo "go test exited $rc with no failed test reported: counting the run as one failure" >&2
+  failed=1
+fi
+if [ "$failed" != 0 ]; then
+  echo "failed tests:"
+  grep -E '^ *--- FAIL: ' "$log" || true
+  if [ "$mode" != endpoints ]; then
+    for i in 1 2 3; do
+      echo "--- member $i log (last 15 lines):"
+      tail -n 15 "$work/member-$i.log" || true
+    done
+  fi
+fi
+echo "== $mode: $((SECONDS - start)) s"
+if [ "$failed" = 0 ]; then
+  echo "test result: ok. $passed passed; $failed failed;"
+else
+  echo "test result: FAILED. $passed passed; $failed failed;"
+  exit 1
+fi
