@@ -152,11 +152,15 @@ case "$mode" in
       cports+=("$(free_port)"); pports+=("$(free_port)"); mports+=("$(free_port)")
       cluster="$cluster${cluster:+,}$i=127.0.0.1:${pports[$((i - 1))]}"
     done
+    # etcd limits requests (1.5 MiB), not values; latchkey also limits
+    # values, to 64 KiB by default (a coordination store keeps small
+    # values). Here values may be as large as etcd allows.
     for i in 1 2 3; do
       "$bin" --id "$i" --data-dir "$work/latchkey-$i" \
         --client-addr "127.0.0.1:${cports[$((i - 1))]}" --peer-addr "127.0.0.1:${pports[$((i - 1))]}" \
         --metrics-addr "127.0.0.1:${mports[$((i - 1))]}" --initial-cluster "$cluster" \
-        --watch-progress-notify-interval-ms 1000 --log warn >"$work/member-$i.log" 2>&1 &
+        --watch-progress-notify-interval-ms 1000 --max-value-bytes 1572864 \
+        --log warn >"$work/member-$i.log" 2>&1 &
       pids+=($!)
     done
     urls=()

@@ -1,8 +1,9 @@
 //! The metrics address: `/metrics` (Prometheus text), `/healthz` (the
-//! process serves) and `/readyz` (this member knows a leader and has
-//! applied the log it knows of, so it can serve requests).
+//! process serves) and `/readyz` (this member knows a leader, and if it is
+//! the leader it has heard from a quorum within the quorum timeout).
 
 use crate::node::CellNode;
+use crate::raft::leadership::quorum_lost;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
@@ -35,6 +36,16 @@ async fn healthz() -> &'static str {
 
 async fn readyz(State(s): State<AdminState>) -> (StatusCode, String) {
     let m = s.node.raft.metrics().borrow().clone();
+    if quorum_lost(&m, s.node.id, s.node.quorum_timeout) {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "not ready: leader of term {} without a quorum for {} ms\n",
+                m.current_term,
+                m.millis_since_quorum_ack.unwrap_or_default()
+            ),
+        );
+    }
     match m.current_leader {
         Some(leader) => (
             StatusCode::OK,

@@ -13,9 +13,10 @@ use crate::lease::lessor::Lessor;
 use crate::lease::lessor_loop::LessorLoop;
 use crate::membership::discover_identity;
 use crate::node::CellNode;
+use crate::peer::client::PeerClients;
 use crate::peer::server::PeerService;
 use crate::raft::log_store::{self, LogStore};
-use crate::raft::network::{NetworkFactory, MAX_PEER_MESSAGE_BYTES};
+use crate::raft::network::{NetworkFactory, PeerChannels, MAX_PEER_MESSAGE_BYTES};
 use crate::raft::{Member, NodeId, Raft};
 use crate::state_machine::backup::decode_state_file;
 use crate::state_machine::store::{has_state, write_initial_state, StateMachineStore};
@@ -247,16 +248,18 @@ impl Cell {
             .await
             .with_context(|| format!("loading the snapshot in {}", cfg.data_dir.display()))?;
         let shared = sm.shared();
+        let channels = PeerChannels::default();
         let raft = Raft::new(
             cfg.id,
             Arc::new(raft_config(&cfg)?),
-            NetworkFactory,
+            NetworkFactory {
+                channels: channels.clone(),
+            },
             LogStore::new(db.clone()).context("starting the log store")?,
             sm,
         )
         .await
         .context("starting raft")?;
-        let lifecycle = Lifecycle::new();
         let node = Arc::new(CellNode::new(
             &cfg,
             raft.clone(),
@@ -264,8 +267,9 @@ impl Cell {
             lessor.clone(),
             hub,
             db.clone(),
-            lifecycle.clone(),
+            PeerClients::new(channels),
         ));
+        let lifecycle = node.lifecycle.clone();
         let (stopped_tx, stopped) = tokio::sync::watch::channel(None);
         let mut servers = Vec::new();
 
@@ -319,6 +323,7 @@ impl Cell {
             grace: Duration::from_millis(cfg.cfg.lease_grace_ms),
             checkpoint_interval: cfg.lease_checkpoint_interval(),
             request_timeout: cfg.request_timeout(),
+            quorum_timeout: node.quorum_timeout,
         };
         lifecycle.spawn_owned(|token| lessor_loop.run(token));
         lifecycle.spawn(PublishMember { node: node.clone() }.run());

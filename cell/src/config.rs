@@ -265,6 +265,7 @@ pub fn parse_retention(mode: &str, retention: &str) -> anyhow::Result<Retention>
 #[derive(Debug, Clone)]
 pub struct Limits {
     pub max_value_bytes: usize,
+    pub max_request_bytes: usize,
     pub quota_bytes: u64,
     pub min_ttl: i64,
     pub max_ttl: i64,
@@ -274,6 +275,7 @@ impl Resolved {
     pub fn limits(&self) -> Limits {
         Limits {
             max_value_bytes: self.cfg.max_value_bytes,
+            max_request_bytes: self.cfg.max_request_bytes,
             quota_bytes: self.cfg.quota_bytes,
             min_ttl: self.cfg.min_ttl,
             max_ttl: self.cfg.max_ttl,
@@ -284,6 +286,20 @@ impl Resolved {
     /// index) before it fails.
     pub fn request_timeout(&self) -> Duration {
         Duration::from_millis(self.cfg.request_timeout_ms)
+    }
+
+    /// How long a leader may go without hearing from a quorum and still
+    /// count as leading (check-quorum), and how long it may take to
+    /// confirm its leadership before granting lease time: four election
+    /// timeouts. A replacement leader needs about that long to be elected
+    /// and act (openraft's leader lease of the maximum election timeout,
+    /// then an election), so stepping down by then is in time; one
+    /// election timeout was too short on a loaded 2-core machine, where
+    /// replication acknowledgements run late (openraft times replication
+    /// out at the heartbeat interval, cell review P5) and a leader with a
+    /// quorum counted itself cut off.
+    pub fn quorum_timeout(&self) -> Duration {
+        Duration::from_millis(self.cfg.election_timeout_ms * 4)
     }
 
     /// How often the leader checkpoints refreshed leases through Raft;

@@ -16,14 +16,14 @@ use crate::membership::Membership;
 use crate::peer::client::{leader, PeerClients};
 use crate::peer::protocol::{Forward, ForwardHandler, ForwardReply, MembershipChange};
 use crate::raft::command::{Request, Response};
-use crate::raft::read_index::read_index;
+use crate::raft::leadership::{leads_with_quorum, quorum_lost};
+use crate::raft::read_index::ReadIndex;
 use crate::raft::{errors, NodeId, Raft};
 use crate::state_machine::store::SharedState;
 use crate::state_machine::watch_hub::WatchHub;
 use latchkey_shared::etcdpb::PbResponseHeader;
 use latchkey_shared::lifecycle::Lifecycle;
 use latchkey_shared::ApiError;
-use openraft::ServerState;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -47,8 +47,12 @@ pub struct CellNode {
     pub limits: Limits,
     pub request_timeout: Duration,
     pub election_timeout: Duration,
+    /// See `Resolved::quorum_timeout`.
+    pub quorum_timeout: Duration,
     /// Owns every task serving this member's clients.
     pub lifecycle: Lifecycle,
+    /// Leadership confirmations, shared by reads and lease refreshes.
+    read_index: Arc<ReadIndex>,
     leases: LeaderLeases,
     peers: PeerClients,
 }
@@ -61,9 +65,11 @@ impl CellNode {
         lessor: Arc<Lessor>,
         watch_hub: Arc<WatchHub>,
         db: Arc<rocksdb::DB>,
-        lifecycle: Lifecycle,
+        peers: PeerClients,
     ) -> Self {
         let request_timeout = cfg.request_timeout();
+        let election_timeout = Duration::from_millis(cfg.cfg.election_timeout_ms);
+        let read_index = Arc::new(ReadIndex::new(raft.clone()));
         CellNode {
             id: cfg.id,
             cluster_id: cfg.cluster_id,
@@ -74,7 +80,9 @@ impl CellNode {
                 raft: raft.clone(),
                 state: state.clone(),
                 lessor,
+                read_index: read_index.clone(),
                 request_timeout,
+                quorum_timeout: cfg.quorum_timeout(),
             },
             raft,
             state,
@@ -82,9 +90,11 @@ impl CellNode {
             db,
             limits: cfg.limits(),
             request_timeout,
-            election_timeout: Duration::from_millis(cfg.cfg.election_timeout_ms),
-            lifecycle,
-            peers: PeerClients::default(),
+            election_timeout,
+            quorum_timeout: cfg.quorum_timeout(),
+            lifecycle: Lifecycle::new(),
+            read_index,
+            peers,
         }
     }
 
@@ -104,10 +114,10 @@ impl CellNode {
         self.header(self.state.read(|s| s.keys.revision()))
     }
 
+    /// Whether this member leads and has heard from a quorum within the
+    /// quorum timeout (check-quorum).
     pub fn is_leader(&self) -> bool {
-        let m = self.raft.metrics();
-        let m = m.borrow();
-        m.state == ServerState::Leader && m.current_leader == Some(self.id)
+        leads_with_quorum(&self.raft.metrics().borrow(), self.id, self.quorum_timeout)
     }
 
     /// The leader as this member knows it, with the client URL it
@@ -138,14 +148,24 @@ impl CellNode {
         let deadline = Instant::now() + self.request_timeout;
         loop {
             let (leader, addr) = leader(&self.raft, deadline).await?;
-            let result = if leader == self.id {
+            let here = leader == self.id;
+            if here && quorum_lost(&self.raft.metrics().borrow(), self.id, self.quorum_timeout) {
+                // Cut off from the others, which may have a new leader by
+                // now: fail at once, so the client tries another member.
+                return Err(ApiError::unavailable(
+                    "this member leads but has heard from no quorum within the quorum timeout",
+                ));
+            }
+            let result = if here {
                 tokio::time::timeout_at(deadline, self.serve_forwarded(&req))
                     .await
                     .unwrap_or_else(|_| Err(ApiError::timeout()))
             } else {
                 self.peers.send(&addr, &req, deadline).await
             };
-            let resend = result.as_ref().is_err_and(|e| req.may_resend_after(e));
+            let resend = result
+                .as_ref()
+                .is_err_and(|e| req.may_resend_after(e, here));
             if !resend || Instant::now() >= deadline {
                 return result;
             }
@@ -183,6 +203,9 @@ impl CellNode {
 
     /// A replicated write, wherever it arrives.
     pub async fn write(&self, req: Request) -> Result<Response, ApiError> {
+        if req.client_bytes() > self.limits.max_request_bytes {
+            return Err(ApiError::request_too_large());
+        }
         match self.on_leader(Forward::Write(req)).await? {
             ForwardReply::Written(resp) => Ok(resp),
             other => Err(unexpected(other)),
@@ -261,7 +284,11 @@ impl ForwardHandler for CellNode {
         async move {
             match req {
                 Forward::Write(r) => self.propose(r.clone()).await.map(ForwardReply::Written),
-                Forward::ReadIndex => read_index(&self.raft).await.map(ForwardReply::ReadIndex),
+                Forward::ReadIndex => self
+                    .read_index
+                    .confirm()
+                    .await
+                    .map(|c| ForwardReply::ReadIndex(c.index)),
                 Forward::KeepAlive { id } => self
                     .leases
                     .refresh(*id)

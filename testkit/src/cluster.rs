@@ -242,6 +242,15 @@ impl Cluster {
         }
     }
 
+    /// Sends `signal` (a name such as `STOP` or `CONT`) to member `id`.
+    pub fn signal(&self, id: u64, signal: &str) {
+        if let Some(child) = self.procs.get(&id) {
+            let _ = Command::new("kill")
+                .args([format!("-{signal}"), child.id().to_string()])
+                .status();
+        }
+    }
+
     /// Whether member `id`'s process has exited on its own.
     pub fn exited(&mut self, id: u64) -> bool {
         self.procs

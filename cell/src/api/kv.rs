@@ -7,7 +7,7 @@ use crate::raft::command::{Reply, Request};
 use latchkey_shared::etcdpb::{
     PbCompactionRequest, PbCompactionResponse, PbDeleteRequest, PbDeleteResponse, PbKvService,
     PbPutRequest, PbPutResponse, PbRangeRequest, PbRangeResponse, PbRangeStreamResponse,
-    PbTxnRequest, PbTxnResponse,
+    PbTxnOpResponse, PbTxnRequest, PbTxnResponse,
 };
 use latchkey_shared::ApiError;
 use std::pin::Pin;
@@ -130,12 +130,12 @@ impl PbKvService for KvService {
                 };
                 txn::txn(&mut kv, &req).map(|r| (r, s.keys.revision()))
             })?;
-            reply.header = Some(self.node.header(revision));
+            fill_txn_headers(&self.node, &mut reply, revision);
             return Ok(GrpcResponse::new(reply));
         }
         let resp = self.node.write(Request::Txn(req)).await?;
         let mut reply = expect_reply!(resp, Reply::Txn(r) => r)?;
-        header_into(&self.node, &mut reply.header, resp.revision);
+        fill_txn_headers(&self.node, &mut reply, resp.revision);
         Ok(GrpcResponse::new(reply))
     }
 
@@ -149,5 +149,21 @@ impl PbKvService for KvService {
         Ok(GrpcResponse::new(PbCompactionResponse {
             header: Some(self.node.header(resp.revision)),
         }))
+    }
+}
+
+/// Gives a txn response and every response inside it (nested txns too) the
+/// header of the txn's revision, as etcd does: etcd's Go client reads
+/// `ResponseRange.Header.Revision` inside a txn (its STM dereferences it).
+fn fill_txn_headers(node: &CellNode, reply: &mut PbTxnResponse, revision: i64) {
+    reply.header = Some(node.header(revision));
+    for op in &mut reply.responses {
+        match &mut op.response {
+            Some(PbTxnOpResponse::ResponseRange(r)) => r.header = Some(node.header(revision)),
+            Some(PbTxnOpResponse::ResponsePut(r)) => r.header = Some(node.header(revision)),
+            Some(PbTxnOpResponse::ResponseDeleteRange(r)) => r.header = Some(node.header(revision)),
+            Some(PbTxnOpResponse::ResponseTxn(t)) => fill_txn_headers(node, t, revision),
+            None => {}
+        }
     }
 }

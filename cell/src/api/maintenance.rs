@@ -63,7 +63,7 @@ impl PbMaintenanceService for MaintenanceService {
         Ok(Response::new(PbStatusResponse {
             header: Some(self.node.header(revision)),
             version: ETCD_API_VERSION.to_string(),
-            db_size: bytes as i64,
+            db_size: (crate::storage::stored_bytes(&self.node.db) + bytes) as i64,
             leader: m.current_leader.unwrap_or(0),
             raft_index: m.last_log_index.unwrap_or(0),
             raft_term: m.current_term,
@@ -72,6 +72,7 @@ impl PbMaintenanceService for MaintenanceService {
             db_size_in_use: bytes as i64,
             is_learner,
             storage_version: String::new(),
+            db_size_quota: self.node.limits.quota_bytes as i64,
             ..Default::default()
         }))
     }
@@ -93,18 +94,43 @@ impl PbMaintenanceService for MaintenanceService {
         }))
     }
 
+    /// A hash of this member's whole keyspace history, as it has applied
+    /// it (not linearizable, as in etcd: operators ask each member).
     async fn hash(
         &self,
         _request: Request<PbHashRequest>,
     ) -> Result<Response<PbHashResponse>, Status> {
-        Err(not_built("Hash"))
+        let keys = self.node.state.read(|s| s.keys.clone());
+        let revision = keys.revision();
+        let hash = tokio::task::spawn_blocking(move || keys.hash_until(revision))
+            .await
+            .map_err(|e| ApiError::internal(e.to_string()))?;
+        Ok(Response::new(PbHashResponse {
+            header: Some(self.node.header(revision)),
+            hash,
+        }))
     }
 
+    /// A hash of this member's history up to a revision (0: now): members
+    /// that applied the same log give the same hash for the same revision.
     async fn hash_kv(
         &self,
-        _request: Request<PbHashKvRequest>,
+        request: Request<PbHashKvRequest>,
     ) -> Result<Response<PbHashKvResponse>, Status> {
-        Err(not_built("HashKV"))
+        let keys = self.node.state.read(|s| s.keys.clone());
+        let revision = keys.check_readable(request.get_ref().revision)?;
+        let current = keys.revision();
+        let compact_revision = keys.compact_revision();
+        // A whole keyspace takes a while to hash: off the async workers.
+        let hash = tokio::task::spawn_blocking(move || keys.hash_until(revision))
+            .await
+            .map_err(|e| ApiError::internal(e.to_string()))?;
+        Ok(Response::new(PbHashKvResponse {
+            header: Some(self.node.header(current)),
+            hash,
+            compact_revision,
+            hash_revision: revision,
+        }))
     }
 
     type SnapshotStream =

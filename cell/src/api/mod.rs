@@ -56,6 +56,10 @@ pub fn header_into(node: &CellNode, header: &mut Option<PbResponseHeader>, revis
     *header = Some(node.header(revision));
 }
 
+/// What the transport accepts beyond the request limit (etcd's own
+/// allowance for gRPC framing, 512 KiB).
+const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
+
 /// Accepted connections with Nagle's algorithm off. tonic ignores its own
 /// `tcp_nodelay` for a server fed from `serve_with_incoming*`, and with
 /// Nagle on every small answer waits for the client's delayed ACK (~40 ms).
@@ -80,17 +84,22 @@ pub async fn serve(
     watch_options: WatchOptions,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    // The transport takes a little more than the request limit, as etcd's
+    // does, so that a request just over it reaches the handler and gets
+    // etcd's "request is too large" (which clients know) instead of a
+    // transport error.
+    let max_message = max_request_bytes + GRPC_OVERHEAD_BYTES;
     let kv = PbKvServer::new(kv::KvService { node: node.clone() })
-        .max_decoding_message_size(max_request_bytes);
+        .max_decoding_message_size(max_message);
     let lease = PbLeaseServer::new(lease::LeaseService { node: node.clone() })
-        .max_decoding_message_size(max_request_bytes);
+        .max_decoding_message_size(max_message);
     let maintenance =
         PbMaintenanceServer::new(maintenance::MaintenanceService { node: node.clone() });
     let watch = PbWatchServer::new(watch::WatchService {
         node: node.clone(),
         options: watch_options,
     })
-    .max_decoding_message_size(max_request_bytes);
+    .max_decoding_message_size(max_message);
     // A batch of 200 000 ids is 1.6 MB: the request limit does not apply.
     let sessions = SessionsServer::new(sessions::SessionsService {
         node: node.clone(),

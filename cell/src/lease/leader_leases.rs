@@ -2,14 +2,24 @@
 //! batch) and time-to-live. A new leader answers them once its lessor is
 //! promoted (after its first commit of the term); until then they wait, up
 //! to the request timeout, for that promotion rather than failing.
+//!
+//! Time is granted only under leadership a quorum confirmed after the
+//! request arrived, with this member's state caught up to that moment
+//! (etcd 3.5's `LeaseRenew` does the same). Without it a leader cut off
+//! from its quorum went on granting time while the majority elected a new
+//! leader that expired the lease and gave its lock to someone else (cell
+//! review S1). Confirmations are shared by all requests waiting at once
+//! (see `crate::raft::read_index`), so a stream of keep-alives costs one
+//! quorum round per round trip.
 
 use super::lessor::{Lessor, RefreshError};
-use crate::raft::read_index::read_index;
+use crate::raft::errors;
+use crate::raft::leadership::leads_with_quorum;
+use crate::raft::read_index::ReadIndex;
 use crate::raft::{NodeId, Raft};
 use crate::state_machine::store::SharedState;
 use latchkey_shared::lease_id::LeaseId;
 use latchkey_shared::ApiError;
-use openraft::ServerState;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,14 +42,45 @@ pub struct LeaderLeases {
     pub raft: Raft,
     pub state: SharedState,
     pub lessor: Arc<Lessor>,
+    pub read_index: Arc<ReadIndex>,
     pub request_timeout: Duration,
+    /// How long a leader may go without hearing from a quorum and still
+    /// grant time (`Resolved::quorum_timeout`).
+    pub quorum_timeout: Duration,
 }
 
 impl LeaderLeases {
     fn is_leader(&self) -> bool {
-        let m = self.raft.metrics();
-        let m = m.borrow();
-        m.state == ServerState::Leader && m.current_leader == Some(self.id)
+        leads_with_quorum(&self.raft.metrics().borrow(), self.id, self.quorum_timeout)
+    }
+
+    /// When leadership was last confirmed for this request: a quorum round
+    /// that began after the call, with the state applied up to its index
+    /// (so a lease revoked or expired before it is known to be gone).
+    /// Bounded by the quorum timeout: a leader that cannot reach a quorum
+    /// in that long may already be deposed.
+    async fn confirmed(&self) -> Result<Instant, ApiError> {
+        if !self.is_leader() {
+            return Err(ApiError::not_leader(None));
+        }
+        let confirmed = tokio::time::timeout(self.quorum_timeout, self.read_index.confirm())
+            .await
+            .map_err(|_| {
+                ApiError::unavailable(format!(
+                    "leadership not confirmed by a quorum within {:?}",
+                    self.quorum_timeout
+                ))
+            })??;
+        match tokio::time::timeout(
+            self.request_timeout,
+            self.state.wait_applied(confirmed.index),
+        )
+        .await
+        {
+            Ok(true) => Ok(confirmed.started),
+            Ok(false) => Err(errors::fatal("the state machine stopped")),
+            Err(_) => Err(ApiError::timeout()),
+        }
     }
 
     /// Waits for the lessor's promotion while this member leads; fails
@@ -55,7 +96,8 @@ impl LeaderLeases {
     pub async fn refresh(&self, id: i64) -> Result<i64, ApiError> {
         let deadline = Instant::now() + self.request_timeout;
         loop {
-            match self.lessor.refresh(id, Instant::now()) {
+            let at = self.confirmed().await?;
+            match self.lessor.refresh(id, at) {
                 Ok(ttl) => return Ok(ttl),
                 Err(RefreshError::NotFound) => return Err(ApiError::lease_not_found(LeaseId(id))),
                 Err(RefreshError::NotPrimary) => self.await_primary(deadline).await?,
@@ -67,6 +109,7 @@ impl LeaderLeases {
     pub async fn refresh_batch(&self, ids: &[i64]) -> Result<Vec<i64>, ApiError> {
         let deadline = Instant::now() + self.request_timeout;
         loop {
+            let at = self.confirmed().await?;
             // 100 000 refreshes take a while: off the async workers (which
             // also run Raft's heartbeats).
             let lessor = self.lessor.clone();
@@ -74,7 +117,7 @@ impl LeaderLeases {
             let refreshed = tokio::task::spawn_blocking(move || {
                 let mut ttls = Vec::with_capacity(batch.len());
                 for chunk in batch.chunks(REFRESH_CHUNK) {
-                    ttls.extend(lessor.refresh_many(chunk, Instant::now())?);
+                    ttls.extend(lessor.refresh_many(chunk, at)?);
                 }
                 Ok::<_, RefreshError>(ttls)
             })
@@ -89,7 +132,7 @@ impl LeaderLeases {
 
     pub async fn time_to_live(&self, id: i64) -> Result<LeaseTtl, ApiError> {
         let deadline = Instant::now() + self.request_timeout;
-        read_index(&self.raft).await?;
+        self.confirmed().await?;
         let remaining = loop {
             match self.lessor.remaining(id, Instant::now()) {
                 Ok(r) => break r,

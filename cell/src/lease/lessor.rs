@@ -274,7 +274,9 @@ impl Lessor {
             // Its expiry is already proposed; refreshing now would race it.
             return Err(RefreshError::NotFound);
         }
-        let base = after(now, ttl_duration(c.ttl));
+        // Never shorter than a refresh already granted: two confirmations
+        // may finish out of order.
+        let base = after(now, ttl_duration(c.ttl)).max(c.base);
         s.set(
             id,
             Clock {

@@ -3,7 +3,9 @@
 //!
 //! - leadership changes (Raft metrics): promote the lessor once this member
 //!   leads and has applied an entry of its own term (its lease table is
-//!   then complete); demote it as soon as it does not lead;
+//!   then complete); demote it as soon as it does not lead, when the term
+//!   changes, or when it has not heard from a quorum for the quorum timeout
+//!   (check-quorum, `crate::raft::leadership`);
 //! - the checkpoint tick: leases refreshed since their last checkpoint go
 //!   through Raft, many per entry;
 //! - the earliest lease deadline: expired leases are proposed for expiry;
@@ -14,10 +16,10 @@
 
 use super::lessor::Lessor;
 use crate::raft::command::Request;
+use crate::raft::leadership::leads_with_quorum;
 use crate::raft::{NodeId, Raft};
 use crate::state_machine::store::SharedState;
 use latchkey_shared::lease_id::LeaseId;
-use openraft::ServerState;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -47,6 +49,9 @@ pub struct LessorLoop {
     pub grace: Duration,
     pub checkpoint_interval: Duration,
     pub request_timeout: Duration,
+    /// How long a leader may go without hearing from a quorum and still
+    /// count as leading (`Resolved::quorum_timeout`).
+    pub quorum_timeout: Duration,
 }
 
 /// What one arm of the loop asks for next.
@@ -68,6 +73,8 @@ impl LessorLoop {
         // commit, and a timer restarted on each of them would never fire
         // under a steady write load.
         let mut expiry_checked = Instant::now();
+        // The term the lessor was promoted in.
+        let mut primary_term = None;
         loop {
             let leading = {
                 let m = metrics.borrow_and_update();
@@ -78,7 +85,13 @@ impl LessorLoop {
                     metrics::counter!("latchkey_leader_changes_total").increment(1);
                     metrics::gauge!("latchkey_raft_term").set(m.current_term as f64);
                 }
-                m.state == ServerState::Leader && m.current_leader == Some(self.id)
+                if self.lessor.is_primary() && primary_term != Some(m.current_term) {
+                    // A new term, even one this member leads again: the
+                    // lease table must be complete for it first.
+                    self.lessor.demote();
+                    tracing::info!(term = m.current_term, "new term; lessor demoted");
+                }
+                leads_with_quorum(&m, self.id, self.quorum_timeout)
             };
             if leading && !self.lessor.is_primary() {
                 promote_at.get_or_insert_with(Instant::now);
@@ -86,7 +99,7 @@ impl LessorLoop {
                 promote_at = None;
                 if !leading && self.lessor.is_primary() {
                     self.lessor.demote();
-                    tracing::info!("lost leadership; lessor demoted");
+                    tracing::info!("not leading (or no quorum heard from); lessor demoted");
                 }
             }
             let primary = self.lessor.is_primary();
@@ -105,7 +118,7 @@ impl LessorLoop {
                     Err(_) => Next::Stop,
                 },
                 _ = tokio::time::sleep_until(promote_at.unwrap_or(expiry_at)), if promote_at.is_some() => {
-                    self.promote(&shutdown, &mut promote_at).await
+                    self.promote(&shutdown, &mut promote_at, &mut primary_term).await
                 }
                 _ = checkpoints.tick(), if primary => self.checkpoint(&shutdown).await,
                 _ = tokio::time::sleep_until(expiry_at), if primary => {
@@ -147,6 +160,7 @@ impl LessorLoop {
         &self,
         shutdown: &CancellationToken,
         promote_at: &mut Option<Instant>,
+        primary_term: &mut Option<u64>,
     ) -> Next {
         // ensure_linearizable returns once the blank entry of this term is
         // applied: the lease table is then complete.
@@ -158,7 +172,7 @@ impl LessorLoop {
             return Next::Stop;
         }
         let m = self.raft.metrics().borrow().clone();
-        let still_leading = m.state == ServerState::Leader && m.current_leader == Some(self.id);
+        let still_leading = leads_with_quorum(&m, self.id, self.quorum_timeout);
         if confirmed && still_leading {
             self.state.read(|s| {
                 self.lessor
@@ -170,6 +184,7 @@ impl LessorLoop {
                 "became leader; lessor promoted"
             );
             *promote_at = None;
+            *primary_term = Some(m.current_term);
         } else {
             *promote_at = Some(Instant::now() + PROMOTION_RETRY);
         }

@@ -85,7 +85,7 @@ fn tombstone_kv(key: &[u8], rev: i64) -> KeyValue {
 pub use latchkey_shared::KeyRange;
 
 /// The keyspace with its history.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct KeySpace {
     keys: OrdMap<Vec<u8>, Vector<Version>>,
     revision: i64,
@@ -97,6 +97,21 @@ pub struct KeySpace {
     /// the state machine hands to watchers after each entry. Never part of a
     /// snapshot.
     changes: Vec<Event>,
+}
+
+/// An empty keyspace is at revision 1, as etcd's is: clients read a
+/// revision of 0 as "none".
+impl Default for KeySpace {
+    fn default() -> Self {
+        KeySpace {
+            keys: OrdMap::new(),
+            revision: 1,
+            compact_revision: 0,
+            bytes: 0,
+            live_keys: 0,
+            changes: Vec::new(),
+        }
+    }
 }
 
 /// Everything needed to rebuild a keyspace; the snapshot format.
@@ -221,6 +236,31 @@ impl KeySpace {
     /// The live value of one key now.
     pub fn get(&self, key: &[u8]) -> Option<&KeyValue> {
         self.keys.get(key).and_then(|v| visible(v, self.revision))
+    }
+
+    /// A hash of every version kept at revisions up to `revision` (tombstones
+    /// included), in key and revision order: members that applied the same
+    /// log agree on it, so operators compare it across members (etcd's
+    /// HashKV). FNV-1a, folded to 32 bits as etcd's hash is.
+    pub fn hash_until(&self, revision: i64) -> u32 {
+        let mut h = crate::ids::FNV_OFFSET;
+        for (key, versions) in &self.keys {
+            for v in versions.iter().filter(|v| v.mod_revision <= revision) {
+                h = crate::ids::fnv1a(h, key.iter().copied());
+                h = crate::ids::fnv1a(h, v.mod_revision.to_be_bytes());
+                match &v.kv {
+                    Some(kv) => {
+                        h = crate::ids::fnv1a(h, [1]);
+                        h = crate::ids::fnv1a(h, kv.create_revision.to_be_bytes());
+                        h = crate::ids::fnv1a(h, kv.version.to_be_bytes());
+                        h = crate::ids::fnv1a(h, kv.lease.to_be_bytes());
+                        h = crate::ids::fnv1a(h, kv.value.iter().copied());
+                    }
+                    None => h = crate::ids::fnv1a(h, [0]),
+                }
+            }
+        }
+        (h ^ (h >> 32)) as u32
     }
 
     /// Starts a write transaction: the revision it will commit at.

@@ -14,10 +14,11 @@ use latchkey_shared::etcd_enums::{
 use latchkey_shared::etcdpb::{
     PbCompare, PbDeleteRequest, PbDeleteResponse, PbKeyValue, PbPutRequest, PbPutResponse,
     PbRangeRequest, PbRangeResponse, PbResponseOp, PbTargetUnion, PbTxnOpRequest, PbTxnOpResponse,
-    PbTxnRequest, PbTxnResponse,
+    PbTxnRequest, PbTxnRequestOp, PbTxnResponse,
 };
 use latchkey_shared::limits::MAX_TXN_OPS;
 use latchkey_shared::{ApiError, ErrorCode, LeaseId};
+use std::collections::BTreeSet;
 
 /// The state a KV operation reads and writes.
 pub struct Kv<'a> {
@@ -40,17 +41,26 @@ pub fn to_pb(kv: &KeyValue, keys_only: bool) -> PbKeyValue {
     }
 }
 
-/// A Range request against the keyspace (read-only).
-pub fn range(keys: &KeySpace, req: &PbRangeRequest) -> Result<PbRangeResponse, ApiError> {
+/// Everything that makes a Range request fail, checked before it runs: a
+/// txn checks every range of its branch this way before its first write,
+/// so no range can fail after a write of the same txn was made. Returns the
+/// revision to read and the sort.
+fn check_range(
+    keys: &KeySpace,
+    req: &PbRangeRequest,
+) -> Result<(i64, SortOrder, SortTarget), ApiError> {
     if req.key.is_empty() {
         return Err(ApiError::key_not_provided());
-    }
-    if req.limit < 0 {
-        return Err(ApiError::invalid("limit must not be negative"));
     }
     let sort_order = SortOrder::decode(req.sort_order)?;
     let sort_target = SortTarget::decode(req.sort_target)?;
     let rev = keys.check_readable(req.revision)?;
+    Ok((rev, sort_order, sort_target))
+}
+
+/// A Range request against the keyspace (read-only).
+pub fn range(keys: &KeySpace, req: &PbRangeRequest) -> Result<PbRangeResponse, ApiError> {
+    let (rev, sort_order, sort_target) = check_range(keys, req)?;
     let range = KeyRange::new(req.key.clone(), req.range_end.clone());
     let filtered = |kv: &KeyValue| {
         (req.min_mod_revision == 0 || kv.mod_revision >= req.min_mod_revision)
@@ -61,6 +71,7 @@ pub fn range(keys: &KeySpace, req: &PbRangeRequest) -> Result<PbRangeResponse, A
     // Key order is the store's order, so an ascending key sort (or none)
     // can stop at the limit; any other sort needs every match first.
     let key_ordered = sort_target == SortTarget::Key && sort_order != SortOrder::Descend;
+    // A limit of 0 or less is no limit (etcd reads a negative one so too).
     let limit = if req.limit > 0 {
         req.limit as usize
     } else {
@@ -284,29 +295,64 @@ fn check_txn_shape(req: &PbTxnRequest) -> Result<(), ApiError> {
         }
     }
     for branch in [&req.success, &req.failure] {
-        let mut puts: Vec<&[u8]> = Vec::new();
-        let mut deletes: Vec<KeyRange> = Vec::new();
         for op in branch {
             match &op.request {
-                Some(PbTxnOpRequest::RequestPut(p)) => puts.push(&p.key),
-                Some(PbTxnOpRequest::RequestDeleteRange(d)) => {
-                    deletes.push(KeyRange::new(d.key.clone(), d.range_end.clone()))
-                }
                 Some(PbTxnOpRequest::RequestTxn(t)) => check_txn_shape(t)?,
-                Some(PbTxnOpRequest::RequestRange(_)) => {}
                 None => return Err(ApiError::invalid("txn operation without a request")),
+                Some(_) => {}
             }
         }
-        let mut sorted = puts.clone();
-        sorted.sort();
-        if sorted.windows(2).any(|w| w[0] == w[1]) {
-            return Err(ApiError::duplicate_key());
-        }
-        if puts.iter().any(|k| deletes.iter().any(|d| d.contains(k))) {
-            return Err(ApiError::duplicate_key());
-        }
+        branch_writes(branch)?;
     }
     Ok(())
+}
+
+/// The keys a branch puts and the ranges it deletes, nested txns included,
+/// or `duplicate_key` if running it could write one key twice at one
+/// revision (two puts of a key, or a put of a key a delete covers), which
+/// etcd refuses too. The two branches of a nested txn exclude each other,
+/// so they may put the same key.
+fn branch_writes(ops: &[PbTxnRequestOp]) -> Result<(BTreeSet<Vec<u8>>, Vec<KeyRange>), ApiError> {
+    let mut deletes: Vec<KeyRange> = ops
+        .iter()
+        .filter_map(|op| match &op.request {
+            Some(PbTxnOpRequest::RequestDeleteRange(d)) => {
+                Some(KeyRange::new(d.key.clone(), d.range_end.clone()))
+            }
+            _ => None,
+        })
+        .collect();
+    let mut puts = BTreeSet::new();
+    let deleted = |deletes: &[KeyRange], key: &[u8]| deletes.iter().any(|d| d.contains(key));
+    for op in ops {
+        let Some(PbTxnOpRequest::RequestTxn(t)) = &op.request else {
+            continue;
+        };
+        let (then_puts, then_deletes) = branch_writes(&t.success)?;
+        let (else_puts, else_deletes) = branch_writes(&t.failure)?;
+        for key in &then_puts {
+            if puts.contains(key) || deleted(&deletes, key) {
+                return Err(ApiError::duplicate_key());
+            }
+        }
+        for key in &else_puts {
+            if (puts.contains(key) && !then_puts.contains(key)) || deleted(&deletes, key) {
+                return Err(ApiError::duplicate_key());
+            }
+        }
+        puts.extend(then_puts);
+        puts.extend(else_puts);
+        deletes.extend(then_deletes);
+        deletes.extend(else_deletes);
+    }
+    for op in ops {
+        if let Some(PbTxnOpRequest::RequestPut(p)) = &op.request {
+            if deleted(&deletes, &p.key) || !puts.insert(p.key.clone()) {
+                return Err(ApiError::duplicate_key());
+            }
+        }
+    }
+    Ok((puts, deletes))
 }
 
 /// Checks every operation on the chosen path against the current state.
@@ -322,10 +368,7 @@ fn check_path(kv: &Kv<'_>, req: &PbTxnRequest, path: &TxnPath) -> Result<(), Api
             Some(PbTxnOpRequest::RequestPut(p)) => check_put(kv, p)?,
             Some(PbTxnOpRequest::RequestDeleteRange(d)) => check_delete(d)?,
             Some(PbTxnOpRequest::RequestRange(r)) => {
-                if r.key.is_empty() {
-                    return Err(ApiError::key_not_provided());
-                }
-                kv.keys.check_readable(r.revision)?;
+                check_range(kv.keys, r)?;
             }
             Some(PbTxnOpRequest::RequestTxn(t)) => {
                 let p = nested
@@ -474,12 +517,13 @@ mod tests {
         };
         let resp = txn(&mut kv, &req).expect("txn");
         assert!(!resp.succeeded);
-        assert_eq!(kv.keys.revision(), 2);
+        // An empty keyspace is at revision 1; the put made 2, the txn 3.
+        assert_eq!(kv.keys.revision(), 3);
         assert_eq!(
             kv.keys.get(b"b").map(|k| k.value.clone()),
             Some(b"else".to_vec())
         );
-        assert_eq!(kv.keys.get(b"c").map(|k| k.mod_revision), Some(2));
+        assert_eq!(kv.keys.get(b"c").map(|k| k.mod_revision), Some(3));
     }
 
     #[test]
@@ -501,9 +545,10 @@ mod tests {
             ],
             failure: vec![],
         };
+        let revision = kv.keys.revision();
         let err = txn(&mut kv, &req).unwrap_err();
         assert_eq!(err.code, ErrorCode::LeaseNotFound);
-        assert_eq!(kv.keys.revision(), 0);
+        assert_eq!(kv.keys.revision(), revision);
         assert!(kv.keys.get(b"a").is_none());
     }
 
@@ -559,5 +604,108 @@ mod tests {
         assert_eq!(got, vec![b"k1".to_vec(), b"k3".to_vec()]);
         assert_eq!(resp.count, 3);
         assert!(resp.more);
+    }
+
+    fn op_range(req: PbRangeRequest) -> PbTxnRequestOp {
+        PbTxnRequestOp {
+            request: Some(PbTxnOpRequest::RequestRange(req)),
+        }
+    }
+
+    /// S3 (cell review): a txn whose range fails after a put of the same
+    /// txn used to commit the put and answer an error.
+    #[test]
+    fn s3_a_txn_whose_range_is_invalid_writes_nothing() {
+        let (mut keys, mut leases) = (KeySpace::default(), LeaseTable::default());
+        let mut kv = Kv {
+            keys: &mut keys,
+            leases: &mut leases,
+        };
+        let revision = kv.keys.revision();
+        let bad_sort = PbTxnRequest {
+            compare: vec![],
+            success: vec![
+                op_put("k", "v"),
+                op_range(PbRangeRequest {
+                    key: b"a".to_vec(),
+                    sort_target: 99,
+                    ..Default::default()
+                }),
+            ],
+            failure: vec![],
+        };
+        assert_eq!(
+            txn(&mut kv, &bad_sort).unwrap_err().code,
+            ErrorCode::InvalidArgument
+        );
+        assert!(kv.keys.get(b"k").is_none(), "the put was not made");
+        assert_eq!(kv.keys.revision(), revision);
+        assert!(kv.keys.take_changes().is_empty(), "nothing to publish");
+
+        // etcd reads a negative limit as no limit: the same txn with one
+        // succeeds whole.
+        let negative_limit = PbTxnRequest {
+            compare: vec![],
+            success: vec![
+                op_put("k", "v"),
+                op_range(PbRangeRequest {
+                    key: b"k".to_vec(),
+                    limit: -1,
+                    ..Default::default()
+                }),
+            ],
+            failure: vec![],
+        };
+        txn(&mut kv, &negative_limit).expect("a negative limit is no limit");
+        assert!(kv.keys.get(b"k").is_some());
+        assert_eq!(kv.keys.revision(), revision + 1);
+    }
+
+    fn op_txn(success: Vec<PbTxnRequestOp>, failure: Vec<PbTxnRequestOp>) -> PbTxnRequestOp {
+        PbTxnRequestOp {
+            request: Some(PbTxnOpRequest::RequestTxn(PbTxnRequest {
+                compare: vec![],
+                success,
+                failure,
+            })),
+        }
+    }
+
+    /// M2 (cell review): a key put at the top and again in a nested txn,
+    /// or in two nested txns, was written twice at one revision; etcd
+    /// refuses both. The two branches of one nested txn may share a key.
+    #[test]
+    fn m2_nested_txns_may_not_put_one_key_twice() {
+        let (mut keys, mut leases) = (KeySpace::default(), LeaseTable::default());
+        let mut kv = Kv {
+            keys: &mut keys,
+            leases: &mut leases,
+        };
+        let refused = [
+            vec![op_put("k", "1"), op_txn(vec![op_put("k", "2")], vec![])],
+            vec![
+                op_txn(vec![op_put("k", "1")], vec![]),
+                op_txn(vec![], vec![op_put("k", "2")]),
+            ],
+        ];
+        for success in refused {
+            let req = PbTxnRequest {
+                compare: vec![],
+                success,
+                failure: vec![],
+            };
+            assert_eq!(txn(&mut kv, &req).unwrap_err(), ApiError::duplicate_key());
+        }
+        assert!(kv.keys.get(b"k").is_none());
+        let either_branch = PbTxnRequest {
+            compare: vec![],
+            success: vec![op_txn(vec![op_put("k", "then")], vec![op_put("k", "else")])],
+            failure: vec![],
+        };
+        txn(&mut kv, &either_branch).expect("then and else exclude each other");
+        assert_eq!(
+            kv.keys.get(b"k").map(|v| v.value.clone()),
+            Some(b"then".to_vec())
+        );
     }
 }

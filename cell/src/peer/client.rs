@@ -7,32 +7,30 @@
 //! request may then be sent again (see `Forward::is_idempotent`).
 
 use super::protocol::{Forward, ForwardReply};
-use crate::raft::network::{peer_channel, peer_client};
+use crate::raft::network::PeerChannels;
 use crate::raft::{NodeId, Raft};
 use crate::storage::codec;
-use dashmap::DashMap;
 use latchkey_shared::peer::peer_client::PeerClient;
 use latchkey_shared::peer::Payload;
 use latchkey_shared::ApiError;
 use tokio::time::Instant;
 use tonic::transport::Channel;
 
-/// Peer clients by address, made on first use.
-#[derive(Default)]
+/// Forwarding over the member's peer channels (the ones Raft uses too).
+#[derive(Clone, Default)]
 pub struct PeerClients {
-    clients: DashMap<String, PeerClient<Channel>>,
+    channels: PeerChannels,
 }
 
 impl PeerClients {
+    pub fn new(channels: PeerChannels) -> Self {
+        PeerClients { channels }
+    }
+
     fn get(&self, addr: &str) -> Result<PeerClient<Channel>, ApiError> {
-        if let Some(c) = self.clients.get(addr) {
-            return Ok(c.clone());
-        }
-        let channel = peer_channel(addr)
-            .map_err(|e| ApiError::internal(format!("bad peer address {addr}: {e}")))?;
-        let client = peer_client(channel);
-        self.clients.insert(addr.to_string(), client.clone());
-        Ok(client)
+        self.channels
+            .get(addr)
+            .map_err(|e| ApiError::internal(format!("bad peer address {addr}: {e}")))
     }
 
     /// Sends `req` to the member at `addr` once. A failure in transport is

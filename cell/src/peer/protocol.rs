@@ -41,11 +41,16 @@ impl Forward {
     }
 
     /// Whether this request, having failed with `e`, may be sent again (to
-    /// whoever leads by then). Nothing happened: yes. It may have been
-    /// served: only if serving it twice is harmless and what broke was the
+    /// whoever leads by then). Served here, only when leadership moved
+    /// (`not_leader`); any other failure here is this member's answer.
+    /// Sent to another member: when nothing happened, or when it may have
+    /// been served but serving it twice is harmless and what broke was the
     /// way there, not the member (a stopped member or a timeout is an
     /// answer in itself).
-    pub fn may_resend_after(&self, e: &ApiError) -> bool {
+    pub fn may_resend_after(&self, e: &ApiError, served_here: bool) -> bool {
+        if served_here {
+            return e.code == ErrorCode::NotLeader;
+        }
         match e.retry() {
             Retry::Safe => true,
             Retry::OutcomeUnknown => {

@@ -3,7 +3,10 @@
 //!
 //! - [`log_store`]: the Raft log and vote in RocksDB, with group commit.
 //! - [`errors`]: the one map from openraft's errors to API errors.
-//! - [`read_index`]: linearizable reads without a log write.
+//! - [`read_index`]: linearizable reads without a log write, one shared
+//!   quorum round at a time.
+//! - [`leadership`]: check-quorum: a leader cut off from its quorum does
+//!   not count as leading.
 //! - [`command`]: what the log carries (a command) and what applying it
 //!   returns.
 //! - [`network`]: openraft's network: the client side of Raft RPCs (tonic);
@@ -11,6 +14,7 @@
 
 pub mod command;
 pub mod errors;
+pub mod leadership;
 pub mod log_store;
 pub mod network;
 pub mod read_index;

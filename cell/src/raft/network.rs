@@ -7,6 +7,7 @@
 
 use super::{Member, NodeId, Snapshot, TypeConfig, Vote};
 use crate::storage::codec::{decode, encode};
+use dashmap::DashMap;
 use latchkey_shared::peer::peer_client::PeerClient;
 use latchkey_shared::peer::Payload;
 use openraft::error::{
@@ -20,6 +21,7 @@ use openraft::raft::{
 };
 use serde::de::DeserializeOwned;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 use tonic::transport::{Channel, Endpoint};
 
@@ -44,8 +46,45 @@ pub fn peer_client(channel: Channel) -> PeerClient<Channel> {
         .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES)
 }
 
+/// One client per peer address, made on first use and shared by Raft's
+/// replication and votes and by forwarded requests. openraft asks the
+/// factory for a client at every replication (re)start and every read-index
+/// round; a channel made each time would open a TCP connection each time
+/// (cell review A4). A tonic channel reconnects by itself, so one per peer
+/// is enough.
 #[derive(Clone, Default)]
-pub struct NetworkFactory;
+pub struct PeerChannels {
+    clients: Arc<DashMap<String, PeerClient<Channel>>>,
+}
+
+impl PeerChannels {
+    /// The client for `addr`; fails only for an address that is not one.
+    pub fn get(&self, addr: &str) -> Result<PeerClient<Channel>, tonic::transport::Error> {
+        if let Some(c) = self.clients.get(addr) {
+            return Ok(c.clone());
+        }
+        let client = peer_client(peer_channel(addr)?);
+        Ok(self
+            .clients
+            .entry(addr.to_string())
+            .or_insert(client)
+            .clone())
+    }
+
+    /// How many peers have a client.
+    pub fn len(&self) -> usize {
+        self.clients.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.clients.is_empty()
+    }
+}
+
+#[derive(Clone, Default)]
+pub struct NetworkFactory {
+    pub channels: PeerChannels,
+}
 
 pub struct PeerConnection {
     target: NodeId,
@@ -57,7 +96,7 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
     type Network = PeerConnection;
 
     async fn new_client(&mut self, target: NodeId, node: &Member) -> Self::Network {
-        let client = peer_channel(&node.peer_addr).ok().map(peer_client);
+        let client = self.channels.get(&node.peer_addr).ok();
         PeerConnection {
             target,
             client,
@@ -208,5 +247,29 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
         // Retry a down peer every 200 ms: a restarted node rejoins quickly,
         // and a dead one costs a connect attempt five times a second.
         openraft::network::Backoff::new(std::iter::repeat(Duration::from_millis(200)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A4 (cell review): every linearizable read opened a new connection
+    /// to every voter, because each new client got a new channel.
+    #[tokio::test]
+    async fn a4_clients_for_one_peer_share_one_channel() {
+        let mut factory = NetworkFactory::default();
+        let peer = Member {
+            peer_addr: "127.0.0.1:9".to_string(),
+        };
+        for _ in 0..100 {
+            let connection = factory.new_client(2, &peer).await;
+            assert!(connection.client.is_some());
+        }
+        let other = Member {
+            peer_addr: "127.0.0.1:10".to_string(),
+        };
+        factory.new_client(3, &other).await;
+        assert_eq!(factory.channels.len(), 2, "one channel per peer address");
     }
 }

@@ -84,7 +84,8 @@ mod tests {
             "the shape etcdctl snapshot save checks"
         );
         let back = decode_state_file(&file).expect("decode");
-        assert_eq!(back.keys.revision(), 3);
+        // Revision 1 (empty, as in etcd) and three puts.
+        assert_eq!(back.keys.revision(), 4);
         assert_eq!(back.keys.live_keys(), 2);
         assert_eq!(back.keys.get(b"a").map(|kv| kv.version), Some(2));
         let mut damaged = file.clone();

@@ -4,10 +4,11 @@
 
 use crate::CELL_BIN;
 use etcd_client::{Client, EventType, WatchOptions};
-use latchkey_shared::client::RefreshStream;
+use latchkey_shared::client::{KeepAliveStream, RefreshStream};
 use latchkey_shared::session::{Session, SessionOptions, SessionState};
 use latchkey_testkit::{
-    count_keys, err_text, eventually, grant_kept_alive, metric_value, Cluster, CLOCK_SLACK,
+    count_keys, err_text, eventually, grant_kept_alive, http_get, metric_value, Cluster,
+    CLOCK_SLACK,
 };
 use std::sync::{Arc, Mutex};
 use tokio::time::{Duration, Instant};
@@ -419,4 +420,107 @@ async fn ttl_bounds_are_enforced_and_batched_refreshes_are_counted() {
         reply.leader_client_url.as_deref(),
         Some(format!("http://{}", cluster.member(status.leader()).client).as_str())
     );
+}
+
+/// S1 (cell review): a leader cut off from its quorum went on answering
+/// keep-alives with a fresh TTL for as long as the partition lasted, while
+/// the majority could elect a new leader and expire the lease. Here both
+/// followers are frozen (SIGSTOP): the old leader must grant no time after
+/// the cut, fail each keep-alive within the quorum timeout (four election
+/// timeouts: sooner than a new leader could act), say so on /readyz, and a
+/// session on it
+/// must go to jeopardy, then expire, never believing in more time than it
+/// was granted before the cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s1_a_leader_cut_off_from_its_quorum_stops_granting_time() {
+    const TTL: i64 = 6;
+    // The cell's quorum timeout: four times its default election timeout.
+    const QUORUM_TIMEOUT: Duration = Duration::from_millis(1600);
+    // Scheduling slack on a loaded 2-core machine.
+    const SLACK: Duration = Duration::from_millis(1000);
+    let cluster = Cluster::start(CELL_BIN, 3, &[]).await;
+    let leader = cluster.leader_at_start();
+    let addr = cluster.member(leader).client.clone();
+    let session = Session::start(&[addr.clone()], SessionOptions::with_ttl(TTL))
+        .await
+        .expect("session");
+    let mut states = session.watch();
+    let mut client = cluster.client(leader).await;
+    let lease = client.lease_grant(TTL, None).await.expect("grant").id();
+    let mut stream = KeepAliveStream::open(&addr)
+        .await
+        .expect("keep-alive stream");
+    let ttls = stream
+        .refresh(&[lease], Duration::from_secs(2))
+        .await
+        .expect("a keep-alive while the cell is whole");
+    assert_eq!(ttls.get(&lease), Some(&TTL));
+    wait_state(
+        &mut states,
+        |s| matches!(s, SessionState::Alive { .. }),
+        Duration::from_secs(5),
+    )
+    .await;
+
+    for id in cluster.running() {
+        if id != leader {
+            cluster.signal(id, "STOP");
+        }
+    }
+    let cut = Instant::now();
+
+    // Keep-alives sent after the cut: none is granted, and each fails
+    // within the quorum timeout (plus scheduling slack) of the cut or of
+    // being sent, whichever is later.
+    let mut attempts = 0;
+    while cut.elapsed() < QUORUM_TIMEOUT * 2 {
+        let sent = Instant::now();
+        let answer = stream.refresh(&[lease], Duration::from_secs(5)).await;
+        let took = sent.elapsed();
+        attempts += 1;
+        match answer {
+            Ok(ttls) => assert!(
+                ttls.get(&lease).is_none_or(|ttl| *ttl <= 0),
+                "a keep-alive sent {:?} after the cut was granted {ttls:?}",
+                sent - cut
+            ),
+            Err(e) => {
+                let limit = (cut + QUORUM_TIMEOUT).max(sent + QUORUM_TIMEOUT) + SLACK;
+                assert!(
+                    Instant::now() <= limit,
+                    "a keep-alive failed only {took:?} after it was sent ({e})"
+                );
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(attempts >= 2);
+
+    // The leader no longer says it is ready.
+    let metrics = cluster.member(leader).metrics.clone();
+    eventually(QUORUM_TIMEOUT + SLACK, async || {
+        match http_get(&metrics, "/readyz").await {
+            Some(r) if r.starts_with("HTTP/1.1 503") => Ok(()),
+            other => Err(format!("readyz: {other:?}")),
+        }
+    })
+    .await;
+
+    // The session was last confirmed before the cut: jeopardy within a
+    // keep-alive interval and an attempt, expired by the cut + TTL.
+    let options = SessionOptions::with_ttl(TTL);
+    wait_state(
+        &mut states,
+        |s| *s != SessionState::Alive { ttl: TTL },
+        options.keep_alive + options.attempt_timeout + SLACK,
+    )
+    .await;
+    wait_state(
+        &mut states,
+        |s| *s == SessionState::Expired,
+        Duration::from_secs(TTL as u64).saturating_sub(cut.elapsed()) + SLACK,
+    )
+    .await;
+    println!("session expired {:?} after the cut", cut.elapsed());
+    cluster.signal_all("CONT");
 }
