@@ -16,7 +16,10 @@ use crate::node::CellNode;
 use crate::peer::client::PeerClients;
 use crate::peer::server::PeerService;
 use crate::raft::log_store::{self, LogStore};
-use crate::raft::network::{NetworkFactory, PeerChannels, MAX_PEER_MESSAGE_BYTES};
+use crate::raft::network::{
+    NetworkFactory, PeerChannels, MAX_PEER_MESSAGE_BYTES, PEER_CONNECTION_WINDOW,
+    PEER_STREAM_WINDOW,
+};
 use crate::raft::{Member, NodeId, Raft};
 use crate::state_machine::backup::decode_state_file;
 use crate::state_machine::store::{has_state, write_initial_state, StateMachineStore};
@@ -141,9 +144,18 @@ async fn settle_identity(cfg: &mut Resolved, db: &rocksdb::DB) -> anyhow::Result
 }
 
 /// Resolves when this member must stop: it has been removed from the
-/// cell's membership (after having been in it), as in etcd, or Raft on it
-/// has stopped (a storage error, a failed apply).
-async fn member_ends(raft: Raft, id: u64) -> Stopped {
+/// cell's membership (after having been in it), as in etcd, whether it
+/// applied its removal or a peer says so, or Raft on it has stopped (a
+/// storage error, a failed apply).
+async fn member_ends(node: &CellNode) -> Stopped {
+    let membership = node.membership();
+    tokio::select! {
+        why = removed_here(node.raft.clone(), node.id) => why,
+        _ = membership.removed_elsewhere() => Stopped::Removed,
+    }
+}
+
+async fn removed_here(raft: Raft, id: u64) -> Stopped {
     let mut rx = raft.metrics();
     let mut was_member = false;
     loop {
@@ -287,6 +299,8 @@ impl Cell {
         servers.push(spawn_server(&lifecycle, &stopped_tx, "peer server", {
             let token = lifecycle.token();
             tonic::transport::Server::builder()
+                .initial_stream_window_size(PEER_STREAM_WINDOW)
+                .initial_connection_window_size(PEER_CONNECTION_WINDOW)
                 .add_service(peer_server)
                 .serve_with_incoming_shutdown(
                     crate::api::nodelay_incoming(peer_listener),
@@ -335,9 +349,9 @@ impl Cell {
             .run(),
         );
         lifecycle.spawn({
-            let (raft, id, stopped_tx) = (raft.clone(), cfg.id, stopped_tx.clone());
+            let (node, stopped_tx) = (node.clone(), stopped_tx.clone());
             async move {
-                let why = member_ends(raft, id).await;
+                let why = member_ends(&node).await;
                 if why == Stopped::Removed {
                     tracing::warn!("this member was removed from the cell; stopping");
                     // Let in-flight answers (such as the MemberRemove that

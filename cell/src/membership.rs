@@ -7,7 +7,7 @@
 //! list and waits for the leader to replicate to it.
 
 use crate::peer::client::PeerClients;
-use crate::peer::protocol::{Forward, MembershipChange};
+use crate::peer::protocol::{Forward, ForwardReply, MembershipChange};
 use crate::raft::{errors, Member, NodeId, Raft};
 use latchkey_shared::{ApiError, ErrorCode};
 use openraft::ChangeMembers;
@@ -233,6 +233,76 @@ impl Membership<'_> {
             }
             if Instant::now() >= deadline {
                 return Err(ApiError::leader_transfer_timeout());
+            }
+        }
+    }
+}
+
+/// How often a member that hears from no leader asks its peers whether it
+/// is still a member: a few election timeouts, so an election in progress
+/// settles first.
+const REMOVAL_CHECK: Duration = Duration::from_secs(2);
+/// How long one peer may take to answer that question.
+const REMOVAL_QUERY_TIMEOUT: Duration = Duration::from_secs(1);
+
+impl Membership<'_> {
+    /// What this member has committed of the membership: for
+    /// `Forward::CommittedMembership`.
+    pub fn committed(&self) -> ForwardReply {
+        let m = self.raft.metrics().borrow().clone();
+        let applied = m.last_applied.map(|l| l.index);
+        let config = &m.membership_config;
+        // Only an applied configuration is known to be committed.
+        let (index, members) = if config.log_id().map(|l| l.index) <= applied {
+            (
+                config.log_id().map(|l| l.index),
+                config.membership().nodes().map(|(id, _)| *id).collect(),
+            )
+        } else {
+            (None, Vec::new())
+        };
+        ForwardReply::Membership { index, members }
+    }
+
+    /// Resolves when a peer has committed a membership newer than this
+    /// member's that does not include it. A removed follower never learns
+    /// of its removal from Raft (the leader stops replicating to it), so
+    /// while it hears from no leader it asks its peers (cell review A6).
+    pub async fn removed_elsewhere(&self) {
+        loop {
+            tokio::time::sleep(REMOVAL_CHECK).await;
+            let m = self.raft.metrics().borrow().clone();
+            if m.current_leader.is_some() {
+                continue;
+            }
+            let mine = m.membership_config.log_id().map(|l| l.index);
+            let peers: Vec<String> = m
+                .membership_config
+                .membership()
+                .nodes()
+                .filter(|(id, _)| **id != self.id)
+                .map(|(_, n)| n.peer_addr.clone())
+                .collect();
+            for addr in peers {
+                let deadline = Instant::now() + REMOVAL_QUERY_TIMEOUT;
+                let answer = self
+                    .peers
+                    .send(&addr, &Forward::CommittedMembership, deadline)
+                    .await;
+                if let Ok(ForwardReply::Membership {
+                    index: Some(index),
+                    members,
+                }) = answer
+                {
+                    if Some(index) > mine && !members.contains(&self.id) {
+                        tracing::warn!(
+                            peer = %addr,
+                            index,
+                            "a peer committed a membership without this member"
+                        );
+                        return;
+                    }
+                }
             }
         }
     }

@@ -132,7 +132,7 @@ impl CellNode {
         Some((leader, url))
     }
 
-    fn membership(&self) -> Membership<'_> {
+    pub fn membership(&self) -> Membership<'_> {
         Membership {
             id: self.id,
             raft: &self.raft,
@@ -314,6 +314,7 @@ impl ForwardHandler for CellNode {
                     .move_leader(*target)
                     .await
                     .map(|_| ForwardReply::Done),
+                Forward::CommittedMembership => Ok(self.membership().committed()),
                 Forward::Campaign => {
                     self.raft.trigger().elect().await.map_err(errors::fatal)?;
                     Ok(ForwardReply::Done)

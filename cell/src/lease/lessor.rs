@@ -180,7 +180,10 @@ impl Lessor {
         let known = std::mem::take(&mut s.clocks);
         s.queue.clear();
         s.expiring.clear();
-        s.dirty.clear();
+        // Leases refreshed but not yet checkpointed stay marked: a member
+        // demoted and promoted again (a short loss of quorum) must still
+        // checkpoint them, or a later leader would start them from an older
+        // deadline.
         for &(id, ttl, remaining_ms) in leases {
             let base = known.get(&id).map_or_else(
                 || {
@@ -201,6 +204,8 @@ impl Lessor {
                 },
             );
         }
+        let LessorState { dirty, clocks, .. } = &mut *s;
+        dirty.retain(|id| clocks.contains_key(id));
         s.primary = true;
         drop(s);
         self.primary.send_replace(true);
@@ -213,7 +218,6 @@ impl Lessor {
         let mut s = self.lock();
         s.primary = false;
         s.expiring.clear();
-        s.dirty.clear();
         let clocks: Vec<(i64, Clock)> = s.clocks.iter().map(|(id, c)| (*id, *c)).collect();
         for (id, c) in clocks {
             s.set(

@@ -31,6 +31,9 @@ pub enum Forward {
     },
     /// Sent to one member (not the leader): start an election now.
     Campaign,
+    /// Sent to any member: the membership it has committed. A member that
+    /// stops hearing from a leader asks, to learn whether it was removed.
+    CommittedMembership,
 }
 
 impl Forward {
@@ -74,6 +77,12 @@ pub enum ForwardReply {
     },
     TimeToLive(LeaseTtl),
     Done,
+    /// The responder's committed membership: the log index it was
+    /// committed at and every member in it (voters and learners).
+    Membership {
+        index: Option<u64>,
+        members: Vec<NodeId>,
+    },
 }
 
 /// A change of the cell's membership (etcd's Cluster service).
@@ -120,6 +129,7 @@ mod tests {
             (Forward::Membership(MembershipChange::Promote { id: 1 }), 5),
             (Forward::MoveLeader { target: 1 }, 6),
             (Forward::Campaign, 7),
+            (Forward::CommittedMembership, 8),
         ];
         for (request, want) in requests {
             assert_eq!(position(&request), want, "{request:?}");
@@ -151,6 +161,13 @@ mod tests {
             (ForwardReply::KeepAlive { ttl: 1 }, 2),
             (ForwardReply::Refreshed { ttls: vec![] }, 3),
             (ForwardReply::Done, 5),
+            (
+                ForwardReply::Membership {
+                    index: None,
+                    members: vec![],
+                },
+                6,
+            ),
         ];
         for (reply, want) in replies {
             assert_eq!(position(&reply), want, "{reply:?}");

@@ -28,6 +28,12 @@ use tonic::transport::{Channel, Endpoint};
 /// Peer RPCs may carry a whole snapshot; allow messages this large.
 pub const MAX_PEER_MESSAGE_BYTES: usize = 1024 * 1024 * 1024;
 
+/// HTTP/2 flow-control windows of peer connections: a stream may have this
+/// much in flight (a replication batch of 32 entries of up to 1.5 MiB fits
+/// in a round trip or two), the connection as a whole four times that.
+pub const PEER_STREAM_WINDOW: u32 = 16 * 1024 * 1024;
+pub const PEER_CONNECTION_WINDOW: u32 = 64 * 1024 * 1024;
+
 /// A lazily connecting channel to a peer address.
 pub fn peer_channel(addr: &str) -> Result<Channel, tonic::transport::Error> {
     let endpoint = Endpoint::from_shared(format!("http://{addr}"))?
@@ -36,7 +42,13 @@ pub fn peer_channel(addr: &str) -> Result<Channel, tonic::transport::Error> {
         .connect_timeout(Duration::from_millis(500))
         .tcp_nodelay(true)
         .http2_keep_alive_interval(Duration::from_secs(5))
-        .keep_alive_timeout(Duration::from_secs(5));
+        .keep_alive_timeout(Duration::from_secs(5))
+        // One connection per peer carries replication, heartbeats, votes
+        // and forwarded requests at once. HTTP/2's default 64 KiB windows
+        // would let one large AppendEntries hold the heartbeats behind it
+        // for many round trips; these let a batch through in one.
+        .initial_stream_window_size(PEER_STREAM_WINDOW)
+        .initial_connection_window_size(PEER_CONNECTION_WINDOW);
     Ok(endpoint.connect_lazy())
 }
 

@@ -246,3 +246,34 @@ async fn a_new_cell_restored_from_a_snapshot_serves_the_same_keys_and_revision()
     let next = client.put("r/new", "n", None).await.expect("put");
     assert_eq!(next.header().expect("header").revision(), revision + 1);
 }
+
+/// A6 (cell review): a removed follower never learned of its removal (the
+/// leader stops replicating to it) and went on serving stale reads. It
+/// must find out from its peers and stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a6_a_removed_follower_finds_out_and_stops() {
+    let mut cluster = Cluster::start(CELL_BIN, 3, &[]).await;
+    let leader = cluster.leader_at_start();
+    let victim = cluster.follower();
+    let mut admin = cluster.client(leader).await;
+    admin.put("before", "1", None).await.expect("put");
+    admin
+        .member_remove(victim)
+        .await
+        .expect("remove the follower");
+    admin
+        .put("after", "2", None)
+        .await
+        .expect("two members still commit");
+    eventually(Duration::from_secs(20), async || {
+        if cluster.exited(victim) {
+            Ok(())
+        } else {
+            Err("the removed follower kept running")
+        }
+    })
+    .await;
+    cluster.kill(victim);
+    let members = admin.member_list().await.expect("member list");
+    assert_eq!(members.members().len(), 2);
+}
