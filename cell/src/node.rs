@@ -203,9 +203,6 @@ impl CellNode {
 
     /// A replicated write, wherever it arrives.
     pub async fn write(&self, req: Request) -> Result<Response, ApiError> {
-        if req.client_bytes() > self.limits.max_request_bytes {
-            return Err(ApiError::request_too_large());
-        }
         match self.on_leader(Forward::Write(req)).await? {
             ForwardReply::Written(resp) => Ok(resp),
             other => Err(unexpected(other)),

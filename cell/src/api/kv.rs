@@ -1,6 +1,6 @@
 //! etcd v3 `KV` service.
 
-use super::{check_value, expect_reply, header_into};
+use super::{check_request_size, check_value, expect_reply, header_into};
 use crate::mvcc::txn;
 use crate::node::CellNode;
 use crate::raft::command::{Reply, Request};
@@ -10,6 +10,7 @@ use latchkey_shared::etcdpb::{
     PbTxnOpResponse, PbTxnRequest, PbTxnResponse,
 };
 use latchkey_shared::ApiError;
+use prost::Message;
 use std::pin::Pin;
 use std::sync::Arc;
 use tokio_stream::Stream;
@@ -90,6 +91,7 @@ impl PbKvService for KvService {
         request: GrpcRequest<PbPutRequest>,
     ) -> Result<GrpcResponse<PbPutResponse>, Status> {
         let req = request.into_inner();
+        check_request_size(&self.node, req.encoded_len())?;
         check_value(&self.node, req.value.len())?;
         let resp = self.node.write(Request::Put(req)).await?;
         let mut reply = expect_reply!(resp, Reply::Put(r) => r)?;
@@ -101,6 +103,7 @@ impl PbKvService for KvService {
         &self,
         request: GrpcRequest<PbDeleteRequest>,
     ) -> Result<GrpcResponse<PbDeleteResponse>, Status> {
+        check_request_size(&self.node, request.get_ref().encoded_len())?;
         let resp = self
             .node
             .write(Request::DeleteRange(request.into_inner()))
@@ -115,6 +118,7 @@ impl PbKvService for KvService {
         request: GrpcRequest<PbTxnRequest>,
     ) -> Result<GrpcResponse<PbTxnResponse>, Status> {
         let req = request.into_inner();
+        check_request_size(&self.node, req.encoded_len())?;
         check_value(&self.node, txn::txn_max_value(&req))?;
         if !txn::txn_writes(&req) {
             // A read-only txn needs no log entry: evaluate it after the

@@ -46,6 +46,23 @@ pub fn check_value(node: &CellNode, len: usize) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// Refuses a request over the size limit before anything else, with
+/// etcd's errors: "request is too large" up to the transport's allowance
+/// past the limit, grpc-go's "message larger than max" beyond it.
+pub fn check_request_size(node: &CellNode, len: usize) -> Result<(), ApiError> {
+    let limit = node.limits.max_request_bytes;
+    if len > limit + GRPC_OVERHEAD_BYTES {
+        return Err(ApiError::message_too_large(
+            len,
+            limit + GRPC_OVERHEAD_BYTES,
+        ));
+    }
+    if len > limit {
+        return Err(ApiError::request_too_large());
+    }
+    Ok(())
+}
+
 /// The answer for an etcd RPC latchkey does not serve yet: gRPC's own
 /// "unimplemented", which etcd clients report as such.
 pub fn not_built(what: &str) -> tonic::Status {
@@ -88,7 +105,10 @@ pub async fn serve(
     // does, so that a request just over it reaches the handler and gets
     // etcd's "request is too large" (which clients know) instead of a
     // transport error.
-    let max_message = max_request_bytes + GRPC_OVERHEAD_BYTES;
+    // Twice that is decoded at all, so that a message a little over the
+    // allowance still gets grpc-go's answer from `check_request_size`;
+    // beyond it tonic refuses it unread with its own.
+    let max_message = (max_request_bytes + GRPC_OVERHEAD_BYTES) * 2;
     let kv = PbKvServer::new(kv::KvService { node: node.clone() })
         .max_decoding_message_size(max_message);
     let lease = PbLeaseServer::new(lease::LeaseService { node: node.clone() })

@@ -52,18 +52,6 @@ pub enum Request {
 }
 
 impl Request {
-    /// The size of the client's request this command carries, for the
-    /// request size limit (commands the cell makes itself carry none).
-    pub fn client_bytes(&self) -> usize {
-        use prost::Message;
-        match self {
-            Request::Put(p) => p.encoded_len(),
-            Request::DeleteRange(d) => d.encoded_len(),
-            Request::Txn(t) => t.encoded_len(),
-            _ => 0,
-        }
-    }
-
     /// The bytes this command may add to the keyspace, for the quota check
     /// before it is proposed (a grant counts 1 so a full cell refuses it).
     pub fn added_bytes(&self) -> u64 {

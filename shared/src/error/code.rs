@@ -130,6 +130,10 @@ error_table! {
     ValueTooLarge => "value_too_large", 413, InvalidArgument, None, Never;
     RequestTooLarge => "request_too_large", 413, InvalidArgument,
         Some("etcdserver: request is too large"), Never;
+    /// A message over what the transport takes (the request limit plus the
+    /// gRPC allowance), refused unread with grpc-go's code, as etcd's
+    /// transport refuses it.
+    MessageTooLarge => "message_too_large", 413, ResourceExhausted, None, Never;
     /// A put with `ignore_value` or `ignore_lease` names a key that does
     /// not exist.
     KeyNotFound => "key_not_found", 404, InvalidArgument,

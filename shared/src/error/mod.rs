@@ -270,6 +270,14 @@ impl ApiError {
         ApiError::etcd(ErrorCode::RequestTooLarge)
     }
 
+    /// grpc-go's text for a message over the transport's limit.
+    pub fn message_too_large(len: usize, max: usize) -> Self {
+        ApiError::new(
+            ErrorCode::MessageTooLarge,
+            format!("grpc: received message larger than max ({len} vs. {max})"),
+        )
+    }
+
     pub fn key_not_found() -> Self {
         ApiError::etcd(ErrorCode::KeyNotFound)
     }
@@ -404,6 +412,7 @@ mod tests {
                 ErrorCode::QuotaExceeded => ApiError::quota_exceeded("2 GiB"),
                 ErrorCode::ValueTooLarge => ApiError::value_too_large(70_000, 65_536),
                 ErrorCode::RequestTooLarge => ApiError::request_too_large(),
+                ErrorCode::MessageTooLarge => ApiError::message_too_large(3_000_000, 2_097_152),
                 ErrorCode::KeyNotFound => ApiError::key_not_found(),
                 ErrorCode::KeyNotProvided => ApiError::key_not_provided(),
                 ErrorCode::ValueProvided => ApiError::value_provided(),
