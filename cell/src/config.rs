@@ -288,6 +288,11 @@ impl Resolved {
         Duration::from_millis(self.cfg.request_timeout_ms)
     }
 
+    /// The minimum Raft election timeout.
+    pub fn election_timeout(&self) -> Duration {
+        Duration::from_millis(self.cfg.election_timeout_ms)
+    }
+
     /// How long a leader may go without hearing from a quorum and still
     /// count as leading (check-quorum), and how long it may take to
     /// confirm its leadership before granting lease time: four election

@@ -16,7 +16,7 @@ use crate::membership::Membership;
 use crate::peer::client::{leader, PeerClients};
 use crate::peer::protocol::{Forward, ForwardHandler, ForwardReply, MembershipChange};
 use crate::raft::command::{Request, Response};
-use crate::raft::leadership::{leads_with_quorum, quorum_lost};
+use crate::raft::leadership::leads_with_quorum;
 use crate::raft::read_index::ReadIndex;
 use crate::raft::{errors, NodeId, Raft};
 use crate::state_machine::store::SharedState;
@@ -68,7 +68,6 @@ impl CellNode {
         peers: PeerClients,
     ) -> Self {
         let request_timeout = cfg.request_timeout();
-        let election_timeout = Duration::from_millis(cfg.cfg.election_timeout_ms);
         let read_index = Arc::new(ReadIndex::new(raft.clone()));
         CellNode {
             id: cfg.id,
@@ -90,7 +89,7 @@ impl CellNode {
             db,
             limits: cfg.limits(),
             request_timeout,
-            election_timeout,
+            election_timeout: cfg.election_timeout(),
             quorum_timeout: cfg.quorum_timeout(),
             lifecycle: Lifecycle::new(),
             read_index,
@@ -120,18 +119,6 @@ impl CellNode {
         leads_with_quorum(&self.raft.metrics().borrow(), self.id, self.quorum_timeout)
     }
 
-    /// The leader as this member knows it, with the client URL it
-    /// published: a hint for clients to go to the leader directly.
-    pub fn leader_client_url(&self) -> Option<(NodeId, String)> {
-        let leader = self.raft.metrics().borrow().current_leader?;
-        let url = self.state.read(|s| {
-            s.members
-                .get(&leader)
-                .and_then(|m| m.client_urls.first().cloned())
-        })?;
-        Some((leader, url))
-    }
-
     pub fn membership(&self) -> Membership<'_> {
         Membership {
             id: self.id,
@@ -147,15 +134,8 @@ impl CellNode {
     async fn on_leader(&self, req: Forward) -> Result<ForwardReply, ApiError> {
         let deadline = Instant::now() + self.request_timeout;
         loop {
-            let (leader, addr) = leader(&self.raft, deadline).await?;
+            let (leader, addr) = leader(&self.raft, self.id, self.quorum_timeout, deadline).await?;
             let here = leader == self.id;
-            if here && quorum_lost(&self.raft.metrics().borrow(), self.id, self.quorum_timeout) {
-                // Cut off from the others, which may have a new leader by
-                // now: fail at once, so the client tries another member.
-                return Err(ApiError::unavailable(
-                    "this member leads but has heard from no quorum within the quorum timeout",
-                ));
-            }
             let result = if here {
                 tokio::time::timeout_at(deadline, self.serve_forwarded(&req))
                     .await
@@ -188,11 +168,8 @@ impl CellNode {
 
     fn check_quota(&self, req: &Request) -> Result<(), ApiError> {
         let added = req.added_bytes();
-        if added == 0 {
-            return Ok(());
-        }
         let used = self.state.read(|s| s.keys.bytes());
-        if used + added > self.limits.quota_bytes {
+        if added > 0 && used + added > self.limits.quota_bytes {
             return Err(ApiError::quota_exceeded(format!(
                 "keyspace holds {used} bytes; quota is {} bytes",
                 self.limits.quota_bytes

@@ -1,7 +1,7 @@
 //! etcd v3 `KV` service.
 
 use super::{check_request_size, check_value, expect_reply, header_into};
-use crate::mvcc::txn;
+use crate::mvcc::{range, txn};
 use crate::node::CellNode;
 use crate::raft::command::{Reply, Request};
 use latchkey_shared::etcdpb::{
@@ -32,7 +32,7 @@ impl KvService {
         let mut resp = self
             .node
             .state
-            .read(|s| txn::range(&s.keys, req).map(|r| (r, s.keys.revision())))?;
+            .read(|s| range::range(&s.keys, req).map(|r| (r, s.keys.revision())))?;
         resp.0.header = Some(self.node.header(resp.1));
         Ok(resp.0)
     }

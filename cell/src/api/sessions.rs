@@ -11,6 +11,16 @@ use std::sync::Arc;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
+/// The leader as this member knows it, with the client URL it published:
+/// a hint for the client to refresh at the leader directly.
+fn leader_client_url(node: &CellNode) -> Option<(u64, String)> {
+    let leader = node.raft.metrics().borrow().current_leader?;
+    node.state.read(|s| {
+        let url = s.members.get(&leader)?.client_urls.first()?.clone();
+        Some((leader, url))
+    })
+}
+
 /// Batches answered per stream before its task waits for the client.
 const OUTBOUND_QUEUE: usize = 16;
 
@@ -47,7 +57,7 @@ impl Sessions for SessionsService {
                         .map(|ttls| {
                             let header = node.header(0);
                             let (leader_id, leader_client_url) =
-                                node.leader_client_url().unwrap_or_default();
+                                leader_client_url(&node).unwrap_or_default();
                             RefreshResponse {
                                 batch: req.batch,
                                 ttls,

@@ -1,8 +1,9 @@
 //! The MVCC keyspace ([`keyspace`]), the replicated lease table its
 //! ephemeral keys are bound to ([`lease_table`]), and etcd's KV operations
-//! over both ([`txn`]): range, put, delete, txn and compaction, all
+//! over both: [`range`] (reads) and [`txn`] (put, delete, txn), all
 //! deterministic.
 
 pub mod keyspace;
 pub mod lease_table;
+pub mod range;
 pub mod txn;

@@ -16,7 +16,7 @@
 //!   revision, as etcd does.
 
 use crate::mvcc::keyspace::{Event, EventKind, KeyRange};
-use crate::mvcc::txn::to_pb;
+use crate::mvcc::range::to_pb;
 use crate::node::CellNode;
 use crate::state_machine::watch_hub::{Changes, Notice};
 use latchkey_shared::etcd_enums::{EventType, FilterType};
