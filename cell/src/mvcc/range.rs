@@ -101,16 +101,8 @@ pub fn range(keys: &KeySpace, req: &PbRangeRequest) -> Result<PbRangeResponse, A
 mod tests {
     use super::*;
     use crate::mvcc::lease_table::LeaseTable;
+    use crate::mvcc::txn::tests::put_req;
     use crate::mvcc::txn::{put, Kv};
-    use latchkey_shared::etcdpb::PbPutRequest;
-
-    fn put_req(key: &str, value: &str) -> PbPutRequest {
-        PbPutRequest {
-            key: key.into(),
-            value: value.into(),
-            ..Default::default()
-        }
-    }
 
     #[test]
     fn range_sorts_limits_and_counts() {

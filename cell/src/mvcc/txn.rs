@@ -384,12 +384,12 @@ pub fn txn_max_value(req: &PbTxnRequest) -> usize {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use latchkey_shared::etcdpb::PbRangeRequest;
     use latchkey_shared::etcdpb::PbTxnRequestOp;
 
-    fn put_req(key: &str, value: &str) -> PbPutRequest {
+    pub(crate) fn put_req(key: &str, value: &str) -> PbPutRequest {
         PbPutRequest {
             key: key.into(),
             value: value.into(),
