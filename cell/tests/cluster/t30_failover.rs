@@ -165,6 +165,13 @@ async fn without_a_quorum_requests_wait_then_fail_unavailable_and_recover() {
     c.put("q/before", "1", None)
         .await
         .expect("put with a quorum");
+    // A linearizable read through the survivor: its own state then holds
+    // the put. (A follower learns that an entry is committed from the
+    // leader's next message; killed right after the put, the leader may
+    // never send it, and a serializable read could then miss the put.)
+    c.get("q/before", None)
+        .await
+        .expect("linearizable read with a quorum");
 
     let others: Vec<u64> = cluster
         .running()
