@@ -134,7 +134,7 @@ impl CellNode {
     async fn on_leader(&self, req: Forward) -> Result<ForwardReply, ApiError> {
         let deadline = Instant::now() + self.request_timeout;
         loop {
-            let (leader, addr) = leader(&self.raft, self.id, self.quorum_timeout, deadline).await?;
+            let (leader, addr) = leader(&self.raft, deadline).await?;
             let here = leader == self.id;
             let result = if here {
                 tokio::time::timeout_at(deadline, self.serve_forwarded(&req))

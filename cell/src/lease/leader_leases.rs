@@ -14,12 +14,12 @@
 
 use super::lessor::{Lessor, RefreshError};
 use crate::raft::errors;
-use crate::raft::leadership::leads_with_quorum;
 use crate::raft::read_index::ReadIndex;
 use crate::raft::{NodeId, Raft};
 use crate::state_machine::store::SharedState;
 use latchkey_shared::lease_id::LeaseId;
 use latchkey_shared::ApiError;
+use openraft::ServerState;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,17 +50,23 @@ pub struct LeaderLeases {
 }
 
 impl LeaderLeases {
-    fn is_leader(&self) -> bool {
-        leads_with_quorum(&self.raft.metrics().borrow(), self.id, self.quorum_timeout)
+    /// Whether openraft has this member leading (quorum or not: that is
+    /// what a confirmation round finds out).
+    fn leads(&self) -> bool {
+        let m = self.raft.metrics();
+        let m = m.borrow();
+        m.state == ServerState::Leader && m.current_leader == Some(self.id)
     }
 
     /// When leadership was last confirmed for this request: a quorum round
     /// that began after the call, with the state applied up to its index
     /// (so a lease revoked or expired before it is known to be gone).
     /// Bounded by the quorum timeout: a leader that cannot reach a quorum
-    /// in that long may already be deposed.
+    /// in that long may be deposed already, and answers `unavailable` (not
+    /// `not_leader`, so the request is not sent round again here) for the
+    /// client to try another member.
     async fn confirmed(&self) -> Result<Instant, ApiError> {
-        if !self.is_leader() {
+        if !self.leads() {
             return Err(ApiError::not_leader(None));
         }
         let confirmed = tokio::time::timeout(self.quorum_timeout, self.read_index.confirm())
@@ -83,13 +89,19 @@ impl LeaderLeases {
         }
     }
 
-    /// Waits for the lessor's promotion while this member leads; fails
-    /// `not_leader` when it does not lead or is not promoted in time.
+    /// Waits for the lessor's promotion (a new leader's first commit, or a
+    /// quorum heard from again) while this member leads; fails `not_leader`
+    /// when it does not lead, `unavailable` when not promoted in time.
     async fn await_primary(&self, deadline: Instant) -> Result<(), ApiError> {
-        if self.is_leader() && self.lessor.wait_primary(deadline).await {
+        if !self.leads() {
+            return Err(ApiError::not_leader(None));
+        }
+        if self.lessor.wait_primary(deadline).await {
             Ok(())
         } else {
-            Err(ApiError::not_leader(None))
+            Err(ApiError::unavailable(
+                "this leader's lessor was not promoted in time",
+            ))
         }
     }
 

@@ -7,14 +7,12 @@
 //! request may then be sent again (see `Forward::is_idempotent`).
 
 use super::protocol::{Forward, ForwardReply};
-use crate::raft::leadership::quorum_lost;
 use crate::raft::network::PeerChannels;
 use crate::raft::{NodeId, Raft};
 use crate::storage::codec;
 use latchkey_shared::peer::peer_client::PeerClient;
 use latchkey_shared::peer::Payload;
 use latchkey_shared::ApiError;
-use std::time::Duration;
 use tokio::time::Instant;
 use tonic::transport::Channel;
 
@@ -60,24 +58,12 @@ impl PeerClients {
 }
 
 /// The current leader and its peer address, waiting for one to be elected
-/// until `deadline`. When the leader is this member (`me`) cut off from
-/// its quorum for `quorum_timeout`, fails at once: the others may have a
-/// new leader by now, and the client should try another member.
-pub async fn leader(
-    raft: &Raft,
-    me: NodeId,
-    quorum_timeout: Duration,
-    deadline: Instant,
-) -> Result<(NodeId, String), ApiError> {
+/// until `deadline`.
+pub async fn leader(raft: &Raft, deadline: Instant) -> Result<(NodeId, String), ApiError> {
     let mut rx = raft.metrics();
     loop {
         {
             let m = rx.borrow_and_update();
-            if quorum_lost(&m, me, quorum_timeout) {
-                return Err(ApiError::unavailable(
-                    "this member leads but has heard from no quorum within the quorum timeout",
-                ));
-            }
             if let Some(leader) = m.current_leader {
                 if let Some(node) = m.membership_config.membership().get_node(&leader) {
                     return Ok((leader, node.peer_addr.clone()));
