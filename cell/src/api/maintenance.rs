@@ -4,6 +4,7 @@
 //! `unimplemented`.
 
 use super::not_built;
+use crate::mvcc::keyspace::KeySpace;
 use crate::node::CellNode;
 use crate::state_machine::backup::encode_state_file;
 use latchkey_shared::etcdpb::{
@@ -102,9 +103,7 @@ impl PbMaintenanceService for MaintenanceService {
     ) -> Result<Response<PbHashResponse>, Status> {
         let keys = self.node.state.read(|s| s.keys.clone());
         let revision = keys.revision();
-        let hash = tokio::task::spawn_blocking(move || keys.hash_until(revision))
-            .await
-            .map_err(|e| ApiError::internal(e.to_string()))?;
+        let hash = hash_until(keys, revision).await?;
         Ok(Response::new(PbHashResponse {
             header: Some(self.node.header(revision)),
             hash,
@@ -121,10 +120,7 @@ impl PbMaintenanceService for MaintenanceService {
         let revision = keys.check_readable(request.get_ref().revision)?;
         let current = keys.revision();
         let compact_revision = keys.compact_revision();
-        // A whole keyspace takes a while to hash: off the async workers.
-        let hash = tokio::task::spawn_blocking(move || keys.hash_until(revision))
-            .await
-            .map_err(|e| ApiError::internal(e.to_string()))?;
+        let hash = hash_until(keys, revision).await?;
         Ok(Response::new(PbHashKvResponse {
             header: Some(self.node.header(current)),
             hash,
@@ -185,4 +181,12 @@ impl PbMaintenanceService for MaintenanceService {
     ) -> Result<Response<PbDowngradeResponse>, Status> {
         Err(not_built("Downgrade"))
     }
+}
+
+/// `keys.hash_until(revision)`, off the async workers: a whole keyspace
+/// takes a while to hash.
+async fn hash_until(keys: KeySpace, revision: i64) -> Result<u32, ApiError> {
+    tokio::task::spawn_blocking(move || keys.hash_until(revision))
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))
 }

@@ -14,12 +14,12 @@
 
 use super::lessor::{Lessor, RefreshError};
 use crate::raft::errors;
+use crate::raft::leadership::leads;
 use crate::raft::read_index::ReadIndex;
 use crate::raft::{NodeId, Raft};
 use crate::state_machine::store::SharedState;
 use latchkey_shared::lease_id::LeaseId;
 use latchkey_shared::ApiError;
-use openraft::ServerState;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::time::Duration;
@@ -53,9 +53,7 @@ impl LeaderLeases {
     /// Whether openraft has this member leading (quorum or not: that is
     /// what a confirmation round finds out).
     fn leads(&self) -> bool {
-        let m = self.raft.metrics();
-        let m = m.borrow();
-        m.state == ServerState::Leader && m.current_leader == Some(self.id)
+        leads(&self.raft.metrics().borrow(), self.id)
     }
 
     /// When leadership was last confirmed for this request: a quorum round

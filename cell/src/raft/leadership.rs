@@ -10,6 +10,12 @@ use super::{Member, NodeId};
 use openraft::{RaftMetrics, ServerState};
 use std::time::Duration;
 
+/// Whether `m` shows member `id` leading, as openraft sees it (quorum or
+/// not).
+pub fn leads(m: &RaftMetrics<NodeId, Member>, id: NodeId) -> bool {
+    m.state == ServerState::Leader && m.current_leader == Some(id)
+}
+
 /// Whether `m` shows member `id` as a leader that has heard from no quorum
 /// for longer than `quorum_timeout`. A leader just elected, not yet acked
 /// by anyone, has lost nothing.
@@ -26,7 +32,5 @@ pub fn leads_with_quorum(
     id: NodeId,
     quorum_timeout: Duration,
 ) -> bool {
-    m.state == ServerState::Leader
-        && m.current_leader == Some(id)
-        && !quorum_lost(m, id, quorum_timeout)
+    leads(m, id) && !quorum_lost(m, id, quorum_timeout)
 }
