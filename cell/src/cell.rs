@@ -15,14 +15,15 @@ use crate::membership::discover_identity;
 use crate::node::CellNode;
 use crate::peer::client::PeerClients;
 use crate::peer::server::PeerService;
-use crate::raft::log_store::{self, LogStore};
+use crate::raft::log_store::{self, LogPurger, LogStore};
 use crate::raft::network::{
     NetworkFactory, PeerChannels, MAX_PEER_MESSAGE_BYTES, PEER_CONNECTION_WINDOW,
     PEER_STREAM_WINDOW,
 };
 use crate::raft::{Member, NodeId, Raft};
 use crate::state_machine::backup::decode_state_file;
-use crate::state_machine::store::{has_state, write_initial_state, StateMachineStore};
+use crate::state_machine::snapshot_file::has_snapshot;
+use crate::state_machine::store::{write_initial_state, StateMachineStore};
 use crate::state_machine::watch_hub::WatchHub;
 use crate::watch::stream::WatchOptions;
 use anyhow::{bail, Context};
@@ -89,7 +90,7 @@ fn parse_addr(flag: &str, addr: &str) -> anyhow::Result<SocketAddr> {
 async fn settle_identity(cfg: &mut Resolved, db: &rocksdb::DB) -> anyhow::Result<()> {
     let stored = log_store::stored_node_id(db)?;
     if let Some(file) = &cfg.cfg.restore {
-        if stored.is_some() || has_state(&cfg.data_dir) {
+        if stored.is_some() || has_snapshot(&cfg.data_dir) {
             bail!(
                 "--restore needs an empty data directory, but {} already holds a member's data \
                  (to restart that member, leave out --restore)",
@@ -204,6 +205,7 @@ pub struct CellHandle {
     pub metrics_addr: SocketAddr,
     node: Arc<CellNode>,
     raft: Raft,
+    log: LogStore,
     lifecycle: Lifecycle,
     servers: Vec<JoinHandle<Result<(), String>>>,
     stopped: tokio::sync::watch::Receiver<Option<Stopped>>,
@@ -254,24 +256,52 @@ impl Cell {
             .with_context(|| format!("opening the log in {}", cfg.data_dir.display()))?;
         settle_identity(&mut cfg, &db).await?;
 
+        // Every port first: once Raft runs, a failure to start must stop it.
+        let peer_listener = tokio::net::TcpListener::bind(peer_addr)
+            .await
+            .with_context(|| format!("binding --peer-addr {peer_addr}"))?;
+        let peer_addr = peer_listener.local_addr()?;
+        let admin_listener = tokio::net::TcpListener::bind(metrics_addr)
+            .await
+            .with_context(|| format!("binding --metrics-addr {metrics_addr}"))?;
+        let metrics_addr = admin_listener.local_addr()?;
+        let api_listener = tokio::net::TcpListener::bind(client_addr)
+            .await
+            .with_context(|| format!("binding --client-addr {client_addr}"))?;
+        let client_addr = api_listener.local_addr()?;
+
         let lessor = Arc::new(Lessor::new());
         let hub = Arc::new(WatchHub::new());
-        let sm = StateMachineStore::open(&cfg.data_dir, Some(lessor.clone()), hub.clone())
-            .await
-            .with_context(|| format!("loading the snapshot in {}", cfg.data_dir.display()))?;
+        let purger = LogPurger::gated(db.clone()).context("reading the log's purge point")?;
+        let sm = StateMachineStore::open(
+            &cfg.data_dir,
+            Some(lessor.clone()),
+            hub.clone(),
+            Some(purger.clone()),
+        )
+        .await
+        .with_context(|| format!("loading the snapshot in {}", cfg.data_dir.display()))?;
+        let config = Arc::new(raft_config(&cfg)?);
+        let log = LogStore::new(db.clone(), purger).context("starting the log store")?;
         let shared = sm.shared();
         let channels = PeerChannels::default();
         let raft = Raft::new(
             cfg.id,
-            Arc::new(raft_config(&cfg)?),
+            config,
             NetworkFactory {
                 channels: channels.clone(),
             },
-            LogStore::new(db.clone()).context("starting the log store")?,
+            log.clone(),
             sm,
         )
-        .await
-        .context("starting raft")?;
+        .await;
+        let raft = match raft {
+            Ok(raft) => raft,
+            Err(e) => {
+                log.stop_flusher();
+                return Err(e).context("starting raft");
+            }
+        };
         let node = Arc::new(CellNode::new(
             &cfg,
             raft.clone(),
@@ -286,10 +316,7 @@ impl Cell {
         let mut servers = Vec::new();
 
         // Peers first: the others may already be electing and need our vote.
-        let peer_listener = tokio::net::TcpListener::bind(peer_addr)
-            .await
-            .with_context(|| format!("binding --peer-addr {peer_addr}"))?;
-        let peer_addr = peer_listener.local_addr()?;
+        // (A failed `is_initialized` means Raft stopped; `stopped` says so.)
         let peer_server = PeerServer::new(PeerService {
             raft: raft.clone(),
             handler: node.clone(),
@@ -309,7 +336,7 @@ impl Cell {
         }));
 
         // A joining member never bootstraps: the leader replicates to it.
-        if cfg.join.is_empty() && !raft.is_initialized().await? {
+        if cfg.join.is_empty() && !raft.is_initialized().await.unwrap_or(true) {
             let members: BTreeMap<u64, Member> = cfg
                 .initial_cluster
                 .iter()
@@ -362,10 +389,6 @@ impl Cell {
             }
         });
 
-        let admin_listener = tokio::net::TcpListener::bind(metrics_addr)
-            .await
-            .with_context(|| format!("binding --metrics-addr {metrics_addr}"))?;
-        let metrics_addr = admin_listener.local_addr()?;
         let admin = crate::admin::router(node.clone(), prometheus);
         servers.push(spawn_server(&lifecycle, &stopped_tx, "metrics server", {
             let token = lifecycle.token();
@@ -376,10 +399,6 @@ impl Cell {
             }
         }));
 
-        let api_listener = tokio::net::TcpListener::bind(client_addr)
-            .await
-            .with_context(|| format!("binding --client-addr {client_addr}"))?;
-        let client_addr = api_listener.local_addr()?;
         servers.push(spawn_server(
             &lifecycle,
             &stopped_tx,
@@ -406,6 +425,7 @@ impl Cell {
             metrics_addr,
             node,
             raft,
+            log,
             lifecycle,
             servers,
             stopped,
@@ -438,6 +458,7 @@ impl CellHandle {
         let CellHandle {
             node,
             raft,
+            log,
             lifecycle,
             servers,
             db,
@@ -462,6 +483,8 @@ impl CellHandle {
         if let Err(e) = raft.shutdown().await {
             tracing::warn!(error = %e, "raft shutdown");
         }
+        log.stop_flusher();
+        drop(log);
         drop(node);
         drop(raft);
         let deadline = Instant::now() + DB_RELEASE;

@@ -6,6 +6,13 @@
 //! acknowledges them all. That is group commit: under load one fsync covers
 //! many appends, and no append is acknowledged before it is on disk. Votes,
 //! truncations and purges are rare and are written with `sync` directly.
+//!
+//! Purges go through the [`LogPurger`]: openraft purges the log as soon as
+//! it has *asked* the state machine to install a snapshot, before that
+//! snapshot is on disk (cell review A2). The purger deletes entries only
+//! through the snapshot on disk, and the rest once the state machine says
+//! the newer snapshot is durable, so a crash in between restarts from the
+//! old snapshot and the log after it.
 
 use super::{Entry, LogId, NodeId, StorageError, TypeConfig, Vote};
 use crate::storage::codec::{decode, encode};
@@ -15,13 +22,164 @@ use openraft::{OptionalSend, RaftLogId, StorageIOError};
 use rocksdb::{Direction, IteratorMode, WriteBatch, WriteOptions, DB};
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
-use std::sync::mpsc;
-use std::sync::Arc;
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread::JoinHandle;
 
 #[derive(Clone)]
 pub struct LogStore {
     db: Arc<DB>,
-    flusher: mpsc::Sender<LogFlushed<TypeConfig>>,
+    flusher: Arc<Flusher>,
+    purger: Arc<LogPurger>,
+}
+
+/// The flusher thread and the way to it. [`Flusher::stop`] closes the
+/// channel and joins the thread, so nothing is inside RocksDB when the
+/// process exits (cell review A7: a flusher still in `flush_wal` while the
+/// process ran RocksDB's static destructors crashed with SIGSEGV).
+struct Flusher {
+    tx: Mutex<Option<mpsc::Sender<LogFlushed<TypeConfig>>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Flusher {
+    fn start(db: Arc<DB>) -> std::io::Result<Flusher> {
+        let (tx, rx) = mpsc::channel::<LogFlushed<TypeConfig>>();
+        let thread = std::thread::Builder::new()
+            .name("raft-log-flusher".into())
+            .spawn(move || flusher(db, rx))?;
+        Ok(Flusher {
+            tx: Mutex::new(Some(tx)),
+            thread: Mutex::new(Some(thread)),
+        })
+    }
+
+    fn send(&self, callback: LogFlushed<TypeConfig>) -> Result<(), LogFlushed<TypeConfig>> {
+        let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
+        match tx.as_ref() {
+            Some(tx) => tx.send(callback).map_err(|e| e.0),
+            None => Err(callback),
+        }
+    }
+
+    /// Acknowledges what is queued, then ends the thread and waits for it.
+    fn stop(&self) {
+        drop(self.tx.lock().unwrap_or_else(|e| e.into_inner()).take());
+        let thread = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(thread) = thread {
+            if thread.join().is_err() {
+                tracing::error!("the log flusher thread panicked");
+            }
+        }
+    }
+}
+
+/// The last store clone gone (openraft dropped its copies) also ends the
+/// thread, and waits for it.
+impl Drop for Flusher {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Deletes purged log entries, never past the snapshot on disk unless it
+/// is told to (see the module doc).
+pub struct LogPurger {
+    db: Arc<DB>,
+    /// `None`: purge at once, openraft's contract alone (its storage suite,
+    /// which has no snapshot file).
+    gate: Option<Mutex<PurgeGate>>,
+}
+
+#[derive(Debug, Default)]
+struct PurgeGate {
+    /// The last log id the snapshot on disk covers.
+    durable: Option<LogId>,
+    /// How far openraft asked to purge.
+    requested: Option<LogId>,
+    /// How far entries are deleted (and `META_LAST_PURGED` says so).
+    deleted: Option<LogId>,
+}
+
+impl LogPurger {
+    /// A purger that never deletes past the snapshot on disk; the state
+    /// machine reports each snapshot it makes durable.
+    pub fn gated(db: Arc<DB>) -> std::io::Result<Arc<LogPurger>> {
+        let deleted = read_meta::<LogId>(&db, keys::META_LAST_PURGED)?;
+        Ok(Arc::new(LogPurger {
+            db,
+            gate: Some(Mutex::new(PurgeGate {
+                deleted,
+                requested: deleted,
+                durable: None,
+            })),
+        }))
+    }
+
+    /// A purger that deletes what openraft purges at once.
+    pub fn ungated(db: Arc<DB>) -> Arc<LogPurger> {
+        Arc::new(LogPurger { db, gate: None })
+    }
+
+    /// openraft asks to purge through `upto`.
+    fn request(&self, upto: LogId) -> std::io::Result<()> {
+        let Some(gate) = &self.gate else {
+            return self.delete_through(upto);
+        };
+        let mut g = gate.lock().unwrap_or_else(|e| e.into_inner());
+        g.requested = g.requested.max(Some(upto));
+        self.catch_up(&mut g)
+    }
+
+    /// The snapshot covering the log through `at` is on disk.
+    pub fn snapshot_durable(&self, at: Option<LogId>) -> std::io::Result<()> {
+        let Some(gate) = &self.gate else {
+            return Ok(());
+        };
+        let mut g = gate.lock().unwrap_or_else(|e| e.into_inner());
+        g.durable = g.durable.max(at);
+        self.catch_up(&mut g)
+    }
+
+    fn catch_up(&self, g: &mut PurgeGate) -> std::io::Result<()> {
+        let allowed = g.requested.min(g.durable);
+        match allowed {
+            Some(upto) if allowed > g.deleted => {
+                self.delete_through(upto)?;
+                g.deleted = Some(upto);
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn delete_through(&self, upto: LogId) -> std::io::Result<()> {
+        let cf_meta = self
+            .db
+            .cf_handle(CF_META)
+            .expect("column family created at open");
+        let cf_logs = self
+            .db
+            .cf_handle(CF_LOGS)
+            .expect("column family created at open");
+        let mut batch = WriteBatch::default();
+        batch.put_cf(
+            cf_meta,
+            keys::META_LAST_PURGED,
+            encode(&upto).map_err(io_err)?,
+        );
+        batch.delete_range_cf(cf_logs, keys::log_key(0), keys::log_key(upto.index + 1));
+        self.db.write_opt(batch, &sync_opts()).map_err(io_err)
+    }
+}
+
+fn read_meta<T: serde::de::DeserializeOwned>(db: &DB, key: &[u8]) -> std::io::Result<Option<T>> {
+    let cf = db
+        .cf_handle(CF_META)
+        .expect("column family created at open");
+    match db.get_cf(cf, key).map_err(io_err)? {
+        None => Ok(None),
+        Some(b) => decode(&b).map(Some).map_err(io_err),
+    }
 }
 
 fn sync_opts() -> WriteOptions {
@@ -35,15 +193,21 @@ fn io_err(e: impl std::error::Error + Send + Sync + 'static) -> std::io::Error {
 }
 
 impl LogStore {
-    /// Opens the store over `db` and starts its flusher thread, which ends
-    /// (and lets go of `db`) when the last clone of the store is dropped.
-    pub fn new(db: Arc<DB>) -> std::io::Result<Self> {
-        let (tx, rx) = mpsc::channel::<LogFlushed<TypeConfig>>();
-        let flush_db = db.clone();
-        std::thread::Builder::new()
-            .name("raft-log-flusher".into())
-            .spawn(move || flusher(flush_db, rx))?;
-        Ok(LogStore { db, flusher: tx })
+    /// Opens the store over `db` and starts its flusher thread, which runs
+    /// until [`LogStore::stop_flusher`].
+    pub fn new(db: Arc<DB>, purger: Arc<LogPurger>) -> std::io::Result<Self> {
+        let flusher = Arc::new(Flusher::start(db.clone())?);
+        Ok(LogStore {
+            db,
+            flusher,
+            purger,
+        })
+    }
+
+    /// Acknowledges the appends already queued, then stops and joins the
+    /// flusher thread; later appends fail. Called once Raft has shut down.
+    pub fn stop_flusher(&self) {
+        self.flusher.stop();
     }
 
     fn cf_logs(&self) -> &rocksdb::ColumnFamily {
@@ -65,14 +229,7 @@ impl LogStore {
         &self,
         key: &[u8],
     ) -> Result<Option<T>, StorageError> {
-        let bytes = self
-            .db
-            .get_cf(self.cf_meta(), key)
-            .map_err(|e| StorageIOError::read(&e))?;
-        match bytes {
-            None => Ok(None),
-            Some(b) => Ok(Some(decode(&b).map_err(|e| StorageIOError::read(&e))?)),
-        }
+        read_meta(&self.db, key).map_err(|e| StorageIOError::read(&e).into())
     }
 
     #[allow(clippy::result_large_err)]
@@ -198,9 +355,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.db
             .write(batch)
             .map_err(|e| StorageIOError::write_logs(&e))?;
-        self.flusher.send(callback).map_err(|_| {
-            StorageIOError::write_logs(&io_err(std::io::Error::other("log flusher stopped")))
-        })?;
+        if self.flusher.send(callback).is_err() {
+            let stopped = std::io::Error::other("log flusher stopped");
+            return Err(StorageIOError::write_logs(&stopped).into());
+        }
         Ok(())
     }
 
@@ -218,16 +376,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        let bytes = encode(&log_id).map_err(|e| StorageIOError::write_logs(&e))?;
-        let mut batch = WriteBatch::default();
-        batch.put_cf(self.cf_meta(), keys::META_LAST_PURGED, bytes);
-        batch.delete_range_cf(
-            self.cf_logs(),
-            keys::log_key(0),
-            keys::log_key(log_id.index + 1),
-        );
-        self.db
-            .write_opt(batch, &sync_opts())
+        self.purger
+            .request(log_id)
             .map_err(|e| StorageIOError::write_logs(&e))?;
         Ok(())
     }
@@ -271,7 +421,9 @@ pub fn store_identity(db: &DB, id: NodeId, cluster_id: u64) -> Result<(), rocksd
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::raft::SnapshotMeta;
     use crate::state_machine::store::StateMachineStore;
+    use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine};
     use openraft::testing::{StoreBuilder, Suite};
 
     struct Builder;
@@ -282,15 +434,149 @@ mod tests {
         ) -> Result<(tempfile::TempDir, LogStore, StateMachineStore), StorageError> {
             let dir = tempfile::tempdir().expect("temp dir");
             let db = crate::storage::open(dir.path()).map_err(|e| StorageIOError::write(&e))?;
-            let sm = StateMachineStore::open(dir.path(), None, Default::default())
+            let sm = StateMachineStore::open(dir.path(), None, Default::default(), None)
                 .await
                 .map_err(|e| StorageIOError::write(&e))?;
+            let purger = LogPurger::ungated(db.clone());
             Ok((
                 dir,
-                LogStore::new(db).map_err(|e| StorageIOError::write(&e))?,
+                LogStore::new(db, purger).map_err(|e| StorageIOError::write(&e))?,
                 sm,
             ))
         }
+    }
+
+    fn put(index: u64) -> Entry {
+        Entry {
+            log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
+            payload: openraft::EntryPayload::Normal(crate::raft::command::Request::Put(
+                latchkey_shared::etcdpb::PbPutRequest {
+                    key: format!("k{index}").into_bytes(),
+                    value: b"v".to_vec(),
+                    ..Default::default()
+                },
+            )),
+        }
+    }
+
+    struct Member {
+        db: Arc<DB>,
+        log: LogStore,
+        sm: StateMachineStore,
+    }
+
+    async fn open_member(dir: &std::path::Path) -> Member {
+        let db = crate::storage::open(dir).expect("open the log");
+        let purger = LogPurger::gated(db.clone()).expect("purger");
+        let sm = StateMachineStore::open(dir, None, Default::default(), Some(purger.clone()))
+            .await
+            .expect("open the state machine");
+        let log = LogStore::new(db.clone(), purger).expect("log store");
+        Member { db, log, sm }
+    }
+
+    /// Appends, commits and applies entries `from..=to`.
+    async fn write(m: &mut Member, from: u64, to: u64) {
+        use openraft::storage::RaftLogStorageExt;
+        let entries: Vec<Entry> = (from..=to).map(put).collect();
+        m.log
+            .blocking_append(entries.clone())
+            .await
+            .expect("append");
+        let last = *entries.last().expect("entries").get_log_id();
+        m.log.save_committed(Some(last)).await.expect("commit");
+        m.sm.apply(entries).await.expect("apply");
+    }
+
+    fn leader_snapshot(index: u64) -> (SnapshotMeta, Box<std::io::Cursor<Vec<u8>>>) {
+        let image = encode(&crate::state_machine::CellState::default().image()).expect("image");
+        let meta = SnapshotMeta {
+            last_log_id: Some(LogId::new(openraft::CommittedLeaderId::new(2, 2), index)),
+            snapshot_id: format!("leader-{index}"),
+            ..Default::default()
+        };
+        (meta, Box::new(std::io::Cursor::new(image)))
+    }
+
+    /// A2 (cell review): openraft purges the log as soon as it has asked
+    /// the state machine to install a snapshot, before the snapshot is on
+    /// disk. A crash in between left the old snapshot with the log after it
+    /// deleted, and the member could not start again.
+    #[tokio::test]
+    async fn a2_a_crash_while_a_snapshot_installs_restarts_from_the_old_one_and_its_log() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut m = open_member(dir.path()).await;
+        write(&mut m, 1, 10).await;
+        m.sm.get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .expect("a snapshot at 10");
+        write(&mut m, 11, 20).await;
+        // A leader's snapshot at 30 arrives; openraft purges through it
+        // while the state machine is still writing it; then the crash.
+        let (meta, _) = leader_snapshot(30);
+        m.log
+            .purge(meta.last_log_id.expect("id"))
+            .await
+            .expect("purge");
+        drop(m);
+
+        let mut m = open_member(dir.path()).await;
+        openraft::storage::StorageHelper::new(&mut m.log, &mut m.sm)
+            .get_initial_state()
+            .await
+            .expect("the member starts again");
+        let (applied, _) = m.sm.applied_state().await.expect("applied");
+        assert_eq!(applied.map(|l| l.index), Some(20), "re-applied 11..=20");
+        let state = m.log.get_log_state().await.expect("log state");
+        assert_eq!(state.last_purged_log_id.map(|l| l.index), Some(10));
+    }
+
+    /// A2, the other half: once the installed snapshot is on disk, the
+    /// purge openraft asked for is carried out.
+    #[tokio::test]
+    async fn a2_the_purge_completes_once_the_installed_snapshot_is_on_disk() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut m = open_member(dir.path()).await;
+        write(&mut m, 1, 20).await;
+        let (meta, data) = leader_snapshot(30);
+        m.log
+            .purge(meta.last_log_id.expect("id"))
+            .await
+            .expect("purge");
+        assert_eq!(
+            m.log.try_get_log_entries(0..).await.expect("read").len(),
+            20
+        );
+        m.sm.install_snapshot(&meta, data).await.expect("install");
+        assert!(m
+            .log
+            .try_get_log_entries(0..)
+            .await
+            .expect("read")
+            .is_empty());
+        let state = m.log.get_log_state().await.expect("log state");
+        assert_eq!(state.last_purged_log_id, meta.last_log_id);
+    }
+
+    /// A7 (cell review): the flusher thread was never joined, so it could
+    /// still be inside RocksDB when the process exited (SIGSEGV, or
+    /// "pthread lock: Invalid argument" and an abort). Once the last store
+    /// is dropped, the thread is gone and holds no database.
+    #[tokio::test]
+    async fn a7_dropping_the_log_store_joins_the_flusher_and_releases_the_database() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut m = open_member(dir.path()).await;
+        write(&mut m, 1, 50).await;
+        let Member { db, log, sm } = m;
+        drop(sm);
+        drop(log);
+        assert_eq!(
+            Arc::strong_count(&db),
+            1,
+            "the flusher let go of the database"
+        );
     }
 
     /// openraft's own conformance suite (~35 tests) over the RocksDB log and

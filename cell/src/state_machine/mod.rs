@@ -5,11 +5,12 @@
 //! - [`CellState`] (here): the pure state and its deterministic apply; it
 //!   reads no clock and no randomness, so it is tested without tokio or disk.
 //! - [`store`]: openraft's `RaftStateMachine` over a shared `CellState`, with
-//!   snapshots written to a file in the data directory.
+//!   snapshots written to a file in the data directory ([`snapshot_file`]).
 //! - [`watch_hub`]: where apply publishes each batch's changes for watches.
 //! - [`backup`]: the portable state file (Maintenance.Snapshot, `--restore`).
 
 pub mod backup;
+pub mod snapshot_file;
 pub mod store;
 pub mod watch_hub;
 

@@ -10,29 +10,23 @@
 use super::{CellState, StateImage};
 use crate::mvcc::lease_table::LeaseSeed;
 use crate::raft::command::{Reply, Request, Response};
+use crate::raft::log_store::LogPurger;
 use crate::raft::{
     Entry, LogId, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
 };
+use crate::state_machine::snapshot_file::{
+    read_snapshot_file, write_first_snapshot, SnapshotDir, SnapshotFile,
+};
 use crate::state_machine::watch_hub::WatchHub;
 use crate::storage::codec::{decode, encode};
-use crate::storage::keys::{SNAPSHOT_FILE, SNAPSHOT_TMP_FILE};
 use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine};
 use openraft::{EntryPayload, OptionalSend, RaftLogId, StorageIOError};
-use serde::{Deserialize, Serialize};
-use std::io::{Cursor, Write};
+use std::io::Cursor;
 use std::panic::AssertUnwindSafe;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use tokio::sync::watch;
-
-/// What `snapshot.bin` holds.
-#[derive(Debug, Serialize, Deserialize)]
-struct SnapshotFile {
-    meta: SnapshotMeta,
-    /// An encoded [`StateImage`]; also exactly what is sent to followers.
-    data: Vec<u8>,
-}
 
 /// What apply tells the leader's lessor (which lives above the state
 /// machine, in `crate::lease`) about leases: every member's lessor follows
@@ -69,63 +63,12 @@ impl SharedState {
 
 pub struct StateMachineStore {
     state: Arc<RwLock<CellState>>,
-    dir: PathBuf,
+    files: Arc<SnapshotDir>,
     applied_tx: watch::Sender<u64>,
     applied_rx: watch::Receiver<u64>,
     lessor: Option<Arc<dyn LeaseObserver>>,
     hub: Arc<WatchHub>,
     snapshot_seq: Arc<AtomicU64>,
-}
-
-/// What `snapshot.bin` starts with: a name and the format version, so a
-/// file from another format is refused by name instead of misread.
-const SNAPSHOT_MAGIC: &[u8; 8] = b"LKSNAP\0\0";
-/// The version of [`SnapshotFile`]'s encoding. Bump it on any change to
-/// the snapshot's types, and keep reading the older ones.
-const SNAPSHOT_FORMAT: u32 = 1;
-
-fn encode_snapshot_file(file: &SnapshotFile) -> std::io::Result<Vec<u8>> {
-    let mut bytes = Vec::with_capacity(file.data.len() + 256);
-    bytes.extend_from_slice(SNAPSHOT_MAGIC);
-    bytes.extend_from_slice(&SNAPSHOT_FORMAT.to_be_bytes());
-    bytes.extend(encode(file).map_err(std::io::Error::other)?);
-    Ok(bytes)
-}
-
-fn decode_snapshot_file(bytes: &[u8]) -> std::io::Result<SnapshotFile> {
-    let bad = |why: String| std::io::Error::new(std::io::ErrorKind::InvalidData, why);
-    let header = SNAPSHOT_MAGIC.len() + 4;
-    if bytes.len() < header || &bytes[..SNAPSHOT_MAGIC.len()] != SNAPSHOT_MAGIC {
-        return Err(bad(format!("{SNAPSHOT_FILE} is not a latchkey snapshot")));
-    }
-    let mut version = [0u8; 4];
-    version.copy_from_slice(&bytes[SNAPSHOT_MAGIC.len()..header]);
-    match u32::from_be_bytes(version) {
-        SNAPSHOT_FORMAT => decode(&bytes[header..]).map_err(|e| bad(e.to_string())),
-        other => Err(bad(format!(
-            "{SNAPSHOT_FILE} has format {other}; this build reads format {SNAPSHOT_FORMAT}"
-        ))),
-    }
-}
-
-fn read_snapshot_file(dir: &Path) -> std::io::Result<Option<SnapshotFile>> {
-    match std::fs::read(dir.join(SNAPSHOT_FILE)) {
-        Ok(bytes) => decode_snapshot_file(&bytes).map(Some),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e),
-    }
-}
-
-/// Writes the snapshot file durably: temp file, fsync, rename, fsync dir.
-fn write_snapshot_file(dir: &Path, file: &SnapshotFile) -> std::io::Result<()> {
-    let bytes = encode_snapshot_file(file)?;
-    let tmp = dir.join(SNAPSHOT_TMP_FILE);
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(&bytes)?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, dir.join(SNAPSHOT_FILE))?;
-    std::fs::File::open(dir)?.sync_all()?;
-    Ok(())
 }
 
 /// Makes `state` the starting point of a new member in `dir` (a restore):
@@ -140,28 +83,26 @@ pub fn write_initial_state(dir: &Path, state: &CellState) -> std::io::Result<()>
         },
         data,
     };
-    write_snapshot_file(dir, &file)
-}
-
-/// Whether `dir` already holds a state machine snapshot.
-pub fn has_state(dir: &Path) -> bool {
-    dir.join(SNAPSHOT_FILE).exists()
+    write_first_snapshot(dir, &file)
 }
 
 impl StateMachineStore {
     /// Opens the state machine of `dir`, starting from its snapshot if any.
+    /// `purger` learns of every snapshot made durable.
     pub async fn open(
         dir: &Path,
         lessor: Option<Arc<dyn LeaseObserver>>,
         hub: Arc<WatchHub>,
+        purger: Option<Arc<LogPurger>>,
     ) -> std::io::Result<Self> {
-        let state = match read_snapshot_file(dir)? {
+        let (state, on_disk) = match read_snapshot_file(dir)? {
             Some(file) => {
                 let image: StateImage = decode(&file.data).map_err(std::io::Error::other)?;
-                CellState::from_image(image)
+                (CellState::from_image(image), file.meta.last_log_id)
             }
-            None => CellState::default(),
+            None => (CellState::default(), None),
         };
+        let files = Arc::new(SnapshotDir::open(dir, on_disk, purger)?);
         let applied = state.last_applied.map_or(0, |l| l.index);
         if let Some(lessor) = &lessor {
             lessor.load(&state.leases.seeds(), tokio::time::Instant::now());
@@ -169,7 +110,7 @@ impl StateMachineStore {
         let (applied_tx, applied_rx) = watch::channel(applied);
         Ok(StateMachineStore {
             state: Arc::new(RwLock::new(state)),
-            dir: dir.to_path_buf(),
+            files,
             applied_tx,
             applied_rx,
             lessor,
@@ -207,14 +148,14 @@ impl StateMachineStore {
 
 pub struct SnapshotBuilder {
     state: CellState,
-    dir: PathBuf,
+    files: Arc<SnapshotDir>,
     seq: u64,
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     async fn build_snapshot(&mut self) -> Result<Snapshot, StorageError> {
         let state = std::mem::take(&mut self.state);
-        let dir = self.dir.clone();
+        let files = self.files.clone();
         let seq = self.seq;
         let started = std::time::Instant::now();
         let (meta, data) =
@@ -230,13 +171,12 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
                     last_membership: image.last_membership.clone(),
                     snapshot_id,
                 };
-                write_snapshot_file(
-                    &dir,
-                    &SnapshotFile {
-                        meta: meta.clone(),
-                        data: data.clone(),
-                    },
-                )?;
+                // An install may have put a newer image on disk meanwhile;
+                // then this one is not written (openraft also ignores it).
+                files.replace(&SnapshotFile {
+                    meta: meta.clone(),
+                    data: data.clone(),
+                })?;
                 Ok((meta, data))
             })
             .await
@@ -337,7 +277,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let seq = self.snapshot_seq.fetch_add(1, Ordering::Relaxed);
         SnapshotBuilder {
             state,
-            dir: self.dir.clone(),
+            files: self.files.clone(),
             seq,
         }
     }
@@ -358,12 +298,13 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         // The meta is authoritative for what the snapshot covers.
         state.last_applied = meta.last_log_id;
         state.last_membership = meta.last_membership.clone();
-        let dir = self.dir.clone();
+        let files = self.files.clone();
         let file = SnapshotFile {
             meta: meta.clone(),
             data,
         };
-        tokio::task::spawn_blocking(move || write_snapshot_file(&dir, &file))
+        // Only then may the log be purged through it (cell review A2).
+        tokio::task::spawn_blocking(move || files.replace(&file))
             .await
             .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?
             .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
@@ -381,8 +322,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, StorageError> {
-        let dir = self.dir.clone();
-        let file = tokio::task::spawn_blocking(move || read_snapshot_file(&dir))
+        let files = self.files.clone();
+        let file = tokio::task::spawn_blocking(move || read_snapshot_file(files.path()))
             .await
             .map_err(|e| StorageIOError::read_snapshot(None, &e))?
             .map_err(|e| StorageIOError::read_snapshot(None, &e))?;
@@ -426,7 +367,7 @@ mod tests {
     #[tokio::test]
     async fn a_panic_in_apply_fails_the_batch_and_leaves_the_state_as_before_it() {
         let dir = tempfile::tempdir().expect("temp dir");
-        let mut sm = StateMachineStore::open(dir.path(), None, Default::default())
+        let mut sm = StateMachineStore::open(dir.path(), None, Default::default(), None)
             .await
             .expect("open");
         sm.apply([put(1, "a")]).await.expect("first batch applies");
@@ -443,21 +384,5 @@ mod tests {
         assert_eq!(revision, revision_before);
         assert_eq!(applied.map(|l| l.index), Some(1));
         assert_eq!(keys, 1);
-    }
-
-    #[test]
-    fn a_snapshot_file_carries_its_format_and_refuses_others() {
-        let file = SnapshotFile {
-            meta: SnapshotMeta::default(),
-            data: b"image".to_vec(),
-        };
-        let bytes = encode_snapshot_file(&file).expect("encode");
-        assert!(bytes.starts_with(SNAPSHOT_MAGIC));
-        assert_eq!(decode_snapshot_file(&bytes).expect("decode").data, b"image");
-        let mut future = bytes.clone();
-        future[SNAPSHOT_MAGIC.len()..SNAPSHOT_MAGIC.len() + 4].copy_from_slice(&2u32.to_be_bytes());
-        let err = decode_snapshot_file(&future).expect_err("format 2 is refused");
-        assert!(err.to_string().contains("format 2"), "{err}");
-        assert!(decode_snapshot_file(&encode(&file).expect("bare")).is_err());
     }
 }

@@ -22,8 +22,9 @@ pub fn decode_log_index(key: &[u8]) -> Option<u64> {
 
 /// The state machine snapshot file inside the data directory.
 pub const SNAPSHOT_FILE: &str = "snapshot.bin";
-/// Where a snapshot is written before it atomically replaces the old one.
-pub const SNAPSHOT_TMP_FILE: &str = "snapshot.bin.tmp";
+/// How the temp files end that a snapshot is written to before it
+/// atomically replaces the old one (`snapshot.bin.<n>.tmp`).
+pub const SNAPSHOT_TMP_SUFFIX: &str = ".tmp";
 /// The RocksDB directory inside the data directory.
 pub const RAFT_DB_DIR: &str = "raft";
 
