@@ -24,6 +24,10 @@ pub struct KeyValue {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Version {
     pub mod_revision: i64,
+    /// The place of this change among the changes of its revision (etcd's
+    /// sub-revision): history replays a revision in this order, the order
+    /// in which live watchers saw it (cell review M3).
+    pub sub: u32,
     /// `None` is a deletion (tombstone).
     pub kv: Option<KeyValue>,
 }
@@ -97,6 +101,8 @@ pub struct KeySpace {
     /// the state machine hands to watchers after each entry. Never part of a
     /// snapshot.
     changes: Vec<Event>,
+    /// The revision last written and the sub-revision its next change gets.
+    next_sub: (i64, u32),
 }
 
 /// An empty keyspace is at revision 1, as etcd's is: clients read a
@@ -110,6 +116,7 @@ impl Default for KeySpace {
             bytes: 0,
             live_keys: 0,
             changes: Vec::new(),
+            next_sub: (0, 0),
         }
     }
 }
@@ -145,12 +152,13 @@ impl KeySpace {
     }
 
     /// Every change to a key in `range` with a revision in `from..=to`,
-    /// rebuilt from history, ordered by revision (then key). `from` must not
-    /// be below the compact revision: older changes are gone.
+    /// rebuilt from history, in the order they were made (revision, then
+    /// sub-revision). `from` must not be below the compact revision: older
+    /// changes are gone.
     pub fn history(&self, range: &KeyRange, from: i64, to: i64) -> Vec<Event> {
         let mut out = Vec::new();
         if range.is_empty() || from > to {
-            return out;
+            return Vec::new();
         }
         for (key, versions) in self.keys.range::<_, [u8]>(range.bounds()) {
             // Versions are in revision order; start at the first one >= from.
@@ -168,7 +176,7 @@ impl KeySpace {
                 } else {
                     None
                 };
-                out.push(match &v.kv {
+                let event = match &v.kv {
                     Some(kv) => Event {
                         kind: EventKind::Put,
                         kv: kv.clone(),
@@ -179,12 +187,12 @@ impl KeySpace {
                         kv: tombstone_kv(key, v.mod_revision),
                         prev,
                     },
-                });
+                };
+                out.push(((v.mod_revision, v.sub), event));
             }
         }
-        // Stable: keys stay in key order within a revision.
-        out.sort_by_key(Event::revision);
-        out
+        out.sort_by_key(|(at, _)| *at);
+        out.into_iter().map(|(_, event)| event).collect()
     }
 
     fn future_revision(&self, revision: i64) -> ApiError {
@@ -268,9 +276,20 @@ impl KeySpace {
         self.revision + 1
     }
 
+    /// The sub-revision of the next change at `rev`.
+    fn take_sub(&mut self, rev: i64) -> u32 {
+        if self.next_sub.0 != rev {
+            self.next_sub = (rev, 0);
+        }
+        let sub = self.next_sub.1;
+        self.next_sub.1 += 1;
+        sub
+    }
+
     /// Writes `key` at revision `rev` (from [`Self::next_revision`]).
     /// Returns the previous live value.
     pub fn put(&mut self, rev: i64, key: &[u8], value: Vec<u8>, lease: i64) -> Option<KeyValue> {
+        let sub = self.take_sub(rev);
         let versions = self.keys.entry(key.to_vec()).or_default();
         let prev = versions.last().and_then(|v| v.kv.clone());
         let kv = KeyValue {
@@ -283,6 +302,7 @@ impl KeySpace {
         };
         let version = Version {
             mod_revision: rev,
+            sub,
             kv: Some(kv.clone()),
         };
         self.bytes += version.bytes();
@@ -314,10 +334,13 @@ impl KeySpace {
 
     /// Deletes `key` at revision `rev`; returns the deleted value, if live.
     pub fn delete(&mut self, rev: i64, key: &[u8]) -> Option<KeyValue> {
+        // Taken even when nothing is deleted: a gap does not change the order.
+        let sub = self.take_sub(rev);
         let versions = self.keys.get_mut(key)?;
         let prev = versions.last().and_then(|v| v.kv.clone())?;
         let tombstone = Version {
             mod_revision: rev,
+            sub,
             kv: None,
         };
         self.bytes += tombstone.bytes();
@@ -550,6 +573,30 @@ mod tests {
         );
         assert_eq!(ks.history(&all(), 3, 3).len(), 1);
         assert!(ks.take_changes().is_empty());
+    }
+
+    /// M3 (cell review): a txn's changes reached live watchers in op order
+    /// but a watch replaying history got them in key order.
+    #[test]
+    fn m3_history_replays_the_changes_of_one_revision_in_the_order_they_were_made() {
+        let mut ks = KeySpace::default();
+        ks.put(2, b"z", b"0".to_vec(), 0);
+        ks.put(3, b"b", b"1".to_vec(), 0);
+        ks.put(3, b"a", b"1".to_vec(), 0);
+        ks.delete(3, b"z");
+        ks.put(3, b"c", b"1".to_vec(), 0);
+        let live = ks.take_changes();
+        let keys = |events: &[Event]| -> Vec<Vec<u8>> {
+            events.iter().map(|e| e.kv.key.clone()).collect()
+        };
+        assert_eq!(
+            keys(&live),
+            [b"z", b"b", b"a", b"z", b"c"].map(|k| k.to_vec())
+        );
+        assert_eq!(ks.history(&all(), 2, 3), live);
+        // The order survives a snapshot.
+        let restored = KeySpace::from_image(ks.image());
+        assert_eq!(restored.history(&all(), 2, 3), live);
     }
 
     #[test]

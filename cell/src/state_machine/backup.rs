@@ -12,7 +12,10 @@ use crate::storage::codec::{decode, encode};
 use anyhow::{bail, Context};
 use sha2::{Digest, Sha256};
 
-const MAGIC: &[u8] = b"latchkey-state-v1\n";
+/// `v2` added each version's sub-revision (cell review M3); `v1` files
+/// came from unreleased builds and are refused by name.
+const MAGIC: &[u8] = b"latchkey-state-v2\n";
+const MAGIC_PREFIX: &[u8] = b"latchkey-state-v";
 const HASH_BYTES: usize = 32;
 const ALIGN: usize = 512;
 
@@ -32,6 +35,14 @@ pub fn encode_state_file(state: &CellState) -> anyhow::Result<Vec<u8>> {
 /// leases of the old cell, without its Raft position or membership, which
 /// belong to the cell it came from.
 pub fn decode_state_file(bytes: &[u8]) -> anyhow::Result<CellState> {
+    if !bytes.starts_with(MAGIC) && bytes.starts_with(MAGIC_PREFIX) {
+        let line = bytes.split(|b| *b == b'\n').next().unwrap_or_default();
+        bail!(
+            "the state file is {:?}; this build reads {MAGIC:?} (a newer or an unreleased \
+             older format)",
+            String::from_utf8_lossy(line)
+        );
+    }
     if !bytes.starts_with(MAGIC) {
         bail!("not a latchkey state file (it does not start with {MAGIC:?})");
     }

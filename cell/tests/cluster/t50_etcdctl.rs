@@ -301,7 +301,7 @@ async fn check_snapshot_save(cluster: &Cluster) {
         "{saved}"
     );
     let bytes = std::fs::read(path).expect("the snapshot file");
-    assert!(bytes.starts_with(b"latchkey-state-v1\n"));
+    assert!(bytes.starts_with(b"latchkey-state-v2\n"));
 }
 
 /// lock: the second locker waits until the first lets go.
