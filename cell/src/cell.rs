@@ -20,10 +20,10 @@ use crate::raft::network::{
     NetworkFactory, PeerChannels, MAX_PEER_MESSAGE_BYTES, PEER_CONNECTION_WINDOW,
     PEER_STREAM_WINDOW,
 };
-use crate::raft::{Member, NodeId, Raft};
+use crate::raft::{LogId, Member, NodeId, Raft, StoredMembership};
 use crate::state_machine::backup::decode_state_file;
 use crate::state_machine::snapshot_file::has_snapshot;
-use crate::state_machine::store::{write_initial_state, StateMachineStore};
+use crate::state_machine::store::{write_restored_state, StateMachineStore};
 use crate::state_machine::watch_hub::WatchHub;
 use crate::watch::stream::WatchOptions;
 use anyhow::{bail, Context};
@@ -107,7 +107,15 @@ async fn settle_identity(cfg: &mut Resolved, db: &rocksdb::DB) -> anyhow::Result
             leases = state.leases.len(),
             "restoring a new cell from a state file"
         );
-        write_initial_state(&cfg.data_dir, &state)?;
+        // The image sits where `initialize` would have put the first
+        // membership, and the log starts after it.
+        let at = LogId::default();
+        let members = initial_members(cfg);
+        let voters = members.keys().copied().collect();
+        let membership = openraft::Membership::new(vec![voters], members);
+        let stored = StoredMembership::new(Some(at), membership);
+        write_restored_state(&cfg.data_dir, state, at, stored)?;
+        log_store::mark_purged_through(db, at)?;
     }
     let (id, cluster_id) = match stored {
         Some(stored) => {
@@ -142,6 +150,21 @@ async fn settle_identity(cfg: &mut Resolved, db: &rocksdb::DB) -> anyhow::Result
         cfg.name = format!("cell-{id}");
     }
     Ok(())
+}
+
+/// The members a new cell starts with (`--initial-cluster`).
+fn initial_members(cfg: &Resolved) -> BTreeMap<u64, Member> {
+    cfg.initial_cluster
+        .iter()
+        .map(|(id, addr)| {
+            (
+                *id,
+                Member {
+                    peer_addr: addr.clone(),
+                },
+            )
+        })
+        .collect()
 }
 
 /// Resolves when this member must stop: it has been removed from the
@@ -337,18 +360,7 @@ impl Cell {
 
         // A joining member never bootstraps: the leader replicates to it.
         if cfg.join.is_empty() && !raft.is_initialized().await.unwrap_or(true) {
-            let members: BTreeMap<u64, Member> = cfg
-                .initial_cluster
-                .iter()
-                .map(|(id, addr)| {
-                    (
-                        *id,
-                        Member {
-                            peer_addr: addr.clone(),
-                        },
-                    )
-                })
-                .collect();
+            let members = initial_members(&cfg);
             tracing::info!(members = ?cfg.initial_cluster, "bootstrapping a new cell");
             if let Err(e) = raft.initialize(members).await {
                 // Another member's bootstrap reached us first: that is fine.

@@ -198,13 +198,28 @@ impl Cluster {
                 "--metrics-addr",
                 &m.metrics,
             ])
-            .args(&self.extra_args)
+            .args(self.args_for(&m))
             .stdin(Stdio::null())
             .stdout(log.try_clone().map_or_else(|_| Stdio::null(), Stdio::from))
             .stderr(log)
             .spawn()
             .unwrap_or_else(|e| panic!("spawn {}: {e}", self.bin.display()));
         self.procs.insert(id, child);
+    }
+
+    /// The cluster's extra arguments for member `m`: a joiner takes its
+    /// state from the cell, so it is never given `--restore FILE`.
+    fn args_for(&self, m: &MemberSpec) -> Vec<String> {
+        let mut args = Vec::new();
+        let mut given = self.extra_args.iter();
+        while let Some(arg) = given.next() {
+            if m.join.is_some() && arg == "--restore" {
+                given.next();
+            } else {
+                args.push(arg.clone());
+            }
+        }
+        args
     }
 
     fn log_path(&self, id: u64) -> PathBuf {

@@ -383,6 +383,17 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 }
 
+/// Records that the log starts after `at` (a new member restored from a
+/// state file has its image at `at` and no entries up to it).
+pub fn mark_purged_through(db: &DB, at: LogId) -> std::io::Result<()> {
+    let cf = db
+        .cf_handle(CF_META)
+        .expect("column family created at open");
+    let bytes = encode(&at).map_err(io_err)?;
+    db.put_cf_opt(cf, keys::META_LAST_PURGED, bytes, &sync_opts())
+        .map_err(io_err)
+}
+
 /// The id of the node that owns this data directory, to refuse starting a
 /// directory with another `--id`.
 fn stored_u64(db: &DB, key: &[u8]) -> Result<Option<u64>, rocksdb::Error> {

@@ -72,13 +72,23 @@ pub struct StateMachineStore {
 }
 
 /// Makes `state` the starting point of a new member in `dir` (a restore):
-/// a snapshot file at no log position, which the log then builds on.
-pub fn write_initial_state(dir: &Path, state: &CellState) -> std::io::Result<()> {
+/// a snapshot at log position `at` holding the cell's first membership. The
+/// caller marks the log purged through `at`, so the log builds on the image
+/// and a member that joins later is sent the image, not a log that starts
+/// from nothing (cell review S2).
+pub fn write_restored_state(
+    dir: &Path,
+    mut state: CellState,
+    at: LogId,
+    membership: StoredMembership,
+) -> std::io::Result<()> {
+    state.last_applied = Some(at);
+    state.last_membership = membership.clone();
     let data = encode(&state.image()).map_err(std::io::Error::other)?;
     let file = SnapshotFile {
         meta: SnapshotMeta {
-            last_log_id: None,
-            last_membership: StoredMembership::default(),
+            last_log_id: Some(at),
+            last_membership: membership,
             snapshot_id: "restored".to_string(),
         },
         data,

@@ -175,7 +175,7 @@ async fn move_leader_hands_leadership_to_the_chosen_voter() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_new_cell_restored_from_a_snapshot_serves_the_same_keys_and_revision() {
+async fn s2_a_restored_cell_and_a_member_that_joins_it_serve_the_same_keys_and_revision() {
     let old = Cluster::start(CELL_BIN, 3, &[]).await;
     let mut client = old.client(2).await;
     for i in 0..200 {
@@ -212,7 +212,7 @@ async fn a_new_cell_restored_from_a_snapshot_serves_the_same_keys_and_revision()
     drop(old);
 
     let path_arg = path.to_str().expect("utf-8 path").to_string();
-    let restored = Cluster::start(CELL_BIN, 3, &["--restore", &path_arg]).await;
+    let mut restored = Cluster::start(CELL_BIN, 3, &["--restore", &path_arg]).await;
     let mut client = restored.client(3).await;
     let after = client
         .get("r/", Some(GetOptions::new().with_prefix()))
@@ -245,6 +245,57 @@ async fn a_new_cell_restored_from_a_snapshot_serves_the_same_keys_and_revision()
     assert!(ttl.ttl() > 0, "the lease survives a restore");
     let next = client.put("r/new", "n", None).await.expect("put");
     assert_eq!(next.header().expect("header").revision(), revision + 1);
+
+    // S2 (cell review): a member added to the restored cell was sent the
+    // log from its start and replayed it onto an empty state, so it held
+    // only the keys written after the restore, from revision 1 on.
+    let peer = format!("127.0.0.1:{}", free_port());
+    let added = client
+        .member_add(
+            [format!("http://{peer}")],
+            Some(MemberAddOptions::new().with_is_learner()),
+        )
+        .await
+        .expect("member add --learner");
+    let joiner = added.member().expect("the new member").id();
+    restored.new_joiner(joiner, peer);
+    restored.spawn(joiner);
+    let everything = client
+        .get("r/", Some(GetOptions::new().with_prefix()))
+        .await
+        .expect("get");
+    let mut on_joiner = restored.client(joiner).await;
+    eventually(Duration::from_secs(30), async || {
+        let got = on_joiner
+            .get("r/", Some(GetOptions::new().with_prefix().with_serializable()))
+            .await
+            .map_err(|e| e.to_string())?;
+        let revision = got.header().map_or(0, |h| h.revision());
+        if pairs(&got) == pairs(&everything) && revision >= revision_of(&everything) {
+            Ok(())
+        } else {
+            Err(format!(
+                "the joiner holds {} keys at revision {revision}; the cell {} at {}",
+                got.count(),
+                everything.count(),
+                revision_of(&everything)
+            ))
+        }
+    })
+    .await;
+    // History too: the joiner reads the restored revisions.
+    let old_read = on_joiner
+        .get(
+            "r/000",
+            Some(GetOptions::new().with_revision(5).with_serializable()),
+        )
+        .await
+        .expect("an old revision on the joiner");
+    assert_eq!(old_read.kvs()[0].value_str().ok(), Some("v0"));
+}
+
+fn revision_of(r: &etcd_client::GetResponse) -> i64 {
+    r.header().map_or(0, |h| h.revision())
 }
 
 /// A6 (cell review): a removed follower never learned of its removal (the
