@@ -21,7 +21,7 @@ use crate::raft::network::{
     PEER_STREAM_WINDOW,
 };
 use crate::raft::{LogId, Member, NodeId, Raft, StoredMembership};
-use crate::state_machine::backup::decode_state_file;
+use crate::state_machine::backup::{decode_state_file, state_file_digest};
 use crate::state_machine::snapshot_file::has_snapshot;
 use crate::state_machine::store::{write_restored_state, StateMachineStore};
 use crate::state_machine::watch_hub::WatchHub;
@@ -116,6 +116,7 @@ async fn settle_identity(cfg: &mut Resolved, db: &rocksdb::DB) -> anyhow::Result
         let stored = StoredMembership::new(Some(at), membership);
         write_restored_state(&cfg.data_dir, state, at, stored)?;
         log_store::mark_purged_through(db, at)?;
+        cfg.cluster_id = crate::ids::restored_cluster_id(cfg.cluster_id, state_file_digest(&bytes));
     }
     let (id, cluster_id) = match stored {
         Some(stored) => {
@@ -307,7 +308,7 @@ impl Cell {
         let config = Arc::new(raft_config(&cfg)?);
         let log = LogStore::new(db.clone(), purger).context("starting the log store")?;
         let shared = sm.shared();
-        let channels = PeerChannels::default();
+        let channels = PeerChannels::new(cfg.cluster_id);
         let raft = Raft::new(
             cfg.id,
             config,
@@ -341,6 +342,7 @@ impl Cell {
         // Peers first: the others may already be electing and need our vote.
         // (A failed `is_initialized` means Raft stopped; `stopped` says so.)
         let peer_server = PeerServer::new(PeerService {
+            cluster_id: cfg.cluster_id,
             raft: raft.clone(),
             handler: node.clone(),
         })

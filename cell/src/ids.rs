@@ -24,6 +24,13 @@ pub fn cluster_id(members: &BTreeMap<u64, String>) -> u64 {
     })
 }
 
+/// The id of a cell restored from a state file: its members' id mixed with
+/// the file's digest, so members given different files (or one given none)
+/// belong to different cells and refuse each other's Raft messages.
+pub fn restored_cluster_id(cluster_id: u64, state_file_digest: &[u8]) -> u64 {
+    fnv1a(cluster_id, state_file_digest.iter().copied())
+}
+
 /// A fresh member id: a hash of the address and the time, never one in use
 /// (etcd derives its member ids the same way).
 pub fn new_member_id(peer_addr: &str, taken: impl Fn(u64) -> bool) -> u64 {

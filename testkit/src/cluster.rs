@@ -207,6 +207,11 @@ impl Cluster {
         self.procs.insert(id, child);
     }
 
+    /// Replaces the extra arguments members are started with from now on.
+    pub fn set_extra_args(&mut self, args: &[&str]) {
+        self.extra_args = args.iter().map(|s| s.to_string()).collect();
+    }
+
     /// The cluster's extra arguments for member `m`: a joiner takes its
     /// state from the cell, so it is never given `--restore FILE`.
     fn args_for(&self, m: &MemberSpec) -> Vec<String> {

@@ -11,7 +11,6 @@ use crate::raft::network::PeerChannels;
 use crate::raft::{NodeId, Raft};
 use crate::storage::codec;
 use latchkey_shared::peer::peer_client::PeerClient;
-use latchkey_shared::peer::Payload;
 use latchkey_shared::ApiError;
 use tokio::time::Instant;
 use tonic::transport::Channel;
@@ -45,9 +44,8 @@ impl PeerClients {
     ) -> Result<ForwardReply, ApiError> {
         let data = codec::encode(req).map_err(|e| ApiError::internal(e.to_string()))?;
         let mut client = self.get(addr)?;
-        let mut request = tonic::Request::new(Payload { data });
-        request.set_timeout(deadline.saturating_duration_since(Instant::now()));
-        match client.forward(request).await {
+        let timeout = deadline.saturating_duration_since(Instant::now());
+        match client.forward(self.channels.request(data, timeout)).await {
             Ok(resp) => codec::decode::<Result<ForwardReply, ApiError>>(&resp.into_inner().data)
                 .map_err(|e| {
                     ApiError::write_outcome_unknown(format!("undecodable reply from {addr}: {e}"))

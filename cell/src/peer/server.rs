@@ -6,6 +6,7 @@
 //! protocol, not an API error.
 
 use super::protocol::{Forward, ForwardHandler};
+use crate::raft::network::CLUSTER_ID_HEADER;
 use crate::raft::{NodeId, Raft, Snapshot, SnapshotMeta, TypeConfig, Vote};
 use crate::storage::codec::{decode, encode};
 use latchkey_shared::peer::peer_server::Peer;
@@ -19,13 +20,40 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 pub struct PeerService<H> {
+    /// The cell this member belongs to; requests for another are refused.
+    pub cluster_id: u64,
     pub raft: Raft,
     pub handler: Arc<H>,
 }
 
-fn decode_req<T: DeserializeOwned>(req: Request<Payload>) -> Result<T, Status> {
-    decode(&req.into_inner().data)
-        .map_err(|e| Status::invalid_argument(format!("undecodable peer payload: {e}")))
+impl<H> PeerService<H> {
+    /// The payload of `req` once it is known to come from this cell.
+    fn decode_req<T: DeserializeOwned>(&self, req: Request<Payload>) -> Result<T, Status> {
+        check_cell(self.cluster_id, &req)?;
+        decode(&req.into_inner().data)
+            .map_err(|e| Status::invalid_argument(format!("undecodable peer payload: {e}")))
+    }
+}
+
+/// Refuses a request that does not name cell `ours`.
+fn check_cell(ours: u64, req: &Request<Payload>) -> Result<(), Status> {
+    let theirs = req
+        .metadata()
+        .get(CLUSTER_ID_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| u64::from_str_radix(v, 16).ok());
+    if theirs == Some(ours) {
+        return Ok(());
+    }
+    metrics::counter!("latchkey_peer_requests_refused_total").increment(1);
+    let theirs = theirs.map_or_else(|| "no cell".to_string(), |id| format!("cell {id:x}"));
+    let message = format!(
+        "this member belongs to cell {ours:x} and the request came from {theirs}: members of \
+         one cell start with the same --initial-cluster and, when restored, the same --restore \
+         file"
+    );
+    tracing::warn!(%message, "peer request refused");
+    Err(Status::failed_precondition(message))
 }
 
 fn reply<T: Serialize>(value: &T) -> Result<Response<Payload>, Status> {
@@ -37,22 +65,22 @@ fn reply<T: Serialize>(value: &T) -> Result<Response<Payload>, Status> {
 #[tonic::async_trait]
 impl<H: ForwardHandler> Peer for PeerService<H> {
     async fn append_entries(&self, req: Request<Payload>) -> Result<Response<Payload>, Status> {
-        let rpc: AppendEntriesRequest<TypeConfig> = decode_req(req)?;
+        let rpc: AppendEntriesRequest<TypeConfig> = self.decode_req(req)?;
         reply(&self.raft.append_entries(rpc).await)
     }
 
     async fn vote(&self, req: Request<Payload>) -> Result<Response<Payload>, Status> {
-        let rpc: VoteRequest<NodeId> = decode_req(req)?;
+        let rpc: VoteRequest<NodeId> = self.decode_req(req)?;
         reply(&self.raft.vote(rpc).await)
     }
 
     async fn install_snapshot(&self, req: Request<Payload>) -> Result<Response<Payload>, Status> {
-        let rpc: InstallSnapshotRequest<TypeConfig> = decode_req(req)?;
+        let rpc: InstallSnapshotRequest<TypeConfig> = self.decode_req(req)?;
         reply(&self.raft.install_snapshot(rpc).await)
     }
 
     async fn full_snapshot(&self, req: Request<Payload>) -> Result<Response<Payload>, Status> {
-        let (vote, meta, data): (Vote, SnapshotMeta, Vec<u8>) = decode_req(req)?;
+        let (vote, meta, data): (Vote, SnapshotMeta, Vec<u8>) = self.decode_req(req)?;
         let snapshot = Snapshot {
             meta,
             snapshot: Box::new(Cursor::new(data)),
@@ -61,7 +89,7 @@ impl<H: ForwardHandler> Peer for PeerService<H> {
     }
 
     async fn forward(&self, req: Request<Payload>) -> Result<Response<Payload>, Status> {
-        let forward: Forward = decode_req(req)?;
+        let forward: Forward = self.decode_req(req)?;
         let result: Result<_, ApiError> = self.handler.serve_forwarded(&forward).await;
         reply(&result)
     }

@@ -58,6 +58,12 @@ pub fn peer_client(channel: Channel) -> PeerClient<Channel> {
         .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES)
 }
 
+/// The metadata every peer request carries: the id of the cell it is for.
+/// A member refuses requests for another cell, as etcd refuses a peer
+/// message with another `X-Etcd-Cluster-ID`: members started with different
+/// `--initial-cluster` lists or `--restore` files never mix their logs.
+pub const CLUSTER_ID_HEADER: &str = "latchkey-cluster-id";
+
 /// One client per peer address, made on first use and shared by Raft's
 /// replication and votes and by forwarded requests. openraft asks the
 /// factory for a client at every replication (re)start and every read-index
@@ -67,9 +73,28 @@ pub fn peer_client(channel: Channel) -> PeerClient<Channel> {
 #[derive(Clone, Default)]
 pub struct PeerChannels {
     clients: Arc<DashMap<String, PeerClient<Channel>>>,
+    cluster_id: u64,
 }
 
 impl PeerChannels {
+    /// Channels for the peers of cell `cluster_id`.
+    pub fn new(cluster_id: u64) -> Self {
+        PeerChannels {
+            clients: Default::default(),
+            cluster_id,
+        }
+    }
+
+    /// A peer request carrying `data`, stamped with this cell's id.
+    pub fn request(&self, data: Vec<u8>, timeout: Duration) -> tonic::Request<Payload> {
+        let mut request = tonic::Request::new(Payload { data });
+        request.set_timeout(timeout);
+        if let Ok(id) = format!("{:x}", self.cluster_id).parse() {
+            request.metadata_mut().insert(CLUSTER_ID_HEADER, id);
+        }
+        request
+    }
+
     /// The client for `addr`; fails only for an address that is not one.
     pub fn get(&self, addr: &str) -> Result<PeerClient<Channel>, tonic::transport::Error> {
         if let Some(c) = self.clients.get(addr) {
@@ -101,6 +126,7 @@ pub struct NetworkFactory {
 pub struct PeerConnection {
     target: NodeId,
     client: Option<PeerClient<Channel>>,
+    channels: PeerChannels,
     addr: String,
 }
 
@@ -112,6 +138,7 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
         PeerConnection {
             target,
             client,
+            channels: self.channels.clone(),
             addr: node.peer_addr.clone(),
         }
     }
@@ -153,9 +180,7 @@ impl PeerConnection {
         };
         let data =
             encode(req).map_err(|e| CallError::Network(NetworkError::new(&err(e.to_string()))))?;
-        let mut request = tonic::Request::new(Payload { data });
-        request.set_timeout(timeout);
-        match rpc(client, request).await {
+        match rpc(client, self.channels.request(data, timeout)).await {
             Ok(resp) => decode(&resp.into_inner().data).map_err(|e| {
                 CallError::Network(NetworkError::new(&err(format!("bad reply: {e}"))))
             }),

@@ -31,6 +31,11 @@ pub fn encode_state_file(state: &CellState) -> anyhow::Result<Vec<u8>> {
     Ok(out)
 }
 
+/// The SHA-256 a well-formed state file ends with: what names its content.
+pub fn state_file_digest(bytes: &[u8]) -> &[u8] {
+    &bytes[bytes.len().saturating_sub(HASH_BYTES)..]
+}
+
 /// Reads a state file for a new cell: the keyspace (revision, history) and
 /// leases of the old cell, without its Raft position or membership, which
 /// belong to the cell it came from.

@@ -267,7 +267,10 @@ async fn s2_a_restored_cell_and_a_member_that_joins_it_serve_the_same_keys_and_r
     let mut on_joiner = restored.client(joiner).await;
     eventually(Duration::from_secs(30), async || {
         let got = on_joiner
-            .get("r/", Some(GetOptions::new().with_prefix().with_serializable()))
+            .get(
+                "r/",
+                Some(GetOptions::new().with_prefix().with_serializable()),
+            )
             .await
             .map_err(|e| e.to_string())?;
         let revision = got.header().map_or(0, |h| h.revision());
@@ -292,6 +295,42 @@ async fn s2_a_restored_cell_and_a_member_that_joins_it_serve_the_same_keys_and_r
         .await
         .expect("an old revision on the joiner");
     assert_eq!(old_read.kvs()[0].value_str().ok(), Some("v0"));
+
+    // S2, second half: a member whose data directory disagrees with the
+    // cell about the restore (wiped, then started without --restore)
+    // belongs to another cell: its peers refuse it, so it never serves a
+    // state without the restored keys.
+    let leader = restored.wait_leader(Duration::from_secs(10)).await;
+    let stray = restored.follower_of(leader);
+    restored.kill(stray);
+    std::fs::remove_dir_all(&restored.member(stray).data_dir).expect("wipe its data");
+    restored.set_extra_args(&[]);
+    restored.spawn(stray);
+    let mut leader_client = restored.client(leader).await;
+    leader_client.put("r/after", "a", None).await.expect("put");
+    eventually(Duration::from_secs(20), async || {
+        match restored
+            .metric(stray, "latchkey_peer_requests_refused_total")
+            .await
+        {
+            Some(n) if n > 0.0 => Ok(()),
+            _ => Err("the stray member has not refused its peers yet"),
+        }
+    })
+    .await;
+    let mut on_stray = restored.client(stray).await;
+    let got = on_stray
+        .get(
+            "r/",
+            Some(GetOptions::new().with_prefix().with_serializable()),
+        )
+        .await
+        .expect("a serializable read on the stray member");
+    assert_eq!(
+        got.count(),
+        0,
+        "the stray member replicated the restored cell's log"
+    );
 }
 
 fn revision_of(r: &etcd_client::GetResponse) -> i64 {
