@@ -43,6 +43,31 @@ pub fn parse_peer_urls(urls: &[String]) -> Result<String, ApiError> {
     }
 }
 
+/// How long a voter may take to answer the probe that counts the voters
+/// up before a change of voters.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// etcd's strict reconfiguration check: refuses a change after which the
+/// voters known to be up (`up`) would not be a quorum of `new_voters`.
+/// Without it, adding a voter that never starts while another is down, or
+/// removing a healthy voter while another is down, stalls the cell until
+/// the missing member comes back (cell review A5).
+fn check_quorum_after(
+    new_voters: &BTreeSet<NodeId>,
+    up: &BTreeSet<NodeId>,
+) -> Result<(), ApiError> {
+    let up_after = new_voters.intersection(up).count();
+    if up_after * 2 > new_voters.len() {
+        return Ok(());
+    }
+    Err(ApiError::not_enough_started_members(format!(
+        "after this change {up_after} of {} voters would be up, not a quorum; start the \
+         missing members first, or add the new member as a learner (`member add --learner`) \
+         and promote it once it has caught up",
+        new_voters.len()
+    )))
+}
+
 /// Keeps this member from campaigning while it lives.
 struct SitOutElections<'a>(&'a Raft);
 
@@ -69,6 +94,41 @@ pub struct Membership<'a> {
 }
 
 impl Membership<'_> {
+    /// The members among `ids` that answer a peer request now, this member
+    /// (the leader) included; one not in the membership yet is not up.
+    async fn members_up(&self, ids: &BTreeSet<NodeId>) -> BTreeSet<NodeId> {
+        let m = self.raft.metrics().borrow().clone();
+        let membership = m.membership_config.membership();
+        let others: Vec<(NodeId, String)> = ids
+            .iter()
+            .copied()
+            .filter(|id| *id != self.id)
+            .filter_map(|id| membership.get_node(&id).map(|n| (id, n.peer_addr.clone())))
+            .collect();
+        let deadline = Instant::now() + PROBE_TIMEOUT;
+        let probes = others.into_iter().map(|(id, addr)| async move {
+            let answer = self
+                .peers
+                .send(&addr, &Forward::CommittedMembership, deadline)
+                .await;
+            answer.is_ok().then_some(id)
+        });
+        let mut up: BTreeSet<NodeId> = futures::future::join_all(probes)
+            .await
+            .into_iter()
+            .flatten()
+            .collect();
+        up.insert(self.id);
+        up
+    }
+
+    /// Refuses a change of voters to `new_voters` that the members up now
+    /// could not commit (see [`check_quorum_after`]).
+    async fn check_voters_change(&self, new_voters: BTreeSet<NodeId>) -> Result<(), ApiError> {
+        let up = self.members_up(&new_voters).await;
+        check_quorum_after(&new_voters, &up)
+    }
+
     /// Carries out `change` on this member, which must lead. Returns once the
     /// final configuration is committed, or fails at the request timeout (the
     /// change may still complete).
@@ -83,6 +143,9 @@ impl Membership<'_> {
                 .any(|(id, n)| *id != except && n.peer_addr == addr)
         };
         let raft = self.raft;
+        let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+        let with = |id: NodeId| voters.iter().copied().chain([id]).collect();
+        let without = |id: NodeId| voters.iter().copied().filter(|v| *v != id).collect();
         let work = async {
             match change {
                 MembershipChange::Add {
@@ -102,6 +165,7 @@ impl Membership<'_> {
                     if *learner {
                         raft.add_learner(*id, member, false).await
                     } else {
+                        self.check_voters_change(with(*id)).await?;
                         let nodes = BTreeMap::from([(*id, member)]);
                         raft.change_membership(ChangeMembers::AddVoters(nodes), false)
                             .await
@@ -123,6 +187,7 @@ impl Membership<'_> {
                     if matched + PROMOTE_MAX_LAG.max(last / 10) < last {
                         return Err(ApiError::etcd(ErrorCode::LearnerNotReady));
                     }
+                    self.check_voters_change(with(*id)).await?;
                     raft.change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([*id])), false)
                         .await
                 }
@@ -132,6 +197,7 @@ impl Membership<'_> {
                     }
                     let ids = BTreeSet::from([*id]);
                     if is_voter(*id) {
+                        self.check_voters_change(without(*id)).await?;
                         raft.change_membership(ChangeMembers::RemoveVoters(ids), false)
                             .await
                     } else {
@@ -353,6 +419,25 @@ pub async fn discover_identity(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A5 (cell review): a change of voters the members up cannot commit
+    /// stalled the cell for good.
+    #[test]
+    fn a5_a_change_that_leaves_the_voters_up_short_of_a_quorum_is_refused() {
+        let set = |ids: &[NodeId]| ids.iter().copied().collect::<BTreeSet<_>>();
+        // Three voters, one down: adding a fourth needs 3 of 4 up.
+        let err = check_quorum_after(&set(&[1, 2, 3, 4]), &set(&[1, 2])).unwrap_err();
+        assert_eq!(err.code, ErrorCode::NotEnoughStartedMembers);
+        assert!(err.message.contains("--learner"), "{}", err.message);
+        // ...and removing the other healthy voter leaves 1 of 2.
+        assert!(check_quorum_after(&set(&[1, 3]), &set(&[1, 2])).is_err());
+        // A one-member cell adding a voter that has not started: 1 of 2.
+        assert!(check_quorum_after(&set(&[1, 2]), &set(&[1])).is_err());
+        // Fine: all up, or removing the member that is down.
+        assert!(check_quorum_after(&set(&[1, 2, 3, 4]), &set(&[1, 2, 3])).is_ok());
+        assert!(check_quorum_after(&set(&[1, 2]), &set(&[1, 2])).is_ok());
+        assert!(check_quorum_after(&set(&[1, 2, 4]), &set(&[1, 2, 4])).is_ok());
+    }
 
     #[test]
     fn peer_urls_must_be_one_http_address() {

@@ -367,3 +367,37 @@ async fn a6_a_removed_follower_finds_out_and_stops() {
     let members = admin.member_list().await.expect("member list");
     assert_eq!(members.members().len(), 2);
 }
+
+/// A5 (cell review): with one of three voters down, adding a voter that
+/// has not started made a configuration of four that needs three up: the
+/// change never committed, and every write after it timed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a5_adding_a_voter_while_another_is_down_is_refused_and_writes_go_on() {
+    let mut cluster = Cluster::start(CELL_BIN, 3, &[]).await;
+    let leader = cluster.leader_at_start();
+    cluster.kill(cluster.follower());
+    let mut admin = cluster.client(leader).await;
+    admin
+        .put("a", "1", None)
+        .await
+        .expect("two of three commit");
+    let refused = admin
+        .member_add([format!("http://127.0.0.1:{}", free_port())], None)
+        .await
+        .expect_err("the change is refused");
+    assert_eq!(
+        err_text(refused),
+        "FailedPrecondition: etcdserver: re-configuration failed due to not enough started members"
+    );
+    // Nothing was proposed: writes go on, and a learner may still be added.
+    admin.put("b", "2", None).await.expect("writes go on");
+    admin
+        .member_add(
+            [format!("http://127.0.0.1:{}", free_port())],
+            Some(MemberAddOptions::new().with_is_learner()),
+        )
+        .await
+        .expect("a learner needs no quorum of its own");
+    admin.put("c", "3", None).await.expect("writes go on");
+    assert_eq!(members(&mut admin).await.len(), 4);
+}

@@ -171,6 +171,10 @@ error_table! {
     LearnerNotReady => "learner_not_ready", 409, FailedPrecondition,
         Some("etcdserver: can only promote a learner member which is in sync with leader"),
         Never;
+    /// A membership change would leave the voters that are up short of a
+    /// quorum of the new configuration (etcd's strict reconfig check).
+    NotEnoughStartedMembers => "not_enough_started_members", 409, FailedPrecondition,
+        Some("etcdserver: re-configuration failed due to not enough started members"), Never;
     /// The target of a leader transfer is not a voting member.
     BadLeaderTransferee => "bad_leader_transferee", 400, FailedPrecondition,
         Some("etcdserver: bad leader transferee"), Never;

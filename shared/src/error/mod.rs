@@ -343,6 +343,10 @@ impl ApiError {
         )
     }
 
+    pub fn not_enough_started_members(why: impl Into<String>) -> Self {
+        ApiError::new(ErrorCode::NotEnoughStartedMembers, why)
+    }
+
     pub fn learner_not_ready(id: MemberId) -> Self {
         ApiError::new(
             ErrorCode::LearnerNotReady,
@@ -427,6 +431,9 @@ mod tests {
                 ErrorCode::MemberBadUrls => ApiError::member_bad_urls("no port"),
                 ErrorCode::MemberNotLearner => ApiError::member_not_learner(MemberId(0xa)),
                 ErrorCode::LearnerNotReady => ApiError::learner_not_ready(MemberId(0xa)),
+                ErrorCode::NotEnoughStartedMembers => {
+                    ApiError::not_enough_started_members("1 of 3 voters up")
+                }
                 ErrorCode::BadLeaderTransferee => ApiError::bad_leader_transferee(),
                 ErrorCode::LeaderTransferTimeout => ApiError::leader_transfer_timeout(),
                 ErrorCode::Unavailable => ApiError::unavailable("membership change running"),
