@@ -18,7 +18,7 @@ use crate::peer::server::PeerService;
 use crate::raft::log_store::{self, LogPurger, LogStore};
 use crate::raft::network::{
     NetworkFactory, PeerChannels, MAX_PEER_MESSAGE_BYTES, PEER_CONNECTION_WINDOW,
-    PEER_STREAM_WINDOW,
+    PEER_STREAM_WINDOW, SNAPSHOT_CHUNK_BYTES,
 };
 use crate::raft::{LogId, Member, NodeId, Raft, StoredMembership};
 use crate::state_machine::backup::{decode_state_file, state_file_digest};
@@ -61,9 +61,11 @@ fn raft_config(cfg: &Resolved) -> anyhow::Result<openraft::Config> {
         heartbeat_interval: c.heartbeat_ms,
         election_timeout_min: c.election_timeout_ms,
         election_timeout_max: c.election_timeout_ms * 2,
-        // openraft's default (200 ms) makes a large snapshot time out and be
-        // resent forever; a snapshot of a full keyspace takes seconds.
+        // Per snapshot chunk. openraft's default (200 ms) made a large
+        // snapshot time out and be resent forever; the last chunk's answer
+        // waits for the follower to decode and store the whole image.
         install_snapshot_timeout: 60_000,
+        snapshot_max_chunk_size: SNAPSHOT_CHUNK_BYTES,
         snapshot_policy: SnapshotPolicy::LogsSinceLast(c.snapshot_entries),
         max_in_snapshot_log_to_keep: c.snapshot_keep_entries,
         // openraft 0.9 gives every AppendEntries the heartbeat interval as

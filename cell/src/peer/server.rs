@@ -7,7 +7,7 @@
 
 use super::protocol::{Forward, ForwardHandler};
 use crate::raft::network::CLUSTER_ID_HEADER;
-use crate::raft::{NodeId, Raft, Snapshot, SnapshotMeta, TypeConfig, Vote};
+use crate::raft::{NodeId, Raft, TypeConfig};
 use crate::storage::codec::{decode, encode};
 use latchkey_shared::peer::peer_server::Peer;
 use latchkey_shared::peer::Payload;
@@ -15,7 +15,6 @@ use latchkey_shared::ApiError;
 use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use std::io::Cursor;
 use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
@@ -77,15 +76,6 @@ impl<H: ForwardHandler> Peer for PeerService<H> {
     async fn install_snapshot(&self, req: Request<Payload>) -> Result<Response<Payload>, Status> {
         let rpc: InstallSnapshotRequest<TypeConfig> = self.decode_req(req)?;
         reply(&self.raft.install_snapshot(rpc).await)
-    }
-
-    async fn full_snapshot(&self, req: Request<Payload>) -> Result<Response<Payload>, Status> {
-        let (vote, meta, data): (Vote, SnapshotMeta, Vec<u8>) = self.decode_req(req)?;
-        let snapshot = Snapshot {
-            meta,
-            snapshot: Box::new(Cursor::new(data)),
-        };
-        reply(&self.raft.install_full_snapshot(vote, snapshot).await)
     }
 
     async fn forward(&self, req: Request<Payload>) -> Result<Response<Payload>, Status> {

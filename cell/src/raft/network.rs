@@ -1,23 +1,24 @@
 //! The client side of cell-to-cell RPCs: openraft's `RaftNetwork` over the
 //! tonic `Peer` service, plus forwarding of client requests to the leader.
+//! Snapshots go as openraft's chunked `InstallSnapshot` (its default
+//! `full_snapshot`), each chunk with its own timeout and retries.
 //!
 //! Each payload is a bincode-encoded openraft request; each reply is an
 //! encoded `Result` carrying openraft's own error, so a remote Raft error
 //! reaches openraft unchanged.
 
-use super::{Member, NodeId, Snapshot, TypeConfig, Vote};
+use super::{Member, NodeId, TypeConfig};
 use crate::storage::codec::{decode, encode};
 use dashmap::DashMap;
 use latchkey_shared::peer::peer_client::PeerClient;
 use latchkey_shared::peer::Payload;
 use openraft::error::{
-    Fatal, InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, ReplicationClosed,
-    StreamingError, Unreachable,
+    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
 };
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
-    SnapshotResponse, VoteRequest, VoteResponse,
+    VoteRequest, VoteResponse,
 };
 use serde::de::DeserializeOwned;
 use std::future::Future;
@@ -25,8 +26,14 @@ use std::sync::Arc;
 use std::time::Duration;
 use tonic::transport::{Channel, Endpoint};
 
-/// Peer RPCs may carry a whole snapshot; allow messages this large.
+/// The largest peer message: a replication batch, or a forwarded request
+/// and its reply (a txn's ranges may be large). Snapshots never come whole:
+/// openraft sends them in chunks of [`SNAPSHOT_CHUNK_BYTES`] (cell review
+/// A3: a snapshot over this cap could never be sent).
 pub const MAX_PEER_MESSAGE_BYTES: usize = 1024 * 1024 * 1024;
+
+/// How much of a snapshot one `InstallSnapshot` message carries.
+pub const SNAPSHOT_CHUNK_BYTES: u64 = 4 * 1024 * 1024;
 
 /// HTTP/2 flow-control windows of peer connections: a stream may have this
 /// much in flight (a replication batch of 32 entries of up to 1.5 MiB fits
@@ -248,36 +255,6 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
             .await
             .map_err(rpc_error)?;
         reply.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
-    }
-
-    /// Sends the whole snapshot in one message: coordination state is small
-    /// (bounded by the keyspace quota) and one message needs no reassembly.
-    async fn full_snapshot(
-        &mut self,
-        vote: Vote,
-        snapshot: Snapshot,
-        cancel: impl Future<Output = ReplicationClosed> + Send + 'static,
-        option: RPCOption,
-    ) -> Result<SnapshotResponse<NodeId>, StreamingError<TypeConfig, Fatal<NodeId>>> {
-        let req = (vote, snapshot.meta, snapshot.snapshot.into_inner());
-        let send = self.call::<_, Result<SnapshotResponse<NodeId>, Fatal<NodeId>>, _>(
-            &req,
-            option.hard_ttl(),
-            |mut c, r| async move { c.full_snapshot(r).await },
-        );
-        let reply = tokio::select! {
-            closed = cancel => return Err(StreamingError::Closed(closed)),
-            reply = send => reply,
-        };
-        match reply {
-            Ok(Ok(resp)) => Ok(resp),
-            Ok(Err(fatal)) => Err(StreamingError::RemoteError(RemoteError::new(
-                self.target,
-                fatal,
-            ))),
-            Err(CallError::Unreachable(u)) => Err(StreamingError::Unreachable(u)),
-            Err(CallError::Network(n)) => Err(StreamingError::Network(n)),
-        }
     }
 
     fn backoff(&self) -> openraft::network::Backoff {

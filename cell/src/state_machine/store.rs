@@ -302,6 +302,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result<(), StorageError> {
         let data = snapshot.into_inner();
+        metrics::gauge!("latchkey_snapshot_installed_bytes").set(data.len() as f64);
         let image: StateImage =
             decode(&data).map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), &e))?;
         let mut state = CellState::from_image(image);

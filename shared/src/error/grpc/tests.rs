@@ -143,13 +143,6 @@ impl Peer for Failing {
         Err(ApiError::unimplemented("InstallSnapshot").into())
     }
 
-    async fn full_snapshot(
-        &self,
-        _: tonic::Request<Payload>,
-    ) -> Result<tonic::Response<Payload>, Status> {
-        Err(ApiError::unimplemented("FullSnapshot").into())
-    }
-
     async fn forward(
         &self,
         request: tonic::Request<Payload>,
