@@ -116,7 +116,39 @@ pub trait ForwardHandler: Send + Sync + 'static {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::raft::errors::{check_is_leader, client_write};
+    use crate::raft::Member;
     use crate::storage::codec::variant_position as position;
+    use openraft::error::{CheckIsLeaderError, ClientWriteError, ForwardToLeader, RaftError};
+
+    /// S4 (cell review): a proposal answered "not leader" after a new
+    /// leader truncated its entry was resent, and with five voters the
+    /// truncated entry could still commit: the write applied twice. A
+    /// write that met a leader change now has an unknown outcome and is
+    /// never resent; a read-index round that met one is (nothing happened).
+    #[test]
+    fn s4_a_write_that_met_a_leader_change_is_never_resent() {
+        let moved = || {
+            ForwardToLeader::new(
+                2,
+                Member {
+                    peer_addr: "127.0.0.1:2".into(),
+                },
+            )
+        };
+        let write = client_write(RaftError::APIError(ClientWriteError::ForwardToLeader(
+            moved(),
+        )));
+        assert_eq!(write.code, ErrorCode::WriteOutcomeUnknown);
+        let put = Forward::Write(Request::Compact { revision: 1 });
+        assert!(!put.may_resend_after(&write, true), "served here");
+        assert!(!put.may_resend_after(&write, false), "forwarded");
+        let read = check_is_leader(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(
+            moved(),
+        )));
+        assert_eq!(read.code, ErrorCode::NotLeader);
+        assert!(Forward::ReadIndex.may_resend_after(&read, true));
+    }
 
     #[test]
     fn forwarded_requests_and_replies_keep_their_wire_positions() {
