@@ -51,6 +51,8 @@ runs protoc --version || need+=(protobuf-compiler)
 runs etcdctl version || need+=(etcd-client)
 runs g++ --version || need+=(g++)
 runs make --version || need+=(make)
+# The partition tests drop a member's peer traffic with iptables.
+runs iptables --version || need+=(iptables)
 have_libclang || need+=(libclang-dev)
 
 if ! command -v cargo >/dev/null 2>&1; then

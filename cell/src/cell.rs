@@ -310,7 +310,7 @@ impl Cell {
         let config = Arc::new(raft_config(&cfg)?);
         let log = LogStore::new(db.clone(), purger).context("starting the log store")?;
         let shared = sm.shared();
-        let channels = PeerChannels::new(cfg.cluster_id);
+        let channels = PeerChannels::new(cfg.cluster_id, peer_addr);
         let raft = Raft::new(
             cfg.id,
             config,

@@ -50,7 +50,8 @@ pub fn cell_binary() -> PathBuf {
 #[derive(Debug, Clone)]
 pub struct MemberSpec {
     pub id: u64,
-    /// The etcd API address, `127.0.0.1:port`.
+    /// The etcd API address, `127.0.0.1:port` (or another loopback address,
+    /// see [`Cluster::start_apart`]).
     pub client: String,
     pub peer: String,
     /// `/metrics`, `/healthz` and `/readyz`.
@@ -77,13 +78,29 @@ impl Cluster {
     /// each with `extra_args`, and waits until they agree on a leader
     /// ([`Cluster::leader_at_start`]).
     pub async fn start(bin: impl Into<PathBuf>, n: usize, extra_args: &[&str]) -> Cluster {
+        Cluster::start_on(bin, n, extra_args, |_| "127.0.0.1".to_string()).await
+    }
+
+    /// Like [`Cluster::start`], but member `id` listens on (and dials its
+    /// peers from) its own loopback address `127.0.0.{id + 1}`, so a
+    /// firewall rule can tell members apart ([`crate::PeerBlackhole`]).
+    pub async fn start_apart(bin: impl Into<PathBuf>, n: usize, extra_args: &[&str]) -> Cluster {
+        Cluster::start_on(bin, n, extra_args, |id| format!("127.0.0.{}", id + 1)).await
+    }
+
+    async fn start_on(
+        bin: impl Into<PathBuf>,
+        n: usize,
+        extra_args: &[&str],
+        ip_of: impl Fn(u64) -> String,
+    ) -> Cluster {
         let dir = tempfile::tempdir().expect("temp dir");
         let members: Vec<MemberSpec> = (1..=n as u64)
             .map(|id| MemberSpec {
                 id,
-                client: format!("127.0.0.1:{}", free_port()),
-                peer: format!("127.0.0.1:{}", free_port()),
-                metrics: format!("127.0.0.1:{}", free_port()),
+                client: format!("{}:{}", ip_of(id), free_port()),
+                peer: format!("{}:{}", ip_of(id), free_port()),
+                metrics: format!("{}:{}", ip_of(id), free_port()),
                 data_dir: dir.path().join(format!("m{id}")),
                 join: None,
             })

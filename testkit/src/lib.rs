@@ -32,6 +32,7 @@
 //! stream clients are not here: they belong to the shared client crate.
 
 pub mod background_writer;
+pub mod blackhole;
 pub mod bulk;
 pub mod cluster;
 pub mod errors;
@@ -49,6 +50,7 @@ pub mod ports;
 pub const CLOCK_SLACK: std::time::Duration = std::time::Duration::from_millis(50);
 
 pub use background_writer::BackgroundWriter;
+pub use blackhole::PeerBlackhole;
 pub use bulk::{
     attach_keys, count_keys, grant_kept_alive, grant_leases, numbered, put_all, IN_FLIGHT,
 };

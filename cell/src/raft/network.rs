@@ -22,6 +22,7 @@ use openraft::raft::{
 };
 use serde::de::DeserializeOwned;
 use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 use tonic::transport::{Channel, Endpoint};
@@ -41,9 +42,11 @@ pub const SNAPSHOT_CHUNK_BYTES: u64 = 4 * 1024 * 1024;
 pub const PEER_STREAM_WINDOW: u32 = 16 * 1024 * 1024;
 pub const PEER_CONNECTION_WINDOW: u32 = 64 * 1024 * 1024;
 
-/// A lazily connecting channel to a peer address.
-pub fn peer_channel(addr: &str) -> Result<Channel, tonic::transport::Error> {
+/// A lazily connecting channel to a peer address, dialled from `local`
+/// when given.
+pub fn peer_channel(addr: &str, local: Option<IpAddr>) -> Result<Channel, tonic::transport::Error> {
     let endpoint = Endpoint::from_shared(format!("http://{addr}"))?
+        .local_address(local)
         // A peer that does not answer a connect within this is down for
         // replication purposes; openraft backs off and retries.
         .connect_timeout(Duration::from_millis(500))
@@ -81,14 +84,21 @@ pub const CLUSTER_ID_HEADER: &str = "latchkey-cluster-id";
 pub struct PeerChannels {
     clients: Arc<DashMap<String, PeerClient<Channel>>>,
     cluster_id: u64,
+    /// The address peers are dialled from: this member's own peer address
+    /// (when it is a specific one), so a peer sees who is calling and a
+    /// firewall rule can tell members apart even on one host.
+    local: Option<IpAddr>,
 }
 
 impl PeerChannels {
-    /// Channels for the peers of cell `cluster_id`.
-    pub fn new(cluster_id: u64) -> Self {
+    /// Channels for the peers of cell `cluster_id`, dialled from the IP of
+    /// `own_peer_addr` unless it is unspecified (`0.0.0.0`, `::`).
+    pub fn new(cluster_id: u64, own_peer_addr: SocketAddr) -> Self {
+        let ip = own_peer_addr.ip();
         PeerChannels {
             clients: Default::default(),
             cluster_id,
+            local: (!ip.is_unspecified()).then_some(ip),
         }
     }
 
@@ -107,7 +117,7 @@ impl PeerChannels {
         if let Some(c) = self.clients.get(addr) {
             return Ok(c.clone());
         }
-        let client = peer_client(peer_channel(addr)?);
+        let client = peer_client(peer_channel(addr, self.local)?);
         Ok(self
             .clients
             .entry(addr.to_string())

@@ -8,7 +8,7 @@ use latchkey_shared::client::{KeepAliveStream, RefreshStream};
 use latchkey_shared::session::{Session, SessionOptions, SessionState};
 use latchkey_testkit::{
     count_keys, err_text, eventually, grant_kept_alive, http_get, metric_value, Cluster,
-    CLOCK_SLACK,
+    PeerBlackhole, CLOCK_SLACK,
 };
 use std::sync::{Arc, Mutex};
 use tokio::time::{Duration, Instant};
@@ -422,23 +422,46 @@ async fn ttl_bounds_are_enforced_and_batched_refreshes_are_counted() {
     );
 }
 
+/// How the S1 tests cut a leader off from its quorum.
+enum Cut {
+    /// Both followers frozen (SIGSTOP).
+    FreezeFollowers,
+    /// The leader's peer traffic dropped (iptables), followers running.
+    BlackholeLeader,
+}
+
 /// S1 (cell review): a leader cut off from its quorum went on answering
 /// keep-alives with a fresh TTL for as long as the partition lasted, while
 /// the majority could elect a new leader and expire the lease. Here both
-/// followers are frozen (SIGSTOP): the old leader must grant no time after
-/// the cut, fail each keep-alive within the quorum timeout (four election
-/// timeouts: sooner than a new leader could act), say so on /readyz, and a
-/// session on it
-/// must go to jeopardy, then expire, never believing in more time than it
-/// was granted before the cut.
+/// followers are frozen (SIGSTOP).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s1_a_leader_cut_off_from_its_quorum_stops_granting_time() {
+    leader_cut_off_from_its_quorum_stops_granting_time(Cut::FreezeFollowers).await;
+}
+
+/// S1 again, with the leader's peer port blackholed: the followers run on,
+/// elect a new leader among themselves and would expire the lease, while
+/// the old leader still believes it leads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s1_a_leader_whose_peer_traffic_is_blackholed_stops_granting_time() {
+    leader_cut_off_from_its_quorum_stops_granting_time(Cut::BlackholeLeader).await;
+}
+
+/// The old leader must grant no time after the cut, fail each keep-alive
+/// within the quorum timeout (four election timeouts: sooner than a new
+/// leader could act), say so on /readyz, and a session on it must go to
+/// jeopardy, then expire, never believing in more time than it was granted
+/// before the cut.
+async fn leader_cut_off_from_its_quorum_stops_granting_time(how: Cut) {
     const TTL: i64 = 6;
     // The cell's quorum timeout: four times its default election timeout.
     const QUORUM_TIMEOUT: Duration = Duration::from_millis(1600);
     // Scheduling slack on a loaded 2-core machine.
     const SLACK: Duration = Duration::from_millis(1000);
-    let cluster = Cluster::start(CELL_BIN, 3, &[]).await;
+    let cluster = match how {
+        Cut::FreezeFollowers => Cluster::start(CELL_BIN, 3, &[]).await,
+        Cut::BlackholeLeader => Cluster::start_apart(CELL_BIN, 3, &[]).await,
+    };
     let leader = cluster.leader_at_start();
     let addr = cluster.member(leader).client.clone();
     let session = Session::start(&[addr.clone()], SessionOptions::with_ttl(TTL))
@@ -462,11 +485,17 @@ async fn s1_a_leader_cut_off_from_its_quorum_stops_granting_time() {
     )
     .await;
 
-    for id in cluster.running() {
-        if id != leader {
-            cluster.signal(id, "STOP");
+    let blackhole = match how {
+        Cut::FreezeFollowers => {
+            for id in cluster.running() {
+                if id != leader {
+                    cluster.signal(id, "STOP");
+                }
+            }
+            None
         }
-    }
+        Cut::BlackholeLeader => Some(PeerBlackhole::cut(&cluster, leader)),
+    };
     let cut = Instant::now();
 
     // Keep-alives sent after the cut: none is granted, and each fails
@@ -506,6 +535,18 @@ async fn s1_a_leader_cut_off_from_its_quorum_stops_granting_time() {
     })
     .await;
 
+    // A real partition: the followers, still running, elect another leader.
+    if let Cut::BlackholeLeader = how {
+        let follower = cluster.follower_of(leader);
+        eventually(Duration::from_secs(10), async || {
+            match cluster.leader_seen_by(follower).await {
+                Some(new) if new != leader => Ok(()),
+                seen => Err(format!("member {follower} sees leader {seen:?}")),
+            }
+        })
+        .await;
+    }
+
     // The session was last confirmed before the cut: jeopardy within a
     // keep-alive interval and an attempt, expired by the cut + TTL.
     let options = SessionOptions::with_ttl(TTL);
@@ -523,4 +564,5 @@ async fn s1_a_leader_cut_off_from_its_quorum_stops_granting_time() {
     .await;
     println!("session expired {:?} after the cut", cut.elapsed());
     cluster.signal_all("CONT");
+    drop(blackhole);
 }

@@ -1,0 +1,96 @@
+//! A network partition on one host: iptables rules that drop a member's
+//! peer traffic while it keeps serving clients. Needs root and iptables,
+//! and a cluster whose members have their own loopback addresses
+//! ([`Cluster::start_apart`]): on one shared address no rule could tell
+//! one member's connections from another's.
+
+use crate::Cluster;
+use std::process::Command;
+
+/// What every rule of this process carries, so a crashed test's rules can
+/// be found and removed by hand (`iptables -S INPUT | grep latchkey`).
+fn tag() -> String {
+    format!("latchkey-testkit-{}", std::process::id())
+}
+
+/// The rules that cut one member off from its peers; removed on drop.
+pub struct PeerBlackhole {
+    rules: Vec<Vec<String>>,
+}
+
+fn iptables(action: &str, rule: &[String]) -> Result<(), String> {
+    let out = Command::new("iptables")
+        .arg(action)
+        .args(rule)
+        .output()
+        .map_err(|e| format!("iptables cannot run ({e}); scripts/install-deps.sh installs it"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "iptables {action} {}: {} (the blackhole needs root)",
+            rule.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+fn split(addr: &str) -> (String, String) {
+    let (ip, port) = addr.rsplit_once(':').expect("ip:port");
+    (ip.to_string(), port.to_string())
+}
+
+impl PeerBlackhole {
+    /// Drops every packet member `id` sends to a peer's peer port and every
+    /// packet sent to its own peer port: Raft and forwarded requests in
+    /// both directions vanish (no reset, as when a network drops them).
+    /// Its client and metrics ports stay reachable.
+    pub fn cut(cluster: &Cluster, id: u64) -> PeerBlackhole {
+        let (own_ip, own_port) = split(&cluster.member(id).peer);
+        let rule = |src: Option<&str>, dst: &str, port: &str| {
+            let mut r: Vec<String> = vec!["INPUT".into(), "-p".into(), "tcp".into()];
+            if let Some(src) = src {
+                r.extend(["-s".into(), src.to_string()]);
+            }
+            r.extend([
+                "-d".into(),
+                dst.to_string(),
+                "--dport".into(),
+                port.to_string(),
+            ]);
+            r.extend(["-m".into(), "comment".into(), "--comment".into(), tag()]);
+            r.extend(["-j".into(), "DROP".into()]);
+            r
+        };
+        let mut rules = vec![rule(None, &own_ip, &own_port)];
+        for m in &cluster.members {
+            if m.id != id {
+                let (ip, port) = split(&m.peer);
+                assert_ne!(
+                    ip, own_ip,
+                    "members share an address: use Cluster::start_apart"
+                );
+                rules.push(rule(Some(&own_ip), &ip, &port));
+            }
+        }
+        let mut hole = PeerBlackhole { rules: Vec::new() };
+        for r in rules {
+            iptables("-I", &r).unwrap_or_else(|e| panic!("{e}"));
+            hole.rules.push(r);
+        }
+        hole
+    }
+
+    /// Removes the rules: the partition heals.
+    pub fn heal(self) {}
+}
+
+impl Drop for PeerBlackhole {
+    fn drop(&mut self) {
+        for r in self.rules.drain(..) {
+            if let Err(e) = iptables("-D", &r) {
+                eprintln!("could not remove a blackhole rule: {e}");
+            }
+        }
+    }
+}
