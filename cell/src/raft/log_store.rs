@@ -432,6 +432,7 @@ pub fn store_identity(db: &DB, id: NodeId, cluster_id: u64) -> Result<(), rocksd
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::raft::snapshot_data::SnapshotData;
     use crate::raft::SnapshotMeta;
     use crate::state_machine::store::StateMachineStore;
     use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine};
@@ -499,14 +500,18 @@ mod tests {
         m.sm.apply(entries).await.expect("apply");
     }
 
-    fn leader_snapshot(index: u64) -> (SnapshotMeta, Box<std::io::Cursor<Vec<u8>>>) {
+    fn leader_snapshot(index: u64) -> (SnapshotMeta, Box<SnapshotData>) {
+        use std::io::Write;
         let image = encode(&crate::state_machine::CellState::default().image()).expect("image");
+        let mut file = tempfile::tempfile().expect("temp file");
+        file.write_all(&image).expect("write the image");
+        let data = SnapshotData::new(file, 0).expect("image");
         let meta = SnapshotMeta {
             last_log_id: Some(LogId::new(openraft::CommittedLeaderId::new(2, 2), index)),
             snapshot_id: format!("leader-{index}"),
             ..Default::default()
         };
-        (meta, Box::new(std::io::Cursor::new(image)))
+        (meta, Box::new(data))
     }
 
     /// A2 (cell review): openraft purges the log as soon as it has asked

@@ -9,6 +9,8 @@
 //!   not count as leading.
 //! - [`command`]: what the log carries (a command) and what applying it
 //!   returns.
+//! - [`snapshot_data`]: a snapshot's image as openraft moves it, a region
+//!   of a file.
 //! - [`network`]: openraft's network: the client side of Raft RPCs (tonic);
 //!   the server side is `crate::peer::server`.
 
@@ -18,11 +20,11 @@ pub mod leadership;
 pub mod log_store;
 pub mod network;
 pub mod read_index;
+pub mod snapshot_data;
 
 use command::{Request, Response};
 use serde::{Deserialize, Serialize};
 use std::fmt;
-use std::io::Cursor;
 
 pub type NodeId = u64;
 
@@ -46,7 +48,7 @@ openraft::declare_raft_types!(
         NodeId = NodeId,
         Node = Member,
         Entry = openraft::Entry<TypeConfig>,
-        SnapshotData = Cursor<Vec<u8>>,
+        SnapshotData = snapshot_data::SnapshotData,
         AsyncRuntime = openraft::TokioRuntime,
 );
 

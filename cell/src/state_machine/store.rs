@@ -11,17 +11,18 @@ use super::{CellState, StateImage};
 use crate::mvcc::lease_table::LeaseSeed;
 use crate::raft::command::{Reply, Request, Response};
 use crate::raft::log_store::LogPurger;
+use crate::raft::snapshot_data::SnapshotData;
 use crate::raft::{
     Entry, LogId, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
 };
 use crate::state_machine::snapshot_file::{
-    read_snapshot_file, write_first_snapshot, SnapshotDir, SnapshotFile,
+    open_snapshot, read_snapshot_file, receiving_snapshot, write_first_snapshot, SnapshotDir,
+    SnapshotFile,
 };
 use crate::state_machine::watch_hub::WatchHub;
 use crate::storage::codec::{decode, encode};
 use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine};
 use openraft::{EntryPayload, OptionalSend, RaftLogId, StorageIOError};
-use std::io::Cursor;
 use std::panic::AssertUnwindSafe;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -108,7 +109,7 @@ impl StateMachineStore {
         let (state, on_disk) = match read_snapshot_file(dir)? {
             Some(file) => {
                 let image: StateImage = decode(&file.data).map_err(std::io::Error::other)?;
-                (CellState::from_image(image), file.meta.last_log_id)
+                (CellState::from_image(image), Some(file.meta.last_log_id))
             }
             None => (CellState::default(), None),
         };
@@ -168,8 +169,8 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         let files = self.files.clone();
         let seq = self.seq;
         let started = std::time::Instant::now();
-        let (meta, data) =
-            tokio::task::spawn_blocking(move || -> std::io::Result<(SnapshotMeta, Vec<u8>)> {
+        let (meta, bytes, snapshot) = tokio::task::spawn_blocking(
+            move || -> std::io::Result<(SnapshotMeta, usize, Option<(SnapshotMeta, SnapshotData)>)> {
                 let image = state.image();
                 let data = encode(&image).map_err(std::io::Error::other)?;
                 let snapshot_id = match image.last_applied {
@@ -181,24 +182,31 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
                     last_membership: image.last_membership.clone(),
                     snapshot_id,
                 };
+                let bytes = data.len();
                 // An install may have put a newer image on disk meanwhile;
-                // then this one is not written (openraft also ignores it).
+                // then this one is not written, and what is returned is the
+                // newer one (openraft ignores an older build anyway).
                 files.replace(&SnapshotFile {
                     meta: meta.clone(),
-                    data: data.clone(),
+                    data,
                 })?;
-                Ok((meta, data))
-            })
-            .await
-            .map_err(|e| StorageIOError::write_snapshot(None, &e))?
-            .map_err(|e| StorageIOError::write_snapshot(None, &e))?;
+                Ok((meta, bytes, open_snapshot(files.path())?))
+            },
+        )
+        .await
+        .map_err(|e| StorageIOError::write_snapshot(None, &e))?
+        .map_err(|e| StorageIOError::write_snapshot(None, &e))?;
+        let Some((on_disk, data)) = snapshot else {
+            let gone = std::io::Error::other("the snapshot file vanished after it was written");
+            return Err(StorageIOError::write_snapshot(None, &gone).into());
+        };
         metrics::histogram!("latchkey_snapshot_build_seconds")
             .record(started.elapsed().as_secs_f64());
         metrics::counter!("latchkey_snapshots_built_total").increment(1);
-        tracing::info!(snapshot_id = %meta.snapshot_id, bytes = data.len(), "snapshot built");
+        tracing::info!(snapshot_id = %meta.snapshot_id, bytes, "snapshot built");
         Ok(Snapshot {
-            meta,
-            snapshot: Box::new(Cursor::new(data)),
+            meta: on_disk,
+            snapshot: Box::new(data),
         })
     }
 }
@@ -292,16 +300,21 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         }
     }
 
-    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
-        Ok(Box::new(Cursor::new(Vec::new())))
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<SnapshotData>, StorageError> {
+        let data = receiving_snapshot(self.files.path())
+            .map_err(|e| StorageIOError::write_snapshot(None, &e))?;
+        Ok(Box::new(data))
     }
 
     async fn install_snapshot(
         &mut self,
         meta: &SnapshotMeta,
-        snapshot: Box<Cursor<Vec<u8>>>,
+        mut snapshot: Box<SnapshotData>,
     ) -> Result<(), StorageError> {
-        let data = snapshot.into_inner();
+        let data = snapshot
+            .read_all()
+            .await
+            .map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), &e))?;
         metrics::gauge!("latchkey_snapshot_installed_bytes").set(data.len() as f64);
         let image: StateImage =
             decode(&data).map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), &e))?;
@@ -334,13 +347,13 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, StorageError> {
         let files = self.files.clone();
-        let file = tokio::task::spawn_blocking(move || read_snapshot_file(files.path()))
+        let current = tokio::task::spawn_blocking(move || open_snapshot(files.path()))
             .await
             .map_err(|e| StorageIOError::read_snapshot(None, &e))?
             .map_err(|e| StorageIOError::read_snapshot(None, &e))?;
-        Ok(file.map(|f| Snapshot {
-            meta: f.meta,
-            snapshot: Box::new(Cursor::new(f.data)),
+        Ok(current.map(|(meta, data)| Snapshot {
+            meta,
+            snapshot: Box::new(data),
         }))
     }
 }
