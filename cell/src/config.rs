@@ -76,7 +76,8 @@ pub struct Config {
     #[arg(long, env = "LATCHKEY_QUOTA_BYTES", default_value_t = limits::DEFAULT_QUOTA_BYTES)]
     pub quota_bytes: u64,
 
-    /// Shortest lease TTL granted, in seconds.
+    /// Shortest lease TTL granted, in seconds; a grant asking for less gets
+    /// this (as etcd raises it to its minimum).
     #[arg(long, env = "LATCHKEY_MIN_TTL", default_value_t = limits::DEFAULT_MIN_TTL_SECS)]
     pub min_ttl: i64,
 

@@ -50,15 +50,10 @@ impl PbLeaseService for LeaseService {
         &self,
         request: GrpcRequest<PbLeaseGrantRequest>,
     ) -> Result<GrpcResponse<PbLeaseGrantResponse>, Status> {
-        let req = request.into_inner();
-        let min = self.node.limits.min_ttl;
-        if req.ttl < min {
-            return Err(ApiError::invalid(format!(
-                "lease TTL {}s is below the minimum of {min}s",
-                req.ttl
-            ))
-            .into());
-        }
+        let mut req = request.into_inner();
+        // A TTL below the minimum is raised to it, as etcd does (review M4):
+        // clients that grant 1 s leases work unchanged.
+        req.ttl = req.ttl.max(self.node.limits.min_ttl);
         if req.ttl > self.node.limits.max_ttl {
             // etcd's exact text: clients recognise the error by it.
             return Err(ApiError::lease_ttl_too_large().into());
