@@ -19,13 +19,13 @@ pub struct ClusterService {
 }
 
 impl ClusterService {
-    /// Every member of the current membership config, with the client URLs
-    /// and names members have published.
+    /// Every member of the membership this member has applied (so a
+    /// configuration proposed but not yet committed is not listed, as in
+    /// etcd; review M7), with the client URLs and names members published.
     fn members(&self) -> Vec<PbMember> {
-        let m = self.node.raft.metrics().borrow().clone();
-        let membership = m.membership_config.membership();
-        let voters: Vec<u64> = membership.voter_ids().collect();
         self.node.state.read(|s| {
+            let membership = s.last_membership.membership();
+            let voters: Vec<u64> = membership.voter_ids().collect();
             membership
                 .nodes()
                 .map(|(id, node)| {
