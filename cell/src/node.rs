@@ -157,13 +157,19 @@ impl CellNode {
     }
 
     /// Checks limits that depend on the current state, then proposes.
-    async fn propose(&self, req: Request) -> Result<Response, ApiError> {
+    /// Answers once the entry is applied here (the leader), with its index.
+    async fn propose(&self, req: Request) -> Result<ForwardReply, ApiError> {
         self.check_quota(&req)?;
         let started = Instant::now();
         let result = self.raft.client_write(req).await;
         metrics::histogram!("latchkey_proposal_commit_seconds")
             .record(started.elapsed().as_secs_f64());
-        result.map(|r| r.data).map_err(errors::client_write)
+        result
+            .map(|r| ForwardReply::Written {
+                index: r.log_id.index,
+                response: r.data,
+            })
+            .map_err(errors::client_write)
     }
 
     fn check_quota(&self, req: &Request) -> Result<(), ApiError> {
@@ -178,10 +184,24 @@ impl CellNode {
         Ok(())
     }
 
-    /// A replicated write, wherever it arrives.
+    /// A replicated write, wherever it arrives. Answered once this member
+    /// has applied it too, so the client's next read here sees it (a
+    /// follower a moment behind the leader would not yet; found by the etcd
+    /// client suite: a progress notification on the follower carried a
+    /// revision older than the client's own put). If this member does not
+    /// catch up within the request timeout, the answer is a timeout, as in
+    /// etcd: the write is committed, but this member cannot show it.
     pub async fn write(&self, req: Request) -> Result<Response, ApiError> {
+        let started = Instant::now();
         match self.on_leader(Forward::Write(req)).await? {
-            ForwardReply::Written(resp) => Ok(resp),
+            ForwardReply::Written { index, response } => {
+                let left = self.request_timeout.saturating_sub(started.elapsed());
+                match tokio::time::timeout(left, self.state.wait_applied(index)).await {
+                    Ok(true) => Ok(response),
+                    Ok(false) => Err(errors::fatal("the state machine stopped")),
+                    Err(_) => Err(ApiError::timeout()),
+                }
+            }
             other => Err(unexpected(other)),
         }
     }
@@ -257,7 +277,7 @@ impl ForwardHandler for CellNode {
     ) -> impl Future<Output = Result<ForwardReply, ApiError>> + Send + 'a {
         async move {
             match req {
-                Forward::Write(r) => self.propose(r.clone()).await.map(ForwardReply::Written),
+                Forward::Write(r) => self.propose(r.clone()).await,
                 Forward::ReadIndex => self
                     .read_index
                     .confirm()

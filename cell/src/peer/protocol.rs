@@ -66,7 +66,14 @@ impl Forward {
 
 #[derive(Debug, Serialize, Deserialize)]
 pub enum ForwardReply {
-    Written(Response),
+    /// A write's answer and the log index it was applied at: the member
+    /// that forwarded it answers its client only once it has applied that
+    /// index too, so the client reads its own write there (as etcd answers
+    /// a write on the member that received it).
+    Written {
+        index: u64,
+        response: Response,
+    },
     ReadIndex(u64),
     KeepAlive {
         ttl: i64,
@@ -189,6 +196,16 @@ mod tests {
             assert_eq!(position(&change), want, "{change:?}");
         }
         let replies = [
+            (
+                ForwardReply::Written {
+                    index: 1,
+                    response: Response {
+                        revision: 1,
+                        result: Ok(crate::raft::command::Reply::None),
+                    },
+                },
+                0,
+            ),
             (ForwardReply::ReadIndex(1), 1),
             (ForwardReply::KeepAlive { ttl: 1 }, 2),
             (ForwardReply::Refreshed { ttls: vec![] }, 3),
