@@ -295,9 +295,9 @@ impl Resolved {
     }
 
     /// How long a leader may go without hearing from a quorum and still
-    /// count as leading (check-quorum), and how long it may take to
-    /// confirm its leadership before granting lease time: four election
-    /// timeouts. A replacement leader needs about that long to be elected
+    /// count as leading (check-quorum, `/readyz`): four election timeouts.
+    /// (A grant of lease time waits at most one election timeout for its
+    /// own confirmation round.) A replacement leader needs about that long to be elected
     /// and act (openraft's leader lease of the maximum election timeout,
     /// then an election), so stepping down by then is in time; one
     /// election timeout was too short on a loaded 2-core machine, where

@@ -81,7 +81,7 @@ impl CellNode {
                 lessor,
                 read_index: read_index.clone(),
                 request_timeout,
-                quorum_timeout: cfg.quorum_timeout(),
+                confirm_timeout: cfg.election_timeout(),
             },
             raft,
             state,

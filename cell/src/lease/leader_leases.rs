@@ -44,9 +44,10 @@ pub struct LeaderLeases {
     pub lessor: Arc<Lessor>,
     pub read_index: Arc<ReadIndex>,
     pub request_timeout: Duration,
-    /// How long a leader may go without hearing from a quorum and still
-    /// grant time (`Resolved::quorum_timeout`).
-    pub quorum_timeout: Duration,
+    /// How long a grant of time may wait for a quorum to confirm this
+    /// leadership: one election timeout, so a keep-alive to a leader cut
+    /// off from its quorum fails within it and the client goes elsewhere.
+    pub confirm_timeout: Duration,
 }
 
 impl LeaderLeases {
@@ -59,7 +60,7 @@ impl LeaderLeases {
     /// When leadership was last confirmed for this request: a quorum round
     /// that began after the call, with the state applied up to its index
     /// (so a lease revoked or expired before it is known to be gone).
-    /// Bounded by the quorum timeout: a leader that cannot reach a quorum
+    /// Bounded by the confirm timeout: a leader that cannot reach a quorum
     /// in that long may be deposed already, and answers `unavailable` (not
     /// `not_leader`, so the request is not sent round again here) for the
     /// client to try another member.
@@ -67,12 +68,12 @@ impl LeaderLeases {
         if !self.leads() {
             return Err(ApiError::not_leader(None));
         }
-        let confirmed = tokio::time::timeout(self.quorum_timeout, self.read_index.confirm())
+        let confirmed = tokio::time::timeout(self.confirm_timeout, self.read_index.confirm())
             .await
             .map_err(|_| {
                 ApiError::unavailable(format!(
                     "leadership not confirmed by a quorum within {:?}",
-                    self.quorum_timeout
+                    self.confirm_timeout
                 ))
             })??;
         match tokio::time::timeout(
