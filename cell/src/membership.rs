@@ -8,6 +8,7 @@
 
 use crate::peer::client::PeerClients;
 use crate::peer::protocol::{Forward, ForwardReply, MembershipChange};
+use crate::raft::leadership::SitOutElections;
 use crate::raft::{errors, Member, NodeId, Raft};
 use latchkey_shared::{ApiError, ErrorCode};
 use openraft::ChangeMembers;
@@ -66,22 +67,6 @@ fn check_quorum_after(
          and promote it once it has caught up",
         new_voters.len()
     )))
-}
-
-/// Keeps this member from campaigning while it lives.
-struct SitOutElections<'a>(&'a Raft);
-
-impl<'a> SitOutElections<'a> {
-    fn new(raft: &'a Raft) -> Self {
-        raft.runtime_config().elect(false);
-        SitOutElections(raft)
-    }
-}
-
-impl Drop for SitOutElections<'_> {
-    fn drop(&mut self) {
-        self.0.runtime_config().elect(true);
-    }
 }
 
 /// What membership changes need of the member that leads.

@@ -6,6 +6,7 @@
 //! protocol, not an API error.
 
 use super::protocol::{Forward, ForwardHandler};
+use crate::raft::leadership::SitOutElections;
 use crate::raft::network::CLUSTER_ID_HEADER;
 use crate::raft::{NodeId, Raft, TypeConfig};
 use crate::storage::codec::{decode, encode};
@@ -17,6 +18,10 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::sync::Arc;
 use tonic::{Request, Response, Status};
+
+/// How long a member that installed a snapshot keeps sitting out elections
+/// after it: a few heartbeats, for the leader's to arrive.
+const AFTER_INSTALL: std::time::Duration = std::time::Duration::from_secs(1);
 
 pub struct PeerService<H> {
     /// The cell this member belongs to; requests for another are refused.
@@ -75,7 +80,23 @@ impl<H: ForwardHandler> Peer for PeerService<H> {
 
     async fn install_snapshot(&self, req: Request<Payload>) -> Result<Response<Payload>, Status> {
         let rpc: InstallSnapshotRequest<TypeConfig> = self.decode_req(req)?;
-        reply(&self.raft.install_snapshot(rpc).await)
+        // The last chunk installs the snapshot before it is answered, and
+        // meanwhile the leader sends this member nothing else. Its election
+        // timer must not fire then: it would depose the leader, the
+        // transfer would start over under the next one, and a snapshot
+        // that takes longer than an election timeout to install would
+        // never be installed (seen with a 1.2 GB snapshot).
+        // It sits out a moment after, too: its timer still counts from the
+        // last chunk, and the leader's next heartbeat is a moment away.
+        let installing = rpc.done.then(|| SitOutElections::new(&self.raft));
+        let result = self.raft.install_snapshot(rpc).await;
+        if let Some(hold) = installing {
+            tokio::spawn(async move {
+                tokio::time::sleep(AFTER_INSTALL).await;
+                drop(hold);
+            });
+        }
+        reply(&result)
     }
 
     async fn forward(&self, req: Request<Payload>) -> Result<Response<Payload>, Status> {

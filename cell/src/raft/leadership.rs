@@ -6,7 +6,7 @@
 //! leader (readiness included) until it hears from a quorum again or learns
 //! of the new term.
 
-use super::{Member, NodeId};
+use super::{Member, NodeId, Raft};
 use openraft::{RaftMetrics, ServerState};
 use std::time::Duration;
 
@@ -33,4 +33,24 @@ pub fn leads_with_quorum(
     quorum_timeout: Duration,
 ) -> bool {
     leads(m, id) && !quorum_lost(m, id, quorum_timeout)
+}
+
+/// Keeps this member from campaigning while it lives: the old leader
+/// during a leader transfer, and a follower installing a snapshot (see
+/// `crate::peer::server`). Not nested: the two never overlap on one member
+/// (a leader receives no snapshot), and if they did, the first to end would
+/// let the member campaign again, which costs only time.
+pub struct SitOutElections(Raft);
+
+impl SitOutElections {
+    pub fn new(raft: &Raft) -> Self {
+        raft.runtime_config().elect(false);
+        SitOutElections(raft.clone())
+    }
+}
+
+impl Drop for SitOutElections {
+    fn drop(&mut self) {
+        self.0.runtime_config().elect(true);
+    }
 }
