@@ -370,7 +370,18 @@ async fn status_and_member_list_describe_the_cell() {
     let mut applied = 0;
     for id in 1..=3 {
         let mut c = cluster.client(id).await;
-        let status = c.status().await.expect("status");
+        // A follower learns that the leader's first entry committed with
+        // the next heartbeat; until then it has applied only index 0 (the
+        // first membership), which is what it reports.
+        let status = eventually(Duration::from_secs(5), async || {
+            let status = c.clone().status().await.map_err(|e| e.to_string())?;
+            if status.raft_applied_index() > 0 {
+                Ok(status)
+            } else {
+                Err(format!("member {id} has applied nothing past index 0 yet"))
+            }
+        })
+        .await;
         assert_eq!(status.leader(), leader);
         assert_eq!(status.header().expect("header").member_id(), id);
         assert!(
