@@ -369,7 +369,7 @@ async fn status_and_member_list_describe_the_cell() {
     let mut term = 0;
     let mut applied = 0;
     for id in 1..=3 {
-        let mut c = cluster.client(id).await;
+        let c = cluster.client(id).await;
         // A follower learns that the leader's first entry committed with
         // the next heartbeat; until then it has applied only index 0 (the
         // first membership), which is what it reports.
