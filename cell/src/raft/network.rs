@@ -83,7 +83,9 @@ pub const CLUSTER_ID_HEADER: &str = "latchkey-cluster-id";
 #[derive(Clone, Default)]
 pub struct PeerChannels {
     clients: Arc<DashMap<String, PeerClient<Channel>>>,
-    cluster_id: u64,
+    /// [`CLUSTER_ID_HEADER`]'s value, made once (every AppendEntries
+    /// carries it).
+    cluster_id: Option<tonic::metadata::AsciiMetadataValue>,
     /// The address peers are dialled from: this member's own peer address
     /// (when it is a specific one), so a peer sees who is calling and a
     /// firewall rule can tell members apart even on one host.
@@ -97,7 +99,7 @@ impl PeerChannels {
         let ip = own_peer_addr.ip();
         PeerChannels {
             clients: Default::default(),
-            cluster_id,
+            cluster_id: format!("{cluster_id:x}").parse().ok(),
             local: (!ip.is_unspecified()).then_some(ip),
         }
     }
@@ -106,8 +108,8 @@ impl PeerChannels {
     pub fn request(&self, data: Vec<u8>, timeout: Duration) -> tonic::Request<Payload> {
         let mut request = tonic::Request::new(Payload { data });
         request.set_timeout(timeout);
-        if let Ok(id) = format!("{:x}", self.cluster_id).parse() {
-            request.metadata_mut().insert(CLUSTER_ID_HEADER, id);
+        if let Some(id) = &self.cluster_id {
+            request.metadata_mut().insert(CLUSTER_ID_HEADER, id.clone());
         }
         request
     }
