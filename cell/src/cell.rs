@@ -15,7 +15,8 @@ use crate::membership::discover_identity;
 use crate::node::CellNode;
 use crate::peer::client::PeerClients;
 use crate::peer::server::PeerService;
-use crate::raft::log_store::{self, LogPurger, LogStore};
+use crate::raft::log_purger::LogPurger;
+use crate::raft::log_store::{self, LogStore};
 use crate::raft::network::{
     NetworkFactory, PeerChannels, MAX_PEER_MESSAGE_BYTES, PEER_CONNECTION_WINDOW,
     PEER_STREAM_WINDOW, SNAPSHOT_CHUNK_BYTES,

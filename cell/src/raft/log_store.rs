@@ -7,19 +7,17 @@
 //! many appends, and no append is acknowledged before it is on disk. Votes,
 //! truncations and purges are rare and are written with `sync` directly.
 //!
-//! Purges go through the [`LogPurger`]: openraft purges the log as soon as
-//! it has *asked* the state machine to install a snapshot, before that
-//! snapshot is on disk (cell review A2). The purger deletes entries only
-//! through the snapshot on disk, and the rest once the state machine says
-//! the newer snapshot is durable, so a crash in between restarts from the
-//! old snapshot and the log after it.
+//! Purges go through the [`LogPurger`] (`super::log_purger`), which never
+//! deletes past the snapshot on disk.
 
+use super::log_purger::LogPurger;
 use super::{Entry, LogId, NodeId, StorageError, TypeConfig, Vote};
 use crate::storage::codec::{decode, encode};
 use crate::storage::keys::{self, CF_LOGS, CF_META};
+use crate::storage::{io_err, read_meta, sync_opts};
 use openraft::storage::{LogFlushed, LogState, RaftLogReader, RaftLogStorage};
 use openraft::{OptionalSend, RaftLogId, StorageIOError};
-use rocksdb::{Direction, IteratorMode, WriteBatch, WriteOptions, DB};
+use rocksdb::{Direction, IteratorMode, WriteBatch, DB};
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
 use std::sync::{mpsc, Arc, Mutex};
@@ -79,117 +77,6 @@ impl Drop for Flusher {
     fn drop(&mut self) {
         self.stop();
     }
-}
-
-/// Deletes purged log entries, never past the snapshot on disk unless it
-/// is told to (see the module doc).
-pub struct LogPurger {
-    db: Arc<DB>,
-    /// `None`: purge at once, openraft's contract alone (its storage suite,
-    /// which has no snapshot file).
-    gate: Option<Mutex<PurgeGate>>,
-}
-
-#[derive(Debug, Default)]
-struct PurgeGate {
-    /// The last log id the snapshot on disk covers.
-    durable: Option<LogId>,
-    /// How far openraft asked to purge.
-    requested: Option<LogId>,
-    /// How far entries are deleted (and `META_LAST_PURGED` says so).
-    deleted: Option<LogId>,
-}
-
-impl LogPurger {
-    /// A purger that never deletes past the snapshot on disk; the state
-    /// machine reports each snapshot it makes durable.
-    pub fn gated(db: Arc<DB>) -> std::io::Result<Arc<LogPurger>> {
-        let deleted = read_meta::<LogId>(&db, keys::META_LAST_PURGED)?;
-        Ok(Arc::new(LogPurger {
-            db,
-            gate: Some(Mutex::new(PurgeGate {
-                deleted,
-                requested: deleted,
-                durable: None,
-            })),
-        }))
-    }
-
-    /// A purger that deletes what openraft purges at once.
-    pub fn ungated(db: Arc<DB>) -> Arc<LogPurger> {
-        Arc::new(LogPurger { db, gate: None })
-    }
-
-    /// openraft asks to purge through `upto`.
-    fn request(&self, upto: LogId) -> std::io::Result<()> {
-        let Some(gate) = &self.gate else {
-            return self.delete_through(upto);
-        };
-        let mut g = gate.lock().unwrap_or_else(|e| e.into_inner());
-        g.requested = g.requested.max(Some(upto));
-        self.catch_up(&mut g)
-    }
-
-    /// The snapshot covering the log through `at` is on disk.
-    pub fn snapshot_durable(&self, at: Option<LogId>) -> std::io::Result<()> {
-        let Some(gate) = &self.gate else {
-            return Ok(());
-        };
-        let mut g = gate.lock().unwrap_or_else(|e| e.into_inner());
-        g.durable = g.durable.max(at);
-        self.catch_up(&mut g)
-    }
-
-    fn catch_up(&self, g: &mut PurgeGate) -> std::io::Result<()> {
-        let allowed = g.requested.min(g.durable);
-        match allowed {
-            Some(upto) if allowed > g.deleted => {
-                self.delete_through(upto)?;
-                g.deleted = Some(upto);
-                Ok(())
-            }
-            _ => Ok(()),
-        }
-    }
-
-    fn delete_through(&self, upto: LogId) -> std::io::Result<()> {
-        let cf_meta = self
-            .db
-            .cf_handle(CF_META)
-            .expect("column family created at open");
-        let cf_logs = self
-            .db
-            .cf_handle(CF_LOGS)
-            .expect("column family created at open");
-        let mut batch = WriteBatch::default();
-        batch.put_cf(
-            cf_meta,
-            keys::META_LAST_PURGED,
-            encode(&upto).map_err(io_err)?,
-        );
-        batch.delete_range_cf(cf_logs, keys::log_key(0), keys::log_key(upto.index + 1));
-        self.db.write_opt(batch, &sync_opts()).map_err(io_err)
-    }
-}
-
-fn read_meta<T: serde::de::DeserializeOwned>(db: &DB, key: &[u8]) -> std::io::Result<Option<T>> {
-    let cf = db
-        .cf_handle(CF_META)
-        .expect("column family created at open");
-    match db.get_cf(cf, key).map_err(io_err)? {
-        None => Ok(None),
-        Some(b) => decode(&b).map(Some).map_err(io_err),
-    }
-}
-
-fn sync_opts() -> WriteOptions {
-    let mut o = WriteOptions::default();
-    o.set_sync(true);
-    o
-}
-
-fn io_err(e: impl std::error::Error + Send + Sync + 'static) -> std::io::Error {
-    std::io::Error::other(e)
 }
 
 impl LogStore {
@@ -386,12 +273,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 /// Records that the log starts after `at` (a new member restored from a
 /// state file has its image at `at` and no entries up to it).
 pub fn mark_purged_through(db: &DB, at: LogId) -> std::io::Result<()> {
-    let cf = db
-        .cf_handle(CF_META)
-        .expect("column family created at open");
-    let bytes = encode(&at).map_err(io_err)?;
-    db.put_cf_opt(cf, keys::META_LAST_PURGED, bytes, &sync_opts())
-        .map_err(io_err)
+    super::log_purger::delete_through(db, at)
 }
 
 /// The id of the node that owns this data directory, to refuse starting a

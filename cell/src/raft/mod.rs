@@ -2,6 +2,7 @@
 //! supplies to it.
 //!
 //! - [`log_store`]: the Raft log and vote in RocksDB, with group commit.
+//! - [`log_purger`]: purging that log, never past the snapshot on disk.
 //! - [`errors`]: the one map from openraft's errors to API errors.
 //! - [`read_index`]: linearizable reads without a log write, one shared
 //!   quorum round at a time.
@@ -17,6 +18,7 @@
 pub mod command;
 pub mod errors;
 pub mod leadership;
+pub mod log_purger;
 pub mod log_store;
 pub mod network;
 pub mod read_index;

@@ -8,7 +8,7 @@
 //! over a newer one: the file only moves forward in the log. Each time it
 //! moves, the [`LogPurger`] learns how far the log may now be deleted.
 
-use crate::raft::log_store::LogPurger;
+use crate::raft::log_purger::LogPurger;
 use crate::raft::snapshot_data::SnapshotData;
 use crate::raft::{LogId, SnapshotMeta};
 use crate::storage::codec::{decode, encode};

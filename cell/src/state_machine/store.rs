@@ -10,7 +10,7 @@
 use super::{CellState, StateImage};
 use crate::mvcc::lease_table::LeaseSeed;
 use crate::raft::command::{Reply, Request, Response};
-use crate::raft::log_store::LogPurger;
+use crate::raft::log_purger::LogPurger;
 use crate::raft::snapshot_data::SnapshotData;
 use crate::raft::{
     Entry, LogId, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig,

@@ -4,7 +4,8 @@
 pub mod codec;
 pub mod keys;
 
-use rocksdb::{ColumnFamilyDescriptor, Options, DB};
+use codec::decode;
+use rocksdb::{ColumnFamilyDescriptor, Options, WriteOptions, DB};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -52,4 +53,30 @@ pub fn open(data_dir: &Path) -> Result<Arc<DB>, rocksdb::Error> {
         .map(|name| ColumnFamilyDescriptor::new(name, Options::default()));
     let db = DB::open_cf_descriptors(&opts, data_dir.join(keys::RAFT_DB_DIR), cfs)?;
     Ok(Arc::new(db))
+}
+
+/// Write options for the rare writes that must be on disk when they
+/// return (votes, truncations, purges, identity).
+pub fn sync_opts() -> WriteOptions {
+    let mut o = WriteOptions::default();
+    o.set_sync(true);
+    o
+}
+
+pub fn io_err(e: impl std::error::Error + Send + Sync + 'static) -> std::io::Error {
+    std::io::Error::other(e)
+}
+
+/// A record of the meta column family, decoded.
+pub fn read_meta<T: serde::de::DeserializeOwned>(
+    db: &DB,
+    key: &[u8],
+) -> std::io::Result<Option<T>> {
+    let cf = db
+        .cf_handle(keys::CF_META)
+        .expect("column family created at open");
+    match db.get_cf(cf, key).map_err(io_err)? {
+        None => Ok(None),
+        Some(b) => decode(&b).map(Some).map_err(io_err),
+    }
 }
