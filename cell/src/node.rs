@@ -17,6 +17,7 @@ use crate::peer::client::{leader, PeerClients};
 use crate::peer::protocol::{Forward, ForwardHandler, ForwardReply, MembershipChange};
 use crate::raft::command::{Request, Response};
 use crate::raft::leadership::leads_with_quorum;
+use crate::raft::proposer::Proposer;
 use crate::raft::read_index::ReadIndex;
 use crate::raft::{errors, NodeId, Raft};
 use crate::state_machine::store::SharedState;
@@ -54,6 +55,8 @@ pub struct CellNode {
     /// Leadership confirmations, shared by reads and lease refreshes.
     read_index: Arc<ReadIndex>,
     leases: LeaderLeases,
+    /// Group commit of this member's proposals while it leads.
+    proposer: Proposer,
     peers: PeerClients,
 }
 
@@ -69,6 +72,14 @@ impl CellNode {
     ) -> Self {
         let request_timeout = cfg.request_timeout();
         let read_index = Arc::new(ReadIndex::new(raft.clone()));
+        let lifecycle = Lifecycle::new();
+        let limits = cfg.limits();
+        let proposer = Proposer::start(
+            raft.clone(),
+            &lifecycle,
+            limits.max_request_bytes,
+            request_timeout,
+        );
         CellNode {
             id: cfg.id,
             cluster_id: cfg.cluster_id,
@@ -87,12 +98,13 @@ impl CellNode {
             state,
             watch_hub,
             db,
-            limits: cfg.limits(),
+            limits,
             request_timeout,
             election_timeout: cfg.election_timeout(),
             quorum_timeout: cfg.quorum_timeout(),
-            lifecycle: Lifecycle::new(),
+            lifecycle,
             read_index,
+            proposer,
             peers,
         }
     }
@@ -161,15 +173,10 @@ impl CellNode {
     async fn propose(&self, req: Request) -> Result<ForwardReply, ApiError> {
         self.check_quota(&req)?;
         let started = Instant::now();
-        let result = self.raft.client_write(req).await;
+        let result = self.proposer.propose(req).await;
         metrics::histogram!("latchkey_proposal_commit_seconds")
             .record(started.elapsed().as_secs_f64());
-        result
-            .map(|r| ForwardReply::Written {
-                index: r.log_id.index,
-                response: r.data,
-            })
-            .map_err(errors::client_write)
+        result.map(|(index, response)| ForwardReply::Written { index, response })
     }
 
     fn check_quota(&self, req: &Request) -> Result<(), ApiError> {

@@ -29,12 +29,13 @@ impl KvService {
         if !req.serializable {
             self.node.linearizable_barrier().await?;
         }
-        let mut resp = self
-            .node
-            .state
-            .read(|s| range::range(&s.keys, req).map(|r| (r, s.keys.revision())))?;
-        resp.0.header = Some(self.node.header(resp.1));
-        Ok(resp.0)
+        // An O(1) clone of the persistent keyspace under the lock; the scan
+        // runs outside it, so a large range never holds up apply (cell
+        // review P1).
+        let keys = self.node.state.read(|s| s.keys.clone());
+        let mut resp = range::range(&keys, req)?;
+        resp.header = Some(self.node.header(keys.revision()));
+        Ok(resp)
     }
 }
 
@@ -124,16 +125,15 @@ impl PbKvService for KvService {
             // A read-only txn needs no log entry: evaluate it after the
             // read index, like a linearizable range.
             self.node.linearizable_barrier().await?;
-            let (mut reply, revision) = self.node.state.read(|s| {
-                // O(1) clones (persistent maps); nothing is written.
-                let mut keys = s.keys.clone();
-                let mut leases = s.leases.clone();
-                let mut kv = txn::Kv {
-                    keys: &mut keys,
-                    leases: &mut leases,
-                };
-                txn::txn(&mut kv, &req).map(|r| (r, s.keys.revision()))
-            })?;
+            // O(1) clones (persistent maps) under the lock; evaluated
+            // outside it, and nothing is written.
+            let (mut keys, mut leases) = self.node.state.read(|s| (s.keys.clone(), s.leases.clone()));
+            let revision = keys.revision();
+            let mut kv = txn::Kv {
+                keys: &mut keys,
+                leases: &mut leases,
+            };
+            let mut reply = txn::txn(&mut kv, &req)?;
             fill_txn_headers(&self.node, &mut reply, revision);
             return Ok(GrpcResponse::new(reply));
         }

@@ -129,22 +129,29 @@ pub fn delete_range(kv: &mut Kv<'_>, req: &PbDeleteRequest) -> Result<PbDeleteRe
 /// value compare on a missing key always fails.
 fn compare(keys: &KeySpace, c: &PbCompare) -> bool {
     let range = KeyRange::new(c.key.clone(), c.range_end.clone());
-    let found = keys.live_keys_in(&range);
-    if found.is_empty() {
-        if matches!(c.target_union, Some(PbTargetUnion::Value(_))) {
-            return false;
-        }
-        let absent = KeyValue {
-            key: c.key.clone(),
-            value: vec![],
-            create_revision: 0,
-            mod_revision: 0,
-            version: 0,
-            lease: 0,
-        };
-        return compare_kv(c, &absent);
+    // Borrowed, not cloned, and the scan stops at the first key that fails
+    // (cell review P4: every value of the range was copied before).
+    let (mut any, mut holds) = (false, true);
+    keys.scan(&range, keys.revision(), |kv| {
+        any = true;
+        holds = compare_kv(c, kv);
+        holds
+    });
+    if any {
+        return holds;
     }
-    found.iter().all(|kv| compare_kv(c, kv))
+    if matches!(c.target_union, Some(PbTargetUnion::Value(_))) {
+        return false;
+    }
+    let absent = KeyValue {
+        key: c.key.clone(),
+        value: vec![],
+        create_revision: 0,
+        mod_revision: 0,
+        version: 0,
+        lease: 0,
+    };
+    compare_kv(c, &absent)
 }
 
 fn compare_kv(c: &PbCompare, kv: &KeyValue) -> bool {

@@ -49,6 +49,11 @@ pub enum Request {
         name: String,
         client_urls: Vec<String>,
     },
+    /// Client writes that arrived together, committed as one log entry
+    /// (group commit: one append, one fsync and one replication round for
+    /// all). Each is applied in turn with its own revision and result, as
+    /// if it had its own entry. Never nested.
+    Batch(Vec<Request>),
 }
 
 impl Request {
@@ -59,7 +64,31 @@ impl Request {
             Request::Put(p) => (p.key.len() + p.value.len()) as u64,
             Request::Txn(t) => crate::mvcc::txn::txn_put_bytes(t),
             Request::LeaseGrant { .. } => 1,
+            Request::Batch(reqs) => reqs.iter().map(Request::added_bytes).sum(),
             _ => 0,
+        }
+    }
+
+    /// About how many bytes this command takes in the log, to bound the
+    /// size of a batch.
+    pub fn size_hint(&self) -> usize {
+        use prost::Message;
+        match self {
+            Request::Put(p) => p.encoded_len(),
+            Request::DeleteRange(d) => d.encoded_len(),
+            Request::Txn(t) => t.encoded_len(),
+            Request::LeaseExpire { ids } => 8 * ids.len(),
+            Request::LeaseCheckpoint { entries } => 16 * entries.len(),
+            Request::Batch(reqs) => reqs.iter().map(Request::size_hint).sum(),
+            _ => 32,
+        }
+    }
+
+    /// How many client writes this command carries.
+    pub fn writes(&self) -> usize {
+        match self {
+            Request::Batch(reqs) => reqs.len(),
+            _ => 1,
         }
     }
 }
@@ -78,6 +107,7 @@ impl fmt::Display for Request {
                 write!(f, "lease_checkpoint({} leases)", entries.len())
             }
             Request::PublishMember { id, .. } => write!(f, "publish_member({id})"),
+            Request::Batch(reqs) => write!(f, "batch({} writes)", reqs.len()),
         }
     }
 }
@@ -109,6 +139,8 @@ pub enum Reply {
     },
     Published,
     Checkpointed,
+    /// A [`Request::Batch`]'s results, one per write, in order.
+    Batch(Vec<Response>),
 }
 
 /// Serde for protobuf messages: their protobuf encoding as bytes.
@@ -176,6 +208,7 @@ mod tests {
                 },
                 8,
             ),
+            (Request::Batch(vec![]), 9),
         ];
         for (command, want) in commands {
             assert_eq!(position(&command), want, "{command}");
@@ -195,6 +228,7 @@ mod tests {
             (Reply::LeasesExpired { expired: vec![] }, 7),
             (Reply::Published, 8),
             (Reply::Checkpointed, 9),
+            (Reply::Batch(vec![]), 10),
         ];
         for (reply, want) in replies {
             assert_eq!(position(&reply), want, "{reply:?}");

@@ -3,9 +3,12 @@
 //! Durability: an append is written to RocksDB (readable at once) and its
 //! completion callback is handed to the *flusher* thread, which fsyncs the
 //! write-ahead log once for every callback that arrived meanwhile and then
-//! acknowledges them all. That is group commit: under load one fsync covers
-//! many appends, and no append is acknowledged before it is on disk. Votes,
-//! truncations and purges are rare and are written with `sync` directly.
+//! acknowledges them all; no append is acknowledged before it is on disk.
+//! openraft 0.9 waits for each append's fsync before the next append, so
+//! in practice one fsync covers one append: group commit happens earlier,
+//! in `super::proposer`, which puts concurrent writes into one entry
+//! (`latchkey_log_writes_per_fsync` shows it). Votes, truncations and
+//! purges are rare and are written with `sync` directly.
 //!
 //! Purges go through the [`LogPurger`] (`super::log_purger`), which never
 //! deletes past the snapshot on disk.
@@ -16,7 +19,7 @@ use crate::storage::codec::{decode, encode};
 use crate::storage::keys::{self, CF_LOGS, CF_META};
 use crate::storage::{io_err, read_meta, sync_opts};
 use openraft::storage::{LogFlushed, LogState, RaftLogReader, RaftLogStorage};
-use openraft::{OptionalSend, RaftLogId, StorageIOError};
+use openraft::{EntryPayload, OptionalSend, RaftLogId, StorageIOError};
 use rocksdb::{Direction, IteratorMode, WriteBatch, DB};
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
@@ -35,13 +38,19 @@ pub struct LogStore {
 /// process exits (cell review A7: a flusher still in `flush_wal` while the
 /// process ran RocksDB's static destructors crashed with SIGSEGV).
 struct Flusher {
-    tx: Mutex<Option<mpsc::Sender<LogFlushed<TypeConfig>>>>,
+    tx: Mutex<Option<mpsc::Sender<Flush>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// An append waiting for its fsync, and how many client writes it holds.
+struct Flush {
+    callback: LogFlushed<TypeConfig>,
+    writes: usize,
 }
 
 impl Flusher {
     fn start(db: Arc<DB>) -> std::io::Result<Flusher> {
-        let (tx, rx) = mpsc::channel::<LogFlushed<TypeConfig>>();
+        let (tx, rx) = mpsc::channel::<Flush>();
         let thread = std::thread::Builder::new()
             .name("raft-log-flusher".into())
             .spawn(move || flusher(db, rx))?;
@@ -51,11 +60,11 @@ impl Flusher {
         })
     }
 
-    fn send(&self, callback: LogFlushed<TypeConfig>) -> Result<(), LogFlushed<TypeConfig>> {
+    fn send(&self, flush: Flush) -> Result<(), Flush> {
         let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
         match tx.as_ref() {
-            Some(tx) => tx.send(callback).map_err(|e| e.0),
-            None => Err(callback),
+            Some(tx) => tx.send(flush).map_err(|e| e.0),
+            None => Err(flush),
         }
     }
 
@@ -126,7 +135,7 @@ impl LogStore {
 }
 
 /// Fsyncs the write-ahead log once per batch of waiting appends.
-fn flusher(db: Arc<DB>, rx: mpsc::Receiver<LogFlushed<TypeConfig>>) {
+fn flusher(db: Arc<DB>, rx: mpsc::Receiver<Flush>) {
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
         while let Ok(more) = rx.try_recv() {
@@ -136,8 +145,12 @@ fn flusher(db: Arc<DB>, rx: mpsc::Receiver<LogFlushed<TypeConfig>>) {
         let result = db.flush_wal(true);
         metrics::histogram!("latchkey_log_fsync_seconds").record(started.elapsed().as_secs_f64());
         metrics::histogram!("latchkey_log_appends_per_fsync").record(batch.len() as f64);
-        for cb in batch {
-            cb.log_io_completed(result.clone().map_err(io_err));
+        let writes: usize = batch.iter().map(|f| f.writes).sum();
+        if writes > 0 {
+            metrics::histogram!("latchkey_log_writes_per_fsync").record(writes as f64);
+        }
+        for flush in batch {
+            flush.callback.log_io_completed(result.clone().map_err(io_err));
         }
     }
 }
@@ -234,7 +247,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I::IntoIter: OptionalSend,
     {
         let mut batch = WriteBatch::default();
+        let mut writes = 0;
         for entry in entries {
+            if let EntryPayload::Normal(req) = &entry.payload {
+                writes += req.writes();
+            }
             let index = entry.get_log_id().index;
             let bytes = encode(&entry).map_err(|e| StorageIOError::write_logs(&e))?;
             batch.put_cf(self.cf_logs(), keys::log_key(index), bytes);
@@ -242,7 +259,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.db
             .write(batch)
             .map_err(|e| StorageIOError::write_logs(&e))?;
-        if self.flusher.send(callback).is_err() {
+        if self.flusher.send(Flush { callback, writes }).is_err() {
             let stopped = std::io::Error::other("log flusher stopped");
             return Err(StorageIOError::write_logs(&stopped).into());
         }

@@ -1,7 +1,8 @@
 //! Consensus: openraft's type configuration and the parts the cell
 //! supplies to it.
 //!
-//! - [`log_store`]: the Raft log and vote in RocksDB, with group commit.
+//! - [`log_store`]: the Raft log and vote in RocksDB.
+//! - [`proposer`]: group commit: concurrent writes share one log entry.
 //! - [`log_purger`]: purging that log, never past the snapshot on disk.
 //! - [`errors`]: the one map from openraft's errors to API errors.
 //! - [`read_index`]: linearizable reads without a log write, one shared
@@ -21,6 +22,7 @@ pub mod leadership;
 pub mod log_purger;
 pub mod log_store;
 pub mod network;
+pub mod proposer;
 pub mod read_index;
 pub mod snapshot_data;
 

@@ -57,6 +57,7 @@ impl ReadIndex {
 
     /// A confirmation from a round that began after this call did.
     pub async fn confirm(&self) -> Result<Confirmed, ApiError> {
+        metrics::counter!("latchkey_leadership_confirmations_total").increment(1);
         let ticket = self.tickets.fetch_add(1, Ordering::SeqCst);
         let mut last = self.last.lock().await;
         if let Some(done) = *last {
@@ -66,6 +67,7 @@ impl ReadIndex {
         }
         let covers = self.tickets.load(Ordering::SeqCst);
         let started = Instant::now();
+        metrics::counter!("latchkey_leadership_rounds_total").increment(1);
         let index = read_index(&self.raft).await?;
         let done = Confirmed {
             started,

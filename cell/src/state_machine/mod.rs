@@ -138,6 +138,17 @@ impl CellState {
                 );
                 Ok(Reply::Published)
             }
+            Request::Batch(reqs) => Ok(Reply::Batch(
+                reqs.iter()
+                    .map(|r| match r {
+                        Request::Batch(_) => Response {
+                            revision: self.keys.revision(),
+                            result: Err(ApiError::invalid("a batch cannot hold a batch")),
+                        },
+                        r => self.apply(index, r),
+                    })
+                    .collect(),
+            )),
         }
     }
 
@@ -276,6 +287,43 @@ mod tests {
 
         assert_eq!(rest, answers[first.len()..]);
         assert_eq!(image_bytes(&restored), image_bytes(&straight));
+    }
+
+    /// Group commit changes nothing a client sees: writes batched into one
+    /// entry get the revisions, results and state they would have had in
+    /// entries of their own, a failing write among them included.
+    #[test]
+    fn a_batch_applies_its_writes_as_if_each_had_its_own_entry() {
+        let writes = vec![
+            Request::LeaseGrant { id: 0, ttl: 5 },
+            Request::LeaseGrant { id: 0, ttl: 5 },
+            put("x", 0),
+            put("orphan", 999),
+            put("y", 0),
+            Request::Batch(vec![put("nested", 0)]),
+            Request::Compact { revision: 2 },
+            put("x", 0),
+        ];
+        let mut single = CellState::default();
+        let mut one_by_one: Vec<Response> = writes
+            .iter()
+            .filter(|w| !matches!(w, Request::Batch(_)))
+            .map(|w| single.apply(1, w))
+            .collect();
+        let mut batched = CellState::default();
+        let resp = batched.apply(1, &Request::Batch(writes.clone()));
+        let Ok(Reply::Batch(mut results)) = resp.result else {
+            panic!("batch failed: {resp:?}")
+        };
+        assert_eq!(results.len(), writes.len());
+        let nested = results.remove(5);
+        assert!(nested.result.is_err(), "a nested batch is refused");
+        let orphan = one_by_one.remove(3);
+        assert_eq!(format!("{:?}", results.remove(3)), format!("{orphan:?}"));
+        assert!(orphan.result.is_err());
+        assert_eq!(format!("{results:?}"), format!("{one_by_one:?}"));
+        assert_eq!(resp.revision, single.keys.revision());
+        assert_eq!(image_bytes(&batched), image_bytes(&single));
     }
 
     #[test]

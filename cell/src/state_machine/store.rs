@@ -146,6 +146,10 @@ impl StateMachineStore {
         let Some(lessor) = &self.lessor else { return };
         let now = tokio::time::Instant::now();
         match (req, &resp.result) {
+            (Request::Batch(reqs), Ok(Reply::Batch(resps))) => reqs
+                .iter()
+                .zip(resps)
+                .for_each(|(req, resp)| self.notify_lessor(req, resp)),
             (_, Ok(Reply::LeaseGranted { id, ttl })) => lessor.on_grant(*id, *ttl, now),
             (Request::LeaseRevoke { id }, Ok(_)) => lessor.on_remove(*id),
             (_, Ok(Reply::LeasesExpired { expired })) => {

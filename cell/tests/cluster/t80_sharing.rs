@@ -1,0 +1,110 @@
+//! What the cell's speed rests on, asserted as behaviour, not as speed:
+//! concurrent writes share log entries and fsyncs (group commit), and
+//! concurrent linearizable reads share leadership rounds. Each check also
+//! asserts that sharing lost nothing: every write has its own revision and
+//! is read back, every read sees the write acknowledged before it began.
+
+use crate::CELL_BIN;
+use etcd_client::{Client, GetOptions};
+use latchkey_testkit::Cluster;
+use std::collections::BTreeSet;
+
+const CONCURRENT: usize = 64;
+const ROUNDS: usize = 5;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_writes_share_fsyncs_and_concurrent_reads_share_leadership_rounds() {
+    let cluster = Cluster::start(CELL_BIN, 3, &[]).await;
+    let leader = cluster.leader_at_start();
+    let follower = cluster.follower();
+    let c = cluster.client(leader).await;
+
+    check_concurrent_writes_share_fsyncs(&cluster, leader, &c).await;
+    check_concurrent_reads_share_rounds(&cluster, leader, follower, &c).await;
+}
+
+async fn check_concurrent_writes_share_fsyncs(cluster: &Cluster, leader: u64, c: &Client) {
+    let mut revisions = BTreeSet::new();
+    for round in 0..ROUNDS {
+        let puts = (0..CONCURRENT).map(|i| {
+            let mut c = c.clone();
+            async move {
+                let key = format!("gc/{round}/{i}");
+                c.put(key.as_str(), format!("v{i}"), None)
+                    .await
+                    .map(|r| (key, r.header().map(|h| h.revision())))
+            }
+        });
+        for put in futures::future::join_all(puts).await {
+            let (key, revision) = put.expect("every concurrent put succeeds");
+            let revision = revision.expect("a put answers with a header");
+            assert!(revisions.insert(revision), "{key}: revision {revision} given twice");
+        }
+    }
+    assert_eq!(revisions.len(), ROUNDS * CONCURRENT);
+    let mut c = c.clone();
+    let all = c
+        .get("gc/", Some(GetOptions::new().with_prefix()))
+        .await
+        .expect("read back");
+    assert_eq!(all.kvs().len(), ROUNDS * CONCURRENT, "every write is there");
+    let by_revision: BTreeSet<i64> = all.kvs().iter().map(|kv| kv.mod_revision()).collect();
+    assert_eq!(by_revision, revisions, "each key holds the revision its put answered");
+
+    let metrics = cluster.metrics(leader).await;
+    let writes = latchkey_testkit::metric_value(&metrics, "latchkey_log_writes_per_fsync_sum")
+        .expect("writes per fsync exported");
+    let fsyncs = latchkey_testkit::metric_value(&metrics, "latchkey_log_writes_per_fsync_count")
+        .expect("fsyncs exported");
+    assert!(
+        writes >= (ROUNDS * CONCURRENT) as f64 && writes / fsyncs > 1.0,
+        "{writes} writes in {fsyncs} fsyncs: concurrent writes did not share them"
+    );
+}
+
+async fn check_concurrent_reads_share_rounds(
+    cluster: &Cluster,
+    leader: u64,
+    follower: u64,
+    c: &Client,
+) {
+    let confirmations = "latchkey_leadership_confirmations_total";
+    let rounds = "latchkey_leadership_rounds_total";
+    let before = (
+        cluster.metric(leader, confirmations).await.unwrap_or(0.0),
+        cluster.metric(leader, rounds).await.unwrap_or(0.0),
+    );
+    let via_follower = cluster.client(follower).await;
+    for round in 0..ROUNDS {
+        let mut w = c.clone();
+        let value = format!("r{round}");
+        w.put("shared-read", value.as_str(), None).await.expect("put");
+        let reads = (0..CONCURRENT).map(|i| {
+            // Half through the leader, half forwarded by a follower.
+            let mut c = if i % 2 == 0 { c.clone() } else { via_follower.clone() };
+            async move { c.get("shared-read", None).await }
+        });
+        for got in futures::future::join_all(reads).await {
+            let got = got.expect("every concurrent linearizable read succeeds");
+            assert_eq!(
+                got.kvs().first().and_then(|kv| kv.value_str().ok()),
+                Some(value.as_str()),
+                "a linearizable read missed the write acknowledged before it"
+            );
+        }
+    }
+    let after = (
+        cluster.metric(leader, confirmations).await.unwrap_or(0.0),
+        cluster.metric(leader, rounds).await.unwrap_or(0.0),
+    );
+    let (reads, rounds) = (after.0 - before.0, after.1 - before.1);
+    assert!(
+        reads >= (ROUNDS * CONCURRENT) as f64,
+        "{reads} leadership confirmations counted for {} reads",
+        ROUNDS * CONCURRENT
+    );
+    assert!(
+        rounds >= 1.0 && rounds < reads / 2.0,
+        "{reads} reads took {rounds} leadership rounds: they did not share them"
+    );
+}
