@@ -8,7 +8,8 @@
 //! Each module imports only modules on lower layers (and `latchkey_shared`):
 //!
 //! 1. [`storage`] (the data directory: key encodings, the disk and peer
-//!    codec), [`ids`] (cell and member ids), [`config`] (flags).
+//!    codec), [`ids`] (cell and member ids), [`config`] (flags),
+//!    [`batching`] (group commit's queue).
 //! 2. [`mvcc`]: the multi-version keyspace, the replicated lease table and
 //!    etcd's KV operations over them; pure.
 //! 3. [`raft`]: openraft's types, the log command, the RocksDB log store,
@@ -29,16 +30,20 @@
 //!
 //! ## Data flow
 //! A write arrives at [`api`], goes to [`node::CellNode::write`], which
-//! proposes it on the leader (forwarding from a follower through [`peer`]).
-//! openraft appends it to the [`raft::log_store`] (fsynced, group-committed),
-//! replicates it, and once a quorum holds it, [`state_machine::store`]
+//! proposes it on the leader (forwarding from a follower through [`peer`],
+//! concurrent writes in one message); the leader's [`raft::proposer`] puts
+//! concurrent writes into one log entry (group commit). openraft appends it
+//! to the [`raft::log_store`] (fsynced), replicates it, and once a quorum holds it, [`state_machine::store`]
 //! applies it to the [`state_machine::CellState`] and publishes its changes
 //! to the watch hub; the applied [`raft::command::Response`] travels back to
-//! the handler. A linearizable read asks the leader for its read index,
-//! waits until the local state has applied it, and reads locally.
+//! the handler. A linearizable read asks the leader for its read index
+//! (concurrent reads on a member share one request, and the leader's
+//! reads share one quorum round), waits until the local state has applied
+//! it, and reads locally.
 
 pub mod admin;
 pub mod api;
+pub mod batching;
 pub mod cell;
 pub mod config;
 pub mod ids;

@@ -17,8 +17,9 @@ use crate::peer::client::{leader, PeerClients};
 use crate::peer::protocol::{Forward, ForwardHandler, ForwardReply, MembershipChange};
 use crate::raft::command::{Request, Response};
 use crate::raft::leadership::leads_with_quorum;
-use crate::raft::proposer::Proposer;
-use crate::raft::read_index::ReadIndex;
+use crate::batching::{self, Batcher};
+use crate::raft::proposer::{Committed, Proposer};
+use crate::raft::read_index::{ReadIndex, SharedRounds};
 use crate::raft::{errors, NodeId, Raft};
 use crate::state_machine::store::SharedState;
 use crate::state_machine::watch_hub::WatchHub;
@@ -54,9 +55,15 @@ pub struct CellNode {
     pub lifecycle: Lifecycle,
     /// Leadership confirmations, shared by reads and lease refreshes.
     read_index: Arc<ReadIndex>,
+    /// Read indexes asked of the leader (wherever it is), shared by this
+    /// member's linearizable reads: one request at a time.
+    barrier_rounds: SharedRounds,
     leases: LeaderLeases,
     /// Group commit of this member's proposals while it leads.
     proposer: Proposer,
+    /// Writes on their way to the leader from this member while it
+    /// follows: concurrent ones travel in one message.
+    forwarder: Batcher<Request, Committed>,
     peers: PeerClients,
 }
 
@@ -80,6 +87,7 @@ impl CellNode {
             limits.max_request_bytes,
             request_timeout,
         );
+        let forwarder = start_forwarder(cfg.id, &raft, &peers, &lifecycle, &limits, request_timeout);
         CellNode {
             id: cfg.id,
             cluster_id: cfg.cluster_id,
@@ -104,7 +112,9 @@ impl CellNode {
             quorum_timeout: cfg.quorum_timeout(),
             lifecycle,
             read_index,
+            barrier_rounds: SharedRounds::default(),
             proposer,
+            forwarder,
             peers,
         }
     }
@@ -200,26 +210,59 @@ impl CellNode {
     /// etcd: the write is committed, but this member cannot show it.
     pub async fn write(&self, req: Request) -> Result<Response, ApiError> {
         let started = Instant::now();
-        match self.on_leader(Forward::Write(req)).await? {
-            ForwardReply::Written { index, response } => {
-                let left = self.request_timeout.saturating_sub(started.elapsed());
-                match tokio::time::timeout(left, self.state.wait_applied(index)).await {
-                    Ok(true) => Ok(response),
-                    Ok(false) => Err(errors::fatal("the state machine stopped")),
-                    Err(_) => Err(ApiError::timeout()),
-                }
+        let (index, response) = tokio::time::timeout(self.request_timeout, self.commit(req))
+            .await
+            .unwrap_or_else(|_| Err(ApiError::timeout()))?;
+        let left = self.request_timeout.saturating_sub(started.elapsed());
+        match tokio::time::timeout(left, self.state.wait_applied(index)).await {
+            Ok(true) => Ok(response),
+            Ok(false) => Err(errors::fatal("the state machine stopped")),
+            Err(_) => Err(ApiError::timeout()),
+        }
+    }
+
+    /// Commits `req` on the leader: proposed here when this member leads,
+    /// else forwarded (with the writes that go at the same time), following
+    /// leader changes as [`Self::on_leader`] does.
+    async fn commit(&self, req: Request) -> Committed {
+        loop {
+            let here = self.raft.metrics().borrow().current_leader == Some(self.id);
+            let result = if here {
+                self.propose(req.clone()).await.and_then(|reply| match reply {
+                    ForwardReply::Written { index, response } => Ok((index, response)),
+                    other => Err(unexpected(other)),
+                })
+            } else {
+                self.forwarder
+                    .submit(req.clone())
+                    .await
+                    .unwrap_or_else(|| Err(errors::fatal("the forwarder stopped")))
+            };
+            let resend = result
+                .as_ref()
+                .is_err_and(|e| Forward::Write(req.clone()).may_resend_after(e, here));
+            if !resend {
+                return result;
             }
-            other => Err(unexpected(other)),
+            tokio::time::sleep(LEADER_RETRY).await;
         }
     }
 
     /// Waits until this member's state reflects every write acknowledged
-    /// before the call: the read index, with no log write.
+    /// before the call: the read index, with no log write. Concurrent
+    /// reads on this member share one request to the leader (etcd's
+    /// linearizable read loop), so a follower does not forward one per read.
     pub async fn linearizable_barrier(&self) -> Result<(), ApiError> {
-        let index = match self.on_leader(Forward::ReadIndex).await? {
-            ForwardReply::ReadIndex(i) => i,
-            other => return Err(unexpected(other)),
-        };
+        let confirmed = self
+            .barrier_rounds
+            .join(|| async {
+                match self.on_leader(Forward::ReadIndex).await? {
+                    ForwardReply::ReadIndex(i) => Ok(i),
+                    other => Err(unexpected(other)),
+                }
+            })
+            .await?;
+        let index = confirmed.index;
         match tokio::time::timeout(self.request_timeout, self.state.wait_applied(index)).await {
             Ok(true) => Ok(()),
             Ok(false) => Err(errors::fatal("the state machine stopped")),
@@ -285,6 +328,16 @@ impl ForwardHandler for CellNode {
         async move {
             match req {
                 Forward::Write(r) => self.propose(r.clone()).await,
+                Forward::Writes(writes) => {
+                    let answers = futures::future::join_all(writes.iter().map(|w| async {
+                        match self.propose(w.clone()).await? {
+                            ForwardReply::Written { index, response } => Ok((index, response)),
+                            other => Err(unexpected(other)),
+                        }
+                    }))
+                    .await;
+                    Ok(ForwardReply::WrittenMany(answers))
+                }
                 Forward::ReadIndex => self
                     .read_index
                     .confirm()
@@ -324,3 +377,47 @@ impl ForwardHandler for CellNode {
         }
     }
 }
+
+/// The follower's side of group commit: concurrent writes go to the leader
+/// in one `Forward::Writes`. A group that finds this member leading is
+/// answered `not_leader`, and each write is then proposed here.
+fn start_forwarder(
+    id: NodeId,
+    raft: &Raft,
+    peers: &PeerClients,
+    lifecycle: &Lifecycle,
+    limits: &Limits,
+    request_timeout: Duration,
+) -> Batcher<Request, Committed> {
+    let (raft, peers) = (raft.clone(), peers.clone());
+    let limits = batching::Limits {
+        in_flight: FORWARDS_IN_FLIGHT,
+        max_items: MAX_FORWARDED_WRITES,
+        max_bytes: limits.max_request_bytes,
+    };
+    Batcher::start(lifecycle, limits, Request::size_hint, move |writes: Vec<Request>| {
+        let (raft, peers) = (raft.clone(), peers.clone());
+        async move {
+            let count = writes.len();
+            let deadline = Instant::now() + request_timeout;
+            let (leader, addr) = match leader(&raft, deadline).await {
+                Ok(found) => found,
+                Err(e) => return vec![Err(e); count],
+            };
+            if leader == id {
+                return vec![Err(ApiError::not_leader(Some(id))); count];
+            }
+            match peers.send(&addr, &Forward::Writes(writes), deadline).await {
+                Ok(ForwardReply::WrittenMany(answers)) if answers.len() == count => answers,
+                Ok(other) => vec![Err(unexpected(other)); count],
+                Err(e) => vec![Err(e); count],
+            }
+        }
+    })
+}
+
+/// Forwarded groups under way at once from one follower.
+const FORWARDS_IN_FLIGHT: usize = 4;
+
+/// Writes in one forwarded group at most.
+const MAX_FORWARDED_WRITES: usize = 512;

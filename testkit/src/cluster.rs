@@ -295,6 +295,11 @@ impl Cluster {
             .is_some_and(|c| matches!(c.try_wait(), Ok(Some(_))))
     }
 
+    /// The process ids of the running members, in member order.
+    pub fn pids(&self) -> Vec<u32> {
+        self.procs.values().map(Child::id).collect()
+    }
+
     /// The ids of the members this cluster runs, in order.
     pub fn running(&self) -> Vec<u64> {
         self.procs.keys().copied().collect()

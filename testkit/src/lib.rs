@@ -25,6 +25,8 @@
 //!   stopped, recording what was acknowledged (for membership changes and
 //!   failover under load).
 //! - [`errors`]: [`err_text`], an etcd-client error as `"Code: message"`.
+//! - [`etcd`]: [`EtcdCluster`], real etcd members on 127.0.0.1, the
+//!   reference latchkey is compared with.
 //!
 //! Data flows one way: a test starts a [`Cluster`], talks to its members
 //! through `etcd-client` (or etcdctl), and waits with
@@ -36,6 +38,7 @@ pub mod blackhole;
 pub mod bulk;
 pub mod cluster;
 pub mod errors;
+pub mod etcd;
 pub mod etcdctl;
 pub mod eventually;
 pub mod metrics;
@@ -56,6 +59,7 @@ pub use bulk::{
 };
 pub use cluster::{cell_binary, Cluster, MemberSpec};
 pub use errors::err_text;
+pub use etcd::EtcdCluster;
 pub use etcdctl::{etcdctl, member_id_in, try_etcdctl, EtcdctlProcess};
 pub use eventually::eventually;
 pub use metrics::{http_get, metric_value};

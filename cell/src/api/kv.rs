@@ -25,6 +25,31 @@ const RANGE_STREAM_CHUNK: usize = 1000;
 
 impl KvService {
     /// A range, linearizable unless the client asked for serializable.
+    /// Whether `req` would write if applied to this member's state now.
+    fn takes_writing_path(&self, req: &PbTxnRequest) -> bool {
+        let keys = self.node.state.read(|s| s.keys.clone());
+        txn::txn_path_writes(&keys, req)
+    }
+
+    /// `req` evaluated on this member's applied state, writing nothing;
+    /// `None` if the branches it takes there would write.
+    fn read_only_txn(&self, req: &PbTxnRequest) -> Result<Option<PbTxnResponse>, ApiError> {
+        // O(1) clones (persistent maps) under the lock; evaluated outside
+        // it, and the clones are dropped.
+        let (mut keys, mut leases) = self.node.state.read(|s| (s.keys.clone(), s.leases.clone()));
+        if txn::txn_path_writes(&keys, req) {
+            return Ok(None);
+        }
+        let revision = keys.revision();
+        let mut kv = txn::Kv {
+            keys: &mut keys,
+            leases: &mut leases,
+        };
+        let mut reply = txn::txn(&mut kv, req)?;
+        fill_txn_headers(&self.node, &mut reply, revision);
+        Ok(Some(reply))
+    }
+
     pub async fn range_inner(&self, req: &PbRangeRequest) -> Result<PbRangeResponse, ApiError> {
         if !req.serializable {
             self.node.linearizable_barrier().await?;
@@ -121,21 +146,17 @@ impl PbKvService for KvService {
         let req = request.into_inner();
         check_request_size(&self.node, req.encoded_len())?;
         check_value(&self.node, txn::txn_max_value(&req))?;
-        if !txn::txn_writes(&req) {
-            // A read-only txn needs no log entry: evaluate it after the
-            // read index, like a linearizable range.
+        // A txn that cannot write needs no log entry: it is evaluated after
+        // the read index, like a linearizable range. Nor does one whose
+        // compares send it down branches that only read (a compare-and-swap
+        // that lost, answering the current value); it is decided again
+        // after the read index, and if a write got in between and it would
+        // now write, it goes through the log as any txn.
+        if !txn::txn_writes(&req) || !self.takes_writing_path(&req) {
             self.node.linearizable_barrier().await?;
-            // O(1) clones (persistent maps) under the lock; evaluated
-            // outside it, and nothing is written.
-            let (mut keys, mut leases) = self.node.state.read(|s| (s.keys.clone(), s.leases.clone()));
-            let revision = keys.revision();
-            let mut kv = txn::Kv {
-                keys: &mut keys,
-                leases: &mut leases,
-            };
-            let mut reply = txn::txn(&mut kv, &req)?;
-            fill_txn_headers(&self.node, &mut reply, revision);
-            return Ok(GrpcResponse::new(reply));
+            if let Some(reply) = self.read_only_txn(&req)? {
+                return Ok(GrpcResponse::new(reply));
+            }
         }
         let resp = self.node.write(Request::Txn(req)).await?;
         let mut reply = expect_reply!(resp, Reply::Txn(r) => r)?;

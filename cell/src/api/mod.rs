@@ -139,3 +139,32 @@ pub async fn serve(
         .await?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::nodelay_incoming;
+    use tokio_stream::StreamExt;
+
+    /// Both the client and the peer servers take their connections from
+    /// `nodelay_incoming`: every accepted socket has Nagle off, or each
+    /// small answer waits ~40 ms for the peer's delayed ACK (the issue's
+    /// serializable ranges: 1.7k/s with Nagle on, 26k/s with it off).
+    #[tokio::test]
+    async fn every_accepted_socket_has_tcp_nodelay_set() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let mut incoming = Box::pin(nodelay_incoming(listener));
+        for _ in 0..3 {
+            let client = tokio::net::TcpStream::connect(addr).await.expect("connect");
+            let accepted = incoming
+                .next()
+                .await
+                .expect("a connection")
+                .expect("accepted");
+            assert!(accepted.nodelay().expect("read TCP_NODELAY"));
+            drop(client);
+        }
+    }
+}

@@ -363,6 +363,27 @@ pub fn txn_writes(req: &PbTxnRequest) -> bool {
         })
 }
 
+/// Whether the branches `req` takes on `keys`, at every level, write. A
+/// txn that can write but takes only reading branches (a compare-and-swap
+/// that lost) changes nothing: it can be answered as a read.
+pub fn txn_path_writes(keys: &KeySpace, req: &PbTxnRequest) -> bool {
+    path_writes(req, &decide(keys, req))
+}
+
+fn path_writes(req: &PbTxnRequest, path: &TxnPath) -> bool {
+    let branch = if path.succeeded {
+        &req.success
+    } else {
+        &req.failure
+    };
+    let mut nested = path.nested.iter();
+    branch.iter().any(|op| match &op.request {
+        Some(PbTxnOpRequest::RequestPut(_)) | Some(PbTxnOpRequest::RequestDeleteRange(_)) => true,
+        Some(PbTxnOpRequest::RequestTxn(t)) => nested.next().is_some_and(|p| path_writes(t, p)),
+        _ => false,
+    })
+}
+
 /// Bytes a txn may add to the keyspace, for the quota check.
 pub fn txn_put_bytes(req: &PbTxnRequest) -> u64 {
     req.success
@@ -442,6 +463,41 @@ pub(crate) mod tests {
             Some(b"else".to_vec())
         );
         assert_eq!(kv.keys.get(b"c").map(|k| k.mod_revision), Some(3));
+    }
+
+    /// A lost compare-and-swap is answered as a read (no log entry) only
+    /// when every branch it takes, nested ones included, only reads.
+    #[test]
+    fn a_txn_writes_only_on_the_branches_it_takes() {
+        let (mut keys, mut leases) = (KeySpace::default(), LeaseTable::default());
+        let mut kv = Kv {
+            keys: &mut keys,
+            leases: &mut leases,
+        };
+        put(&mut kv, &put_req("a", "1")).expect("put");
+        let get_a = PbTxnRequestOp {
+            request: Some(PbTxnOpRequest::RequestRange(PbRangeRequest {
+                key: b"a".to_vec(),
+                ..Default::default()
+            })),
+        };
+        let cas = |expect: &str, failure: Vec<PbTxnRequestOp>| PbTxnRequest {
+            compare: vec![cmp_value("a", expect)],
+            success: vec![op_put("a", "2")],
+            failure,
+        };
+        let nested = |req: PbTxnRequest| PbTxnRequestOp {
+            request: Some(PbTxnOpRequest::RequestTxn(req)),
+        };
+        assert!(txn_path_writes(kv.keys, &cas("1", vec![get_a.clone()])));
+        assert!(!txn_path_writes(kv.keys, &cas("0", vec![get_a.clone()])));
+        assert!(!txn_path_writes(kv.keys, &cas("0", vec![])));
+        // A nested txn on the taken branch: what it takes decides.
+        let inner_writes = cas("1", vec![]);
+        let inner_reads = cas("0", vec![get_a.clone()]);
+        assert!(txn_path_writes(kv.keys, &cas("0", vec![get_a.clone(), nested(inner_writes)])));
+        assert!(!txn_path_writes(kv.keys, &cas("0", vec![nested(inner_reads), get_a])));
+        assert!(txn_path_writes(kv.keys, &cas("0", vec![op_put("b", "x")])));
     }
 
     #[test]

@@ -34,13 +34,19 @@ pub enum Forward {
     /// Sent to any member: the membership it has committed. A member that
     /// stops hearing from a leader asks, to learn whether it was removed.
     CommittedMembership,
+    /// Writes that arrived at a follower together, forwarded in one
+    /// message (each answered on its own, in order).
+    Writes(Vec<Request>),
 }
 
 impl Forward {
     /// Whether serving this twice is the same as serving it once. Only
     /// such a request is resent when its first attempt may have arrived.
     pub fn is_idempotent(&self) -> bool {
-        !matches!(self, Forward::Write(_) | Forward::Membership(_))
+        !matches!(
+            self,
+            Forward::Write(_) | Forward::Writes(_) | Forward::Membership(_)
+        )
     }
 
     /// Whether this request, having failed with `e`, may be sent again (to
@@ -90,6 +96,9 @@ pub enum ForwardReply {
         index: Option<u64>,
         members: Vec<NodeId>,
     },
+    /// [`Forward::Writes`]' answers: per write, what `Written` carries or
+    /// its error.
+    WrittenMany(Vec<Result<(u64, Response), ApiError>>),
 }
 
 /// A change of the cell's membership (etcd's Cluster service).
@@ -169,6 +178,7 @@ mod tests {
             (Forward::MoveLeader { target: 1 }, 6),
             (Forward::Campaign, 7),
             (Forward::CommittedMembership, 8),
+            (Forward::Writes(vec![]), 9),
         ];
         for (request, want) in requests {
             assert_eq!(position(&request), want, "{request:?}");
@@ -217,6 +227,7 @@ mod tests {
                 },
                 6,
             ),
+            (ForwardReply::WrittenMany(vec![]), 7),
         ];
         for (reply, want) in replies {
             assert_eq!(position(&reply), want, "{reply:?}");

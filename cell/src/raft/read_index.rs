@@ -35,9 +35,12 @@ pub struct Confirmed {
     covers: u64,
 }
 
-/// Shared leadership confirmations for one member.
-pub struct ReadIndex {
-    raft: Raft,
+/// Rounds shared by every caller: one round at a time, and every caller
+/// that arrives while a round is in flight is answered by the next round,
+/// which starts after it arrived. Used for the leader's own quorum rounds
+/// and for a follower's read-index requests to the leader alike.
+#[derive(Default)]
+pub struct SharedRounds {
     /// Tickets in arrival order.
     tickets: AtomicU64,
     /// The last successful round. A tokio mutex held for the whole round:
@@ -46,18 +49,14 @@ pub struct ReadIndex {
     last: tokio::sync::Mutex<Option<Confirmed>>,
 }
 
-impl ReadIndex {
-    pub fn new(raft: Raft) -> Self {
-        ReadIndex {
-            raft,
-            tickets: AtomicU64::new(0),
-            last: tokio::sync::Mutex::new(None),
-        }
-    }
-
-    /// A confirmation from a round that began after this call did.
-    pub async fn confirm(&self) -> Result<Confirmed, ApiError> {
-        metrics::counter!("latchkey_leadership_confirmations_total").increment(1);
+impl SharedRounds {
+    /// A confirmation from a round that began after this call did; `round`
+    /// runs one if none that qualifies is done.
+    pub async fn join<Fut>(&self, round: impl FnOnce() -> Fut) -> Result<Confirmed, ApiError>
+    where
+        Fut: std::future::Future<Output = Result<u64, ApiError>>,
+    {
+        metrics::counter!("latchkey_read_index_waits_total").increment(1);
         let ticket = self.tickets.fetch_add(1, Ordering::SeqCst);
         let mut last = self.last.lock().await;
         if let Some(done) = *last {
@@ -67,8 +66,8 @@ impl ReadIndex {
         }
         let covers = self.tickets.load(Ordering::SeqCst);
         let started = Instant::now();
-        metrics::counter!("latchkey_leadership_rounds_total").increment(1);
-        let index = read_index(&self.raft).await?;
+        metrics::counter!("latchkey_read_index_rounds_total").increment(1);
+        let index = round().await?;
         let done = Confirmed {
             started,
             index,
@@ -76,5 +75,25 @@ impl ReadIndex {
         };
         *last = Some(done);
         Ok(done)
+    }
+}
+
+/// Shared leadership confirmations for one member.
+pub struct ReadIndex {
+    raft: Raft,
+    rounds: SharedRounds,
+}
+
+impl ReadIndex {
+    pub fn new(raft: Raft) -> Self {
+        ReadIndex {
+            raft,
+            rounds: SharedRounds::default(),
+        }
+    }
+
+    /// A confirmation from a round that began after this call did.
+    pub async fn confirm(&self) -> Result<Confirmed, ApiError> {
+        self.rounds.join(|| read_index(&self.raft)).await
     }
 }

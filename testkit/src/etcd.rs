@@ -1,0 +1,104 @@
+//! A cluster of real etcd processes (Debian's `etcd-server`) on 127.0.0.1:
+//! the reference a latchkey cell is measured and compared against.
+//!
+//! Like [`crate::Cluster`], an [`EtcdCluster`] owns its processes and
+//! temporary data directories: dropping it SIGKILLs them and removes the
+//! directories.
+
+use crate::eventually::eventually;
+use crate::ports::free_port;
+use etcd_client::{Client, ConnectOptions};
+use std::process::{Child, Command, Stdio};
+use tokio::time::Duration;
+
+/// How long [`EtcdCluster::start`] waits until a write succeeds.
+const READY_WITHIN: Duration = Duration::from_secs(30);
+
+pub struct EtcdCluster {
+    /// Each member's client address, `127.0.0.1:port`, in member order.
+    pub clients: Vec<String>,
+    procs: Vec<Child>,
+    dir: tempfile::TempDir,
+}
+
+impl EtcdCluster {
+    /// Starts `n` members of the `etcd` binary `bin` and waits until the
+    /// cluster accepts a write.
+    pub async fn start(bin: &str, n: usize) -> EtcdCluster {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
+        let initial = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (_, peer))| format!("m{i}=http://127.0.0.1:{peer}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let token = format!("latchkey-bench-{}", std::process::id());
+        let mut procs = Vec::new();
+        for (i, (client, peer)) in ports.iter().enumerate() {
+            let log = std::fs::File::create(dir.path().join(format!("m{i}.log")))
+                .or_else(|_| std::fs::File::create("/dev/null"))
+                .expect("log file");
+            let child = Command::new(bin)
+                .args(["--name", &format!("m{i}")])
+                .arg("--data-dir")
+                .arg(dir.path().join(format!("m{i}")))
+                .args(["--listen-client-urls", &format!("http://127.0.0.1:{client}")])
+                .args(["--advertise-client-urls", &format!("http://127.0.0.1:{client}")])
+                .args(["--listen-peer-urls", &format!("http://127.0.0.1:{peer}")])
+                .args(["--initial-advertise-peer-urls", &format!("http://127.0.0.1:{peer}")])
+                .args(["--initial-cluster", &initial])
+                .args(["--initial-cluster-state", "new"])
+                .args(["--initial-cluster-token", &token])
+                .args(["--logger", "zap", "--log-outputs", "stderr", "--log-level", "warn"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .unwrap_or_else(|e| panic!("spawn {bin}: {e}"));
+            procs.push(child);
+        }
+        let cluster = EtcdCluster {
+            clients: ports
+                .iter()
+                .map(|(c, _)| format!("127.0.0.1:{c}"))
+                .collect(),
+            procs,
+            dir,
+        };
+        let endpoints = cluster.clients.clone();
+        eventually(READY_WITHIN, async || {
+            let opts = ConnectOptions::new()
+                .with_timeout(Duration::from_secs(2))
+                .with_connect_timeout(Duration::from_millis(500));
+            let mut c = Client::connect(&endpoints, Some(opts))
+                .await
+                .map_err(|e| format!("connect: {e}"))?;
+            c.put("etcd-cluster-ready", "", None)
+                .await
+                .map(|_| ())
+                .map_err(|e| format!("a first write: {e}"))
+        })
+        .await;
+        cluster
+    }
+
+    /// The process ids, in member order (to read their CPU time).
+    pub fn pids(&self) -> Vec<u32> {
+        self.procs.iter().map(Child::id).collect()
+    }
+
+    /// Where the members' data and logs are.
+    pub fn dir(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for EtcdCluster {
+    fn drop(&mut self) {
+        for child in &mut self.procs {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
