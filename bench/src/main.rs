@@ -124,7 +124,11 @@ async fn main() -> anyhow::Result<()> {
         Some(bin) => bin,
         None => std::env::current_exe()?.with_file_name("latchkey-cell"),
     };
-    anyhow::ensure!(cell_bin.is_file(), "no latchkey-cell at {}", cell_bin.display());
+    anyhow::ensure!(
+        cell_bin.is_file(),
+        "no latchkey-cell at {}",
+        cell_bin.display()
+    );
     let settings = Settings {
         duration: Duration::from_secs(args.duration),
         clients: args.clients,
@@ -134,24 +138,30 @@ async fn main() -> anyhow::Result<()> {
         watchers: args.watchers,
     };
 
-    eprintln!("starting 3 etcd members ({}) and 3 latchkey members ({})", args.etcd_bin, cell_bin.display());
+    eprintln!(
+        "starting 3 etcd members ({}) and 3 latchkey members ({})",
+        args.etcd_bin,
+        cell_bin.display()
+    );
     let cell = Cluster::start(&cell_bin, 3, &[]).await;
-    let mut cell_endpoints: Vec<String> = cell.members.iter().map(|m| m.client.clone()).collect();
-    if std::env::var_os("BENCH_LEADER_ONLY").is_some() {
-        cell_endpoints = vec![cell.member(cell.leader_at_start()).client.clone()];
-    }
+    let cell_endpoints: Vec<String> = cell.members.iter().map(|m| m.client.clone()).collect();
     let mut targets = Vec::new();
     let mut _etcd = None;
     if !args.latchkey_only {
         let etcd = EtcdCluster::start(&args.etcd_bin, 3).await;
-        targets.push(Target::connect("etcd", etcd.clients.clone(), etcd.pids(), args.connections).await?);
+        targets.push(
+            Target::connect("etcd", etcd.clients.clone(), etcd.pids(), args.connections).await?,
+        );
         _etcd = Some(etcd);
     }
     targets.push(Target::connect("latchkey", cell_endpoints, cell.pids(), args.connections).await?);
     eprintln!(
         "latchkey pids {:?}, metrics {:?} (leader member {})",
         cell.pids(),
-        cell.members.iter().map(|m| m.metrics.as_str()).collect::<Vec<_>>(),
+        cell.members
+            .iter()
+            .map(|m| m.metrics.as_str())
+            .collect::<Vec<_>>(),
         cell.leader_at_start()
     );
     for t in &targets {
@@ -221,7 +231,9 @@ fn print_table(rows: &[(Workload, Vec<Measured>)], s: &Settings, connections: &u
     println!("| workload | etcd | latchkey | latchkey/etcd |");
     println!("|---|---|---|---|");
     for (w, results) in rows {
-        let [etcd, latchkey] = &results[..] else { continue };
+        let [etcd, latchkey] = &results[..] else {
+            continue;
+        };
         let ratio = match w {
             Workload::Watch if latchkey.p50_ms > 0.0 => etcd.p50_ms / latchkey.p50_ms,
             _ if etcd.rate > 0.0 => latchkey.rate / etcd.rate,

@@ -23,7 +23,6 @@ pub struct Measured {
     pub first_error: Option<String>,
 }
 
-
 /// Latencies in microseconds, summarised.
 pub fn percentile_ms(sorted_us: &[u64], p: f64) -> f64 {
     if sorted_us.is_empty() {

@@ -179,7 +179,12 @@ async fn txn_cas(clients: &[Client], s: &Settings) -> Measured {
         clients,
         s.clients,
         s.duration,
-        |w| (Rng::new(w as u64 + 1000), vec![None::<(u64, i64)>; COUNTERS as usize]),
+        |w| {
+            (
+                Rng::new(w as u64 + 1000),
+                vec![None::<(u64, i64)>; COUNTERS as usize],
+            )
+        },
         move |mut c, mut state: (Rng, Vec<Option<(u64, i64)>>)| {
             let i = state.0.below(COUNTERS);
             let known = state.1[i as usize];
@@ -204,9 +209,10 @@ async fn txn_cas(clients: &[Client], s: &Settings) -> Measured {
                     return Ok((true, Some((value + 1, rev))));
                 }
                 let current = resp.op_responses().into_iter().find_map(|r| match r {
-                    TxnOpResponse::Get(g) => g.kvs().first().map(|kv| {
-                        parse_counter(kv.value()).map(|v| (v, kv.mod_revision()))
-                    }),
+                    TxnOpResponse::Get(g) => g
+                        .kvs()
+                        .first()
+                        .map(|kv| parse_counter(kv.value()).map(|v| (v, kv.mod_revision()))),
                     _ => None,
                 });
                 Ok((false, current.transpose()?))
@@ -342,7 +348,11 @@ async fn watch(clients: &[Client], s: &Settings) -> Measured {
     let started = Instant::now();
     let mut errors = 0;
     for _ in 0..WATCH_WRITES {
-        if writer.put(key, micros_now().to_string(), None).await.is_err() {
+        if writer
+            .put(key, micros_now().to_string(), None)
+            .await
+            .is_err()
+        {
             errors += 1;
         }
         tokio::time::sleep(WATCH_PAUSE).await;
@@ -360,7 +370,10 @@ async fn watch(clients: &[Client], s: &Settings) -> Measured {
         p99_ms: percentile_ms(&latencies, 0.99),
         errors: errors as u64,
         notes: vec![
-            ("missed".into(), expected.saturating_sub(latencies.len()) as f64),
+            (
+                "missed".into(),
+                expected.saturating_sub(latencies.len()) as f64,
+            ),
             ("max_ms".into(), percentile_ms(&latencies, 1.0)),
         ],
         ..Default::default()

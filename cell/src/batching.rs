@@ -140,20 +140,29 @@ mod tests {
             max_items: 100,
             max_bytes: 1000,
         };
-        let batcher = Batcher::start(&lifecycle, limits, |_: &u32| 1, move |items: Vec<u32>| {
-            seen.lock().unwrap_or_else(|e| e.into_inner()).push(items.clone());
-            async move {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                items.into_iter().map(|i| i * 10).collect()
-            }
-        });
-        let answers =
-            futures::future::join_all((0..20u32).map(|i| {
-                let b = batcher.clone();
-                async move { b.submit(i).await }
-            }))
-            .await;
-        assert_eq!(answers, (0..20u32).map(|i| Some(i * 10)).collect::<Vec<_>>());
+        let batcher = Batcher::start(
+            &lifecycle,
+            limits,
+            |_: &u32| 1,
+            move |items: Vec<u32>| {
+                seen.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(items.clone());
+                async move {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    items.into_iter().map(|i| i * 10).collect()
+                }
+            },
+        );
+        let answers = futures::future::join_all((0..20u32).map(|i| {
+            let b = batcher.clone();
+            async move { b.submit(i).await }
+        }))
+        .await;
+        assert_eq!(
+            answers,
+            (0..20u32).map(|i| Some(i * 10)).collect::<Vec<_>>()
+        );
         let groups = groups.lock().unwrap_or_else(|e| e.into_inner()).clone();
         assert!(groups.len() < 20, "every request went alone: {groups:?}");
         let mut all: Vec<u32> = groups.concat();
@@ -174,13 +183,20 @@ mod tests {
             max_items: 100,
             max_bytes: 10,
         };
-        let batcher = Batcher::start(&lifecycle, limits, |n: &usize| *n, move |items: Vec<usize>| {
-            seen.lock().unwrap_or_else(|e| e.into_inner()).push(items.clone());
-            async move {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                items
-            }
-        });
+        let batcher = Batcher::start(
+            &lifecycle,
+            limits,
+            |n: &usize| *n,
+            move |items: Vec<usize>| {
+                seen.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(items.clone());
+                async move {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    items
+                }
+            },
+        );
         let sizes = [4, 4, 4, 25, 3, 3, 3, 3];
         let answers = futures::future::join_all(sizes.iter().map(|n| {
             let b = batcher.clone();

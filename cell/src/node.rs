@@ -9,6 +9,7 @@
 //! only when the first attempt provably never arrived, or when serving it
 //! twice is harmless.
 
+use crate::batching::{self, Batcher};
 use crate::config::{Limits, Resolved};
 use crate::lease::leader_leases::{LeaderLeases, LeaseTtl};
 use crate::lease::lessor::Lessor;
@@ -17,7 +18,6 @@ use crate::peer::client::{leader, PeerClients};
 use crate::peer::protocol::{Forward, ForwardHandler, ForwardReply, MembershipChange};
 use crate::raft::command::{Request, Response};
 use crate::raft::leadership::leads_with_quorum;
-use crate::batching::{self, Batcher};
 use crate::raft::proposer::{Committed, Proposer};
 use crate::raft::read_index::{ReadIndex, SharedRounds};
 use crate::raft::{errors, NodeId, Raft};
@@ -87,7 +87,8 @@ impl CellNode {
             limits.max_request_bytes,
             request_timeout,
         );
-        let forwarder = start_forwarder(cfg.id, &raft, &peers, &lifecycle, &limits, request_timeout);
+        let forwarder =
+            start_forwarder(cfg.id, &raft, &peers, &lifecycle, &limits, request_timeout);
         CellNode {
             id: cfg.id,
             cluster_id: cfg.cluster_id,
@@ -228,10 +229,12 @@ impl CellNode {
         loop {
             let here = self.raft.metrics().borrow().current_leader == Some(self.id);
             let result = if here {
-                self.propose(req.clone()).await.and_then(|reply| match reply {
-                    ForwardReply::Written { index, response } => Ok((index, response)),
-                    other => Err(unexpected(other)),
-                })
+                self.propose(req.clone())
+                    .await
+                    .and_then(|reply| match reply {
+                        ForwardReply::Written { index, response } => Ok((index, response)),
+                        other => Err(unexpected(other)),
+                    })
             } else {
                 self.forwarder
                     .submit(req.clone())
@@ -395,29 +398,34 @@ fn start_forwarder(
         max_items: MAX_FORWARDED_WRITES,
         max_bytes: limits.max_request_bytes,
     };
-    Batcher::start(lifecycle, limits, Request::size_hint, move |writes: Vec<Request>| {
-        let (raft, peers) = (raft.clone(), peers.clone());
-        async move {
-            let count = writes.len();
-            let deadline = Instant::now() + request_timeout;
-            let (leader, addr) = match leader(&raft, deadline).await {
-                Ok(found) => found,
-                Err(e) => return vec![Err(e); count],
-            };
-            if leader == id {
-                return vec![Err(ApiError::not_leader(Some(id))); count];
+    Batcher::start(
+        lifecycle,
+        limits,
+        Request::size_hint,
+        move |writes: Vec<Request>| {
+            let (raft, peers) = (raft.clone(), peers.clone());
+            async move {
+                let count = writes.len();
+                let deadline = Instant::now() + request_timeout;
+                let (leader, addr) = match leader(&raft, deadline).await {
+                    Ok(found) => found,
+                    Err(e) => return vec![Err(e); count],
+                };
+                if leader == id {
+                    return vec![Err(ApiError::not_leader(Some(id))); count];
+                }
+                match peers.send(&addr, &Forward::Writes(writes), deadline).await {
+                    Ok(ForwardReply::WrittenMany(answers)) if answers.len() == count => answers,
+                    Ok(other) => vec![Err(unexpected(other)); count],
+                    Err(e) => vec![Err(e); count],
+                }
             }
-            match peers.send(&addr, &Forward::Writes(writes), deadline).await {
-                Ok(ForwardReply::WrittenMany(answers)) if answers.len() == count => answers,
-                Ok(other) => vec![Err(unexpected(other)); count],
-                Err(e) => vec![Err(e); count],
-            }
-        }
-    })
+        },
+    )
 }
 
 /// Forwarded groups under way at once from one follower.
-const FORWARDS_IN_FLIGHT: usize = 4;
+const FORWARDS_IN_FLIGHT: usize = 2;
 
 /// Writes in one forwarded group at most.
 const MAX_FORWARDED_WRITES: usize = 512;

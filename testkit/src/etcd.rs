@@ -43,14 +43,30 @@ impl EtcdCluster {
                 .args(["--name", &format!("m{i}")])
                 .arg("--data-dir")
                 .arg(dir.path().join(format!("m{i}")))
-                .args(["--listen-client-urls", &format!("http://127.0.0.1:{client}")])
-                .args(["--advertise-client-urls", &format!("http://127.0.0.1:{client}")])
+                .args([
+                    "--listen-client-urls",
+                    &format!("http://127.0.0.1:{client}"),
+                ])
+                .args([
+                    "--advertise-client-urls",
+                    &format!("http://127.0.0.1:{client}"),
+                ])
                 .args(["--listen-peer-urls", &format!("http://127.0.0.1:{peer}")])
-                .args(["--initial-advertise-peer-urls", &format!("http://127.0.0.1:{peer}")])
+                .args([
+                    "--initial-advertise-peer-urls",
+                    &format!("http://127.0.0.1:{peer}"),
+                ])
                 .args(["--initial-cluster", &initial])
                 .args(["--initial-cluster-state", "new"])
                 .args(["--initial-cluster-token", &token])
-                .args(["--logger", "zap", "--log-outputs", "stderr", "--log-level", "warn"])
+                .args([
+                    "--logger",
+                    "zap",
+                    "--log-outputs",
+                    "stderr",
+                    "--log-level",
+                    "warn",
+                ])
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(log)

@@ -6,9 +6,9 @@
 //! earlier clone is being serialised on another thread.
 
 use imbl::{OrdMap, Vector};
-use std::sync::Arc;
 use latchkey_shared::ApiError;
 use serde::{Deserialize, Serialize};
+use std::sync::Arc;
 
 /// One version of a key, as etcd's `mvccpb.KeyValue` describes it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -450,7 +450,8 @@ impl KeySpace {
             if versions.last().is_some_and(|v| v.kv.is_some()) {
                 ks.live_keys += 1;
             }
-            ks.keys.insert(Arc::from(key), versions.into_iter().collect());
+            ks.keys
+                .insert(Arc::from(key), versions.into_iter().collect());
         }
         ks
     }

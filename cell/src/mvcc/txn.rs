@@ -495,8 +495,14 @@ pub(crate) mod tests {
         // A nested txn on the taken branch: what it takes decides.
         let inner_writes = cas("1", vec![]);
         let inner_reads = cas("0", vec![get_a.clone()]);
-        assert!(txn_path_writes(kv.keys, &cas("0", vec![get_a.clone(), nested(inner_writes)])));
-        assert!(!txn_path_writes(kv.keys, &cas("0", vec![nested(inner_reads), get_a])));
+        assert!(txn_path_writes(
+            kv.keys,
+            &cas("0", vec![get_a.clone(), nested(inner_writes)])
+        ));
+        assert!(!txn_path_writes(
+            kv.keys,
+            &cas("0", vec![nested(inner_reads), get_a])
+        ));
         assert!(txn_path_writes(kv.keys, &cas("0", vec![op_put("b", "x")])));
     }
 

@@ -150,7 +150,9 @@ fn flusher(db: Arc<DB>, rx: mpsc::Receiver<Flush>) {
             metrics::histogram!("latchkey_log_writes_per_fsync").record(writes as f64);
         }
         for flush in batch {
-            flush.callback.log_io_completed(result.clone().map_err(io_err));
+            flush
+                .callback
+                .log_io_completed(result.clone().map_err(io_err));
         }
     }
 }

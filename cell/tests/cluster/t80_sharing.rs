@@ -38,7 +38,10 @@ async fn check_concurrent_writes_share_fsyncs(cluster: &Cluster, leader: u64, c:
         for put in futures::future::join_all(puts).await {
             let (key, revision) = put.expect("every concurrent put succeeds");
             let revision = revision.expect("a put answers with a header");
-            assert!(revisions.insert(revision), "{key}: revision {revision} given twice");
+            assert!(
+                revisions.insert(revision),
+                "{key}: revision {revision} given twice"
+            );
         }
     }
     assert_eq!(revisions.len(), ROUNDS * CONCURRENT);
@@ -49,7 +52,10 @@ async fn check_concurrent_writes_share_fsyncs(cluster: &Cluster, leader: u64, c:
         .expect("read back");
     assert_eq!(all.kvs().len(), ROUNDS * CONCURRENT, "every write is there");
     let by_revision: BTreeSet<i64> = all.kvs().iter().map(|kv| kv.mod_revision()).collect();
-    assert_eq!(by_revision, revisions, "each key holds the revision its put answered");
+    assert_eq!(
+        by_revision, revisions,
+        "each key holds the revision its put answered"
+    );
 
     let metrics = cluster.metrics(leader).await;
     let writes = latchkey_testkit::metric_value(&metrics, "latchkey_log_writes_per_fsync_sum")
@@ -68,10 +74,16 @@ async fn check_concurrent_reads_share_rounds(cluster: &Cluster, follower: u64, c
     for round in 0..ROUNDS {
         let mut w = c.clone();
         let value = format!("r{round}");
-        w.put("shared-read", value.as_str(), None).await.expect("put");
+        w.put("shared-read", value.as_str(), None)
+            .await
+            .expect("put");
         let reads = (0..CONCURRENT).map(|i| {
             // Half through the leader, half forwarded by a follower.
-            let mut c = if i % 2 == 0 { c.clone() } else { via_follower.clone() };
+            let mut c = if i % 2 == 0 {
+                c.clone()
+            } else {
+                via_follower.clone()
+            };
             async move { c.get("shared-read", None).await }
         });
         for got in futures::future::join_all(reads).await {
@@ -102,8 +114,14 @@ async fn check_concurrent_reads_share_rounds(cluster: &Cluster, follower: u64, c
 async fn read_index_counts(cluster: &Cluster) -> (f64, f64) {
     let mut counts = (0.0, 0.0);
     for id in cluster.running() {
-        counts.0 += cluster.metric(id, "latchkey_read_index_waits_total").await.unwrap_or(0.0);
-        counts.1 += cluster.metric(id, "latchkey_read_index_rounds_total").await.unwrap_or(0.0);
+        counts.0 += cluster
+            .metric(id, "latchkey_read_index_waits_total")
+            .await
+            .unwrap_or(0.0);
+        counts.1 += cluster
+            .metric(id, "latchkey_read_index_rounds_total")
+            .await
+            .unwrap_or(0.0);
     }
     counts
 }
