@@ -425,7 +425,7 @@ fn start_forwarder(
 }
 
 /// Forwarded groups under way at once from one follower.
-const FORWARDS_IN_FLIGHT: usize = 2;
+const FORWARDS_IN_FLIGHT: usize = 8;
 
 /// Writes in one forwarded group at most.
 const MAX_FORWARDED_WRITES: usize = 512;

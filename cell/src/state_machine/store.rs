@@ -320,25 +320,32 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             .await
             .map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), &e))?;
         metrics::gauge!("latchkey_snapshot_installed_bytes").set(data.len() as f64);
-        let image: StateImage =
-            decode(&data).map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), &e))?;
-        let mut state = CellState::from_image(image);
-        // The meta is authoritative for what the snapshot covers.
-        state.last_applied = meta.last_log_id;
-        state.last_membership = meta.last_membership.clone();
+        // Decoding the image, building the maps and writing the file take
+        // seconds of CPU for a large state: a blocking thread does them,
+        // not a tokio worker (cell review P7).
         let files = self.files.clone();
-        let file = SnapshotFile {
-            meta: meta.clone(),
-            data,
-        };
-        // Only then may the log be purged through it (cell review A2).
-        tokio::task::spawn_blocking(move || files.replace(&file))
-            .await
-            .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?
-            .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
+        let file_meta = meta.clone();
+        let state = tokio::task::spawn_blocking(move || -> std::io::Result<CellState> {
+            let image: StateImage = decode(&data).map_err(std::io::Error::other)?;
+            let mut state = CellState::from_image(image);
+            // The meta is authoritative for what the snapshot covers.
+            state.last_applied = file_meta.last_log_id;
+            state.last_membership = file_meta.last_membership.clone();
+            // Only then may the log be purged through it (cell review A2).
+            files.replace(&SnapshotFile {
+                meta: file_meta,
+                data,
+            })?;
+            Ok(state)
+        })
+        .await
+        .map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), &e))?
+        .map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), &e))?;
         let applied = state.last_applied.map_or(0, |l| l.index);
         let leases = state.leases.seeds();
-        *self.write_lock() = state;
+        let replaced = std::mem::replace(&mut *self.write_lock(), state);
+        // Freeing the old state is as large a job as building the new one.
+        tokio::task::spawn_blocking(move || drop(replaced));
         if let Some(lessor) = &self.lessor {
             lessor.load(&leases, tokio::time::Instant::now());
         }
