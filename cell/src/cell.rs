@@ -9,6 +9,7 @@
 use crate::config::Resolved;
 use crate::jobs::auto_compaction::AutoCompaction;
 use crate::jobs::publish_member::PublishMember;
+use crate::jobs::snapshot_trigger::SnapshotTrigger;
 use crate::lease::lessor::Lessor;
 use crate::lease::lessor_loop::LessorLoop;
 use crate::membership::discover_identity;
@@ -385,6 +386,14 @@ impl Cell {
         };
         lifecycle.spawn_owned(|token| lessor_loop.run(token));
         lifecycle.spawn(PublishMember { node: node.clone() }.run());
+        lifecycle.spawn(
+            SnapshotTrigger {
+                raft: node.raft.clone(),
+                state: node.state.clone(),
+                every: cfg.cfg.snapshot_entries,
+            }
+            .run(),
+        );
         lifecycle.spawn(
             AutoCompaction {
                 node: node.clone(),

@@ -98,7 +98,8 @@ pub struct Config {
     #[arg(long, env = "LATCHKEY_ELECTION_TIMEOUT_MS", default_value_t = 400)]
     pub election_timeout_ms: u64,
 
-    /// Take a snapshot every this many applied log entries.
+    /// Take a snapshot every this many applied log entries, and every this
+    /// many client writes (group commit puts many writes in one entry).
     #[arg(long, env = "LATCHKEY_SNAPSHOT_ENTRIES", default_value_t = 10_000)]
     pub snapshot_entries: u64,
 

@@ -4,6 +4,8 @@
 //!
 //! - [`auto_compaction`]: the leader compacts history by retention.
 //! - [`publish_member`]: this member announces its client URL.
+//! - [`snapshot_trigger`]: a snapshot every so many client writes.
 
 pub mod auto_compaction;
 pub mod publish_member;
+pub mod snapshot_trigger;

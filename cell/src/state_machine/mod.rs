@@ -39,6 +39,10 @@ pub struct CellState {
     pub members: OrdMap<u64, MemberAttrs>,
     pub last_applied: Option<LogId>,
     pub last_membership: StoredMembership,
+    /// Client writes applied since this member started or installed a
+    /// snapshot (not replicated, not in snapshots): what
+    /// `crate::jobs::snapshot_trigger` counts.
+    pub writes_applied: u64,
 }
 
 /// The serialised form of a [`CellState`]: the snapshot format.
@@ -177,6 +181,7 @@ impl CellState {
             members: image.members.into_iter().collect(),
             last_applied: image.last_applied,
             last_membership: image.last_membership,
+            writes_applied: 0,
         }
     }
 }

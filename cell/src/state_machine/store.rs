@@ -256,6 +256,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                             }
                         }
                         EntryPayload::Normal(req) => {
+                            s.writes_applied += req.writes() as u64;
                             let resp = s.apply(log_id.index, req);
                             self.notify_lessor(req, &resp);
                             changes.extend(s.keys.take_changes());

@@ -20,7 +20,10 @@ async fn revision_of(cluster: &Cluster, id: u64) -> i64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_writes_survive_the_leader_and_a_restarted_member_catches_up() {
     // Small snapshot thresholds so the second half exercises log purging
-    // and snapshot install within a test's budget.
+    // and snapshot install within a test's budget. A snapshot every 3000
+    // writes; 50 entries kept behind it (group commit puts up to 64 of the
+    // concurrent writes below in one entry, so 7000 writes are at least
+    // 110 entries: more than is kept).
     let mut cluster = Cluster::start(
         CELL_BIN,
         3,
@@ -28,7 +31,7 @@ async fn ten_thousand_writes_survive_the_leader_and_a_restarted_member_catches_u
             "--snapshot-entries",
             "3000",
             "--snapshot-keep-entries",
-            "500",
+            "50",
         ],
     )
     .await;
@@ -51,8 +54,17 @@ async fn ten_thousand_writes_survive_the_leader_and_a_restarted_member_catches_u
     }
 
     // Restart the old leader: it catches up from the log (it missed only a
-    // few entries, well inside what the leader keeps).
-    let more = put_all(&c, numbered("r/", 500, "v2")).await;
+    // few entries, well inside what the leader keeps): 20 writes, one at a
+    // time, are at most 20 entries.
+    let mut more = std::collections::BTreeMap::new();
+    let mut c_one = c.clone();
+    for (key, value) in numbered("r/", 20, "v2") {
+        c_one
+            .put(key.as_str(), value.as_str(), None)
+            .await
+            .expect("put");
+        more.insert(key, value);
+    }
     cluster.spawn(leader);
     cluster.wait_member_holds(leader, "k/", &acked).await;
     cluster.wait_member_holds(leader, "r/", &more).await;
