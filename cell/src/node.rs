@@ -181,13 +181,13 @@ impl CellNode {
 
     /// Checks limits that depend on the current state, then proposes.
     /// Answers once the entry is applied here (the leader), with its index.
-    async fn propose(&self, req: Request) -> Result<ForwardReply, ApiError> {
+    async fn propose(&self, req: Request) -> Committed {
         self.check_quota(&req)?;
         let started = Instant::now();
         let result = self.proposer.propose(req).await;
         metrics::histogram!("latchkey_proposal_commit_seconds")
             .record(started.elapsed().as_secs_f64());
-        result.map(|(index, response)| ForwardReply::Written { index, response })
+        result
     }
 
     fn check_quota(&self, req: &Request) -> Result<(), ApiError> {
@@ -229,12 +229,7 @@ impl CellNode {
         loop {
             let here = self.raft.metrics().borrow().current_leader == Some(self.id);
             let result = if here {
-                self.propose(req.clone())
-                    .await
-                    .and_then(|reply| match reply {
-                        ForwardReply::Written { index, response } => Ok((index, response)),
-                        other => Err(unexpected(other)),
-                    })
+                self.propose(req.clone()).await
             } else {
                 self.forwarder
                     .submit(req.clone())
@@ -256,6 +251,16 @@ impl CellNode {
     /// reads on this member share one request to the leader (etcd's
     /// linearizable read loop), so a follower does not forward one per read.
     pub async fn linearizable_barrier(&self) -> Result<(), ApiError> {
+        // Rounds go one at a time: a read queued behind rounds that each
+        // wait out the request timeout (no leader) would otherwise wait for
+        // all of them. A lone read's own round and apply wait fit in twice
+        // the request timeout, with their own errors.
+        tokio::time::timeout(2 * self.request_timeout, self.barrier())
+            .await
+            .unwrap_or_else(|_| Err(ApiError::timeout()))
+    }
+
+    async fn barrier(&self) -> Result<(), ApiError> {
         let confirmed = self
             .barrier_rounds
             .join(|| async {
@@ -330,17 +335,13 @@ impl ForwardHandler for CellNode {
     ) -> impl Future<Output = Result<ForwardReply, ApiError>> + Send + 'a {
         async move {
             match req {
-                Forward::Write(r) => self.propose(r.clone()).await,
-                Forward::Writes(writes) => {
-                    let answers = futures::future::join_all(writes.iter().map(|w| async {
-                        match self.propose(w.clone()).await? {
-                            ForwardReply::Written { index, response } => Ok((index, response)),
-                            other => Err(unexpected(other)),
-                        }
-                    }))
-                    .await;
-                    Ok(ForwardReply::WrittenMany(answers))
-                }
+                Forward::Write(r) => self
+                    .propose(r.clone())
+                    .await
+                    .map(|(index, response)| ForwardReply::Written { index, response }),
+                Forward::Writes(writes) => Ok(ForwardReply::WrittenMany(
+                    futures::future::join_all(writes.iter().map(|w| self.propose(w.clone()))).await,
+                )),
                 Forward::ReadIndex => self
                     .read_index
                     .confirm()
