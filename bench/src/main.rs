@@ -220,6 +220,7 @@ fn json_line(w: Workload, target: &str, m: &Measured) -> serde_json::Value {
 
 /// The comparison: for the watch workload the ratio is of delivery p50
 /// (etcd's over latchkey's: above 1 means latchkey delivers sooner); for
+/// keep-alives there is none (compare round p99 and expired leases); for
 /// the others, of rates.
 fn print_table(rows: &[(Workload, Vec<Measured>)], s: &Settings, connections: &usize) {
     println!();
@@ -235,12 +236,17 @@ fn print_table(rows: &[(Workload, Vec<Measured>)], s: &Settings, connections: &u
             continue;
         };
         let ratio = match w {
-            Workload::Watch if latchkey.p50_ms > 0.0 => etcd.p50_ms / latchkey.p50_ms,
-            _ if etcd.rate > 0.0 => latchkey.rate / etcd.rate,
-            _ => 0.0,
+            // Its rate is set by the refresh interval; what tells the two
+            // apart is the round latency and the leases that expired.
+            Workload::KeepAlive => "—".to_string(),
+            Workload::Watch if latchkey.p50_ms > 0.0 => {
+                format!("{:.2}", etcd.p50_ms / latchkey.p50_ms)
+            }
+            _ if etcd.rate > 0.0 => format!("{:.2}", latchkey.rate / etcd.rate),
+            _ => "—".to_string(),
         };
         println!(
-            "| {} | {} | {} | {ratio:.2} |",
+            "| {} | {} | {} | {ratio} |",
             w.describe(s),
             cell(*w, etcd),
             cell(*w, latchkey)
