@@ -24,7 +24,6 @@ pub struct KvService {
 const RANGE_STREAM_CHUNK: usize = 1000;
 
 impl KvService {
-    /// A range, linearizable unless the client asked for serializable.
     /// Whether `req` would write if applied to this member's state now.
     fn takes_writing_path(&self, req: &PbTxnRequest) -> bool {
         let keys = self.node.state.read(|s| s.keys.clone());
@@ -37,19 +36,19 @@ impl KvService {
         // O(1) clones (persistent maps) under the lock; evaluated outside
         // it, and the clones are dropped.
         let (mut keys, mut leases) = self.node.state.read(|s| (s.keys.clone(), s.leases.clone()));
-        if txn::txn_path_writes(&keys, req) {
-            return Ok(None);
-        }
         let revision = keys.revision();
         let mut kv = txn::Kv {
             keys: &mut keys,
             leases: &mut leases,
         };
-        let mut reply = txn::txn(&mut kv, req)?;
+        let Some(mut reply) = txn::txn_if_read_only(&mut kv, req)? else {
+            return Ok(None);
+        };
         fill_txn_headers(&self.node, &mut reply, revision);
         Ok(Some(reply))
     }
 
+    /// A range, linearizable unless the client asked for serializable.
     pub async fn range_inner(&self, req: &PbRangeRequest) -> Result<PbRangeResponse, ApiError> {
         if !req.serializable {
             self.node.linearizable_barrier().await?;

@@ -344,9 +344,32 @@ fn run_path(
 pub fn txn(kv: &mut Kv<'_>, req: &PbTxnRequest) -> Result<PbTxnResponse, ApiError> {
     check_txn_shape(req)?;
     let path = decide(kv.keys, req);
-    check_path(kv, req, &path)?;
+    run_decided(kv, req, &path)
+}
+
+/// [`txn`], when the branches it takes write nothing (`None` otherwise):
+/// decided once, so a read-only answer costs one pass over the compares.
+pub fn txn_if_read_only(
+    kv: &mut Kv<'_>,
+    req: &PbTxnRequest,
+) -> Result<Option<PbTxnResponse>, ApiError> {
+    let path = decide(kv.keys, req);
+    if path_writes(req, &path) {
+        return Ok(None);
+    }
+    check_txn_shape(req)?;
+    run_decided(kv, req, &path).map(Some)
+}
+
+/// Checks the chosen branches, then runs them at one new revision.
+fn run_decided(
+    kv: &mut Kv<'_>,
+    req: &PbTxnRequest,
+    path: &TxnPath,
+) -> Result<PbTxnResponse, ApiError> {
+    check_path(kv, req, path)?;
     let rev = kv.keys.next_revision();
-    run_path(kv, rev, req, &path)
+    run_path(kv, rev, req, path)
 }
 
 /// Whether a txn request can write (then it must go through Raft).
