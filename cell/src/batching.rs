@@ -127,47 +127,64 @@ mod tests {
     use std::sync::Mutex;
     use std::time::Duration;
 
+    type Groups = Arc<Mutex<Vec<Vec<usize>>>>;
+
+    /// A batcher of numbers, one group at a time, each group taking
+    /// `takes` to send and answered with `answer` per number; what it sent
+    /// is recorded group by group. A number's size is itself.
+    fn recording_batcher(
+        lifecycle: &Lifecycle,
+        max_bytes: usize,
+        takes: Duration,
+        answer: fn(usize) -> usize,
+    ) -> (Batcher<usize, usize>, Groups) {
+        let groups = Groups::default();
+        let seen = groups.clone();
+        let limits = Limits {
+            in_flight: 1,
+            max_items: 100,
+            max_bytes,
+        };
+        let batcher = Batcher::start(
+            lifecycle,
+            limits,
+            |n: &usize| *n,
+            move |items: Vec<usize>| {
+                seen.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(items.clone());
+                async move {
+                    tokio::time::sleep(takes).await;
+                    items.into_iter().map(answer).collect()
+                }
+            },
+        );
+        (batcher, groups)
+    }
+
+    async fn submit_all(batcher: &Batcher<usize, usize>, items: &[usize]) -> Vec<Option<usize>> {
+        futures::future::join_all(items.iter().map(|n| batcher.submit(*n))).await
+    }
+
     /// While one group is under way, the requests that arrive meanwhile
     /// go out together as the next group, and each caller gets its own
     /// answer.
     #[tokio::test]
     async fn requests_queued_behind_a_group_go_out_together_each_answered() {
         let lifecycle = Lifecycle::new();
-        let groups = Arc::new(Mutex::new(Vec::new()));
-        let seen = groups.clone();
-        let limits = Limits {
-            in_flight: 1,
-            max_items: 100,
-            max_bytes: 1000,
-        };
-        let batcher = Batcher::start(
-            &lifecycle,
-            limits,
-            |_: &u32| 1,
-            move |items: Vec<u32>| {
-                seen.lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push(items.clone());
-                async move {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    items.into_iter().map(|i| i * 10).collect()
-                }
-            },
-        );
-        let answers = futures::future::join_all((0..20u32).map(|i| {
-            let b = batcher.clone();
-            async move { b.submit(i).await }
-        }))
-        .await;
+        let (batcher, groups) =
+            recording_batcher(&lifecycle, 1000, Duration::from_millis(50), |i| i * 10);
+        let items: Vec<usize> = (0..20).collect();
+        let answers = submit_all(&batcher, &items).await;
         assert_eq!(
             answers,
-            (0..20u32).map(|i| Some(i * 10)).collect::<Vec<_>>()
+            items.iter().map(|i| Some(i * 10)).collect::<Vec<_>>()
         );
         let groups = groups.lock().unwrap_or_else(|e| e.into_inner()).clone();
         assert!(groups.len() < 20, "every request went alone: {groups:?}");
-        let mut all: Vec<u32> = groups.concat();
+        let mut all: Vec<usize> = groups.concat();
         all.sort_unstable();
-        assert_eq!(all, (0..20).collect::<Vec<_>>(), "each sent exactly once");
+        assert_eq!(all, items, "each sent exactly once");
         lifecycle.shutdown(Duration::from_secs(1)).await;
     }
 
@@ -176,33 +193,8 @@ mod tests {
     #[tokio::test]
     async fn groups_keep_to_the_byte_budget() {
         let lifecycle = Lifecycle::new();
-        let groups = Arc::new(Mutex::new(Vec::new()));
-        let seen = groups.clone();
-        let limits = Limits {
-            in_flight: 1,
-            max_items: 100,
-            max_bytes: 10,
-        };
-        let batcher = Batcher::start(
-            &lifecycle,
-            limits,
-            |n: &usize| *n,
-            move |items: Vec<usize>| {
-                seen.lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push(items.clone());
-                async move {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                    items
-                }
-            },
-        );
-        let sizes = [4, 4, 4, 25, 3, 3, 3, 3];
-        let answers = futures::future::join_all(sizes.iter().map(|n| {
-            let b = batcher.clone();
-            async move { b.submit(*n).await }
-        }))
-        .await;
+        let (batcher, groups) = recording_batcher(&lifecycle, 10, Duration::from_millis(20), |n| n);
+        let answers = submit_all(&batcher, &[4, 4, 4, 25, 3, 3, 3, 3]).await;
         assert!(answers.iter().all(Option::is_some));
         for group in groups.lock().unwrap_or_else(|e| e.into_inner()).iter() {
             let bytes: usize = group.iter().sum();
