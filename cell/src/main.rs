@@ -5,32 +5,15 @@
 use clap::Parser;
 use latchkey_cell::cell::{Cell, Stopped};
 use latchkey_cell::config::Config;
-use latchkey_shared::telemetry;
+use latchkey_shared::{lifecycle, telemetry};
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    let cfg = match Config::parse().resolve() {
-        Ok(r) => r,
+    match Config::parse().resolve() {
+        Ok(cfg) => lifecycle::run_main("latchkey-cell", run(cfg)),
         Err(e) => {
             eprintln!("latchkey-cell: {e:#}");
-            return ExitCode::from(2);
-        }
-    };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("latchkey-cell: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run(cfg)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("latchkey-cell: {e:#}");
-            ExitCode::FAILURE
+            ExitCode::from(2)
         }
     }
 }

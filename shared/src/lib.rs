@@ -37,6 +37,7 @@
 //! - [`telemetry`]: logs, the metrics recorder and signals, installed once
 //!   per process by a binary's `main`.
 //! - [`limits`]: default limits shared by cells and proxies.
+//! - [`net`]: accepted sockets with `TCP_NODELAY`, for every server.
 
 pub mod client;
 pub mod error;
@@ -46,6 +47,7 @@ pub mod lease_id;
 pub mod lifecycle;
 pub mod limits;
 pub mod member_id;
+pub mod net;
 pub mod revision;
 pub mod telemetry;
 

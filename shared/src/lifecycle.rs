@@ -75,6 +75,33 @@ impl Lifecycle {
     }
 }
 
+/// A binary's `main` after its flags are parsed: runs `work` on a
+/// multi-threaded runtime and turns its outcome into the exit code,
+/// printing a failure as `name: error` (with its causes).
+pub fn run_main<F, E>(name: &str, work: F) -> std::process::ExitCode
+where
+    F: Future<Output = Result<(), E>>,
+    E: std::fmt::Display,
+{
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("{name}: cannot start the runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(work) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{name}: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

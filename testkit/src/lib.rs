@@ -27,6 +27,10 @@
 //! - [`errors`]: [`err_text`], an etcd-client error as `"Code: message"`.
 //! - [`etcd`]: [`EtcdCluster`], real etcd members on 127.0.0.1, the
 //!   reference latchkey is compared with.
+//! - [`proxy`]: [`ProxyProcess`], a real `latchkey-proxy` in front of a
+//!   [`Cluster`] or of its own `--dev` cell.
+//! - [`etcdctl_session`]: the scripted etcdctl sessions, run against a
+//!   cell's members or a proxy alike.
 //!
 //! Data flows one way: a test starts a [`Cluster`], talks to its members
 //! through `etcd-client` (or etcdctl), and waits with
@@ -40,9 +44,11 @@ pub mod cluster;
 pub mod errors;
 pub mod etcd;
 pub mod etcdctl;
+pub mod etcdctl_session;
 pub mod eventually;
 pub mod metrics;
 pub mod ports;
+pub mod proxy;
 
 /// How much earlier than "last refresh + TTL" a test may see a lease gone
 /// before calling it an early expiry. The members and the test run on one
@@ -64,3 +70,4 @@ pub use etcdctl::{etcdctl, member_id_in, try_etcdctl, EtcdctlProcess};
 pub use eventually::eventually;
 pub use metrics::{http_get, metric_value};
 pub use ports::free_port;
+pub use proxy::{proxy_binary, ProxyProcess};

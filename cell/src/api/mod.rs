@@ -77,21 +77,7 @@ pub fn header_into(node: &CellNode, header: &mut Option<PbResponseHeader>, revis
 /// allowance for gRPC framing, 512 KiB).
 const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
 
-/// Accepted connections with Nagle's algorithm off. tonic ignores its own
-/// `tcp_nodelay` for a server fed from `serve_with_incoming*`, and with
-/// Nagle on every small answer waits for the client's delayed ACK (~40 ms).
-pub fn nodelay_incoming(
-    listener: tokio::net::TcpListener,
-) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
-    use tokio_stream::StreamExt;
-    tokio_stream::wrappers::TcpListenerStream::new(listener).map(|accepted| {
-        accepted.inspect(|stream| {
-            if let Err(e) = stream.set_nodelay(true) {
-                tracing::debug!(error = %e, "TCP_NODELAY not set");
-            }
-        })
-    })
-}
+pub use latchkey_shared::net::nodelay_incoming;
 
 /// Serves the etcd API until `shutdown` resolves.
 pub async fn serve(
@@ -138,33 +124,4 @@ pub async fn serve(
         .serve_with_incoming_shutdown(nodelay_incoming(listener), shutdown)
         .await?;
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::nodelay_incoming;
-    use tokio_stream::StreamExt;
-
-    /// Both the client and the peer servers take their connections from
-    /// `nodelay_incoming`: every accepted socket has Nagle off, or each
-    /// small answer waits ~40 ms for the peer's delayed ACK (the issue's
-    /// serializable ranges: 1.7k/s with Nagle on, 26k/s with it off).
-    #[tokio::test]
-    async fn every_accepted_socket_has_tcp_nodelay_set() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let mut incoming = Box::pin(nodelay_incoming(listener));
-        for _ in 0..3 {
-            let client = tokio::net::TcpStream::connect(addr).await.expect("connect");
-            let accepted = incoming
-                .next()
-                .await
-                .expect("a connection")
-                .expect("accepted");
-            assert!(accepted.nodelay().expect("read TCP_NODELAY"));
-            drop(client);
-        }
-    }
 }

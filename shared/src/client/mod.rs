@@ -7,6 +7,8 @@
 //! - this file: [`endpoint`] and [`connect`], the ONE way to build a channel
 //!   to a cell member (timeouts, `TCP_NODELAY`, HTTP/2 keep-alive), and
 //!   [`ClientError`], the errors of every client call.
+//! - [`call`]: one unary, server-streaming or bidirectional call by
+//!   method path, etcd's messages passed through as they are (the proxy).
 //! - [`refresh_stream`]: [`RefreshStream`], batched lease refresh on
 //!   latchkey's `Sessions.Refresh` stream: one request names many leases,
 //!   answers are matched by batch number, a failed member is left for the
@@ -21,6 +23,7 @@
 //! sends them on a channel from [`connect`] and hands back one TTL per id.
 //! A TTL of 0 or less means the lease is gone ([`is_gone`]).
 
+pub mod call;
 pub mod keepalive_stream;
 pub mod refresh_stream;
 pub mod session;

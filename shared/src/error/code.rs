@@ -195,6 +195,10 @@ error_table! {
     WriteOutcomeUnknown => "write_outcome_unknown", 502, Unavailable,
         Some("etcdserver: request timed out, possibly due to connection lost"), OutcomeUnknown;
     Unimplemented => "unimplemented", 501, Unimplemented, None, Never;
+    /// An HTTP path the API does not have.
+    RouteNotFound => "route_not_found", 404, NotFound, None, Never;
+    /// An HTTP method the path does not take.
+    MethodNotAllowed => "method_not_allowed", 405, Unimplemented, None, Never;
     /// A failure nobody foresaw. It is not a verdict on the request, and
     /// nothing says the request did not take effect, so the outcome is
     /// unknown.

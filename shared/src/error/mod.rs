@@ -8,12 +8,16 @@
 //! [`Retry`] class. `grpc.rs` turns an `ApiError` into a `tonic::Status`
 //! and back, and classifies failed calls (did the request leave this
 //! process?).
+//! `http.rs` (feature `http`) answers an `ApiError` over HTTP with the
+//! table's status and the JSON body.
 //!
 //! An `ApiError` also crosses the peer wire inside bincode payloads, so
 //! codes and details are encoded by name, never by declaration order.
 
 mod code;
 mod grpc;
+#[cfg(feature = "http")]
+mod http;
 
 pub use code::{ErrorCode, ErrorWire, Retry};
 pub use grpc::{classify_call_failure, metadata_keys};
@@ -387,6 +391,20 @@ impl ApiError {
         )
     }
 
+    pub fn route_not_found(method: &str, path: &str) -> Self {
+        ApiError::new(
+            ErrorCode::RouteNotFound,
+            format!("no route {method} {path}; the routes are listed at /v1/openapi.json"),
+        )
+    }
+
+    pub fn method_not_allowed(method: &str, path: &str) -> Self {
+        ApiError::new(
+            ErrorCode::MethodNotAllowed,
+            format!("{path} does not take {method}; see /v1/openapi.json"),
+        )
+    }
+
     pub fn internal(message: impl Into<String>) -> Self {
         ApiError::new(ErrorCode::Internal, message)
     }
@@ -440,6 +458,8 @@ mod tests {
                 ErrorCode::Timeout => ApiError::timeout(),
                 ErrorCode::WriteOutcomeUnknown => ApiError::write_outcome_unknown("reset"),
                 ErrorCode::Unimplemented => ApiError::unimplemented("HashKV"),
+                ErrorCode::RouteNotFound => ApiError::route_not_found("GET", "/v1/nope"),
+                ErrorCode::MethodNotAllowed => ApiError::method_not_allowed("PATCH", "/v1/txn"),
                 ErrorCode::Internal => ApiError::internal("bug"),
             })
             .collect()

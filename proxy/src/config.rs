@@ -1,0 +1,123 @@
+//! Command-line configuration, with `LATCHKEY_*` environment fallbacks.
+
+use anyhow::{bail, Context};
+use clap::Parser;
+use latchkey_shared::limits;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// latchkey-proxy: the stateless front door to latchkey cells, serving
+/// HTTP/JSON and the etcd v3 gRPC API.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "latchkey-proxy", version, about, long_about = None)]
+pub struct Config {
+    /// Address of the HTTP/JSON API (`/v1/...`, `/healthz`, `/readyz`).
+    #[arg(long, env = "LATCHKEY_HTTP_ADDR", default_value = "127.0.0.1:7700")]
+    pub http_addr: String,
+
+    /// Address of the etcd v3 gRPC API.
+    #[arg(long, env = "LATCHKEY_GRPC_ADDR", default_value = "127.0.0.1:7701")]
+    pub grpc_addr: String,
+
+    /// Address for /metrics (Prometheus), /healthz and /readyz.
+    #[arg(long, env = "LATCHKEY_METRICS_ADDR", default_value = "127.0.0.1:7711")]
+    pub metrics_addr: String,
+
+    /// Client addresses of the cell's members, comma separated.
+    #[arg(
+        long,
+        env = "LATCHKEY_CELLS",
+        value_delimiter = ',',
+        default_value = "127.0.0.1:7801"
+    )]
+    pub cells: Vec<String>,
+
+    /// How often one refresh batch goes to the cell, carrying every lease a
+    /// client refreshed since (e.g. "500ms", "1s").
+    #[arg(long, env = "LATCHKEY_REFRESH_TICK", default_value = "500ms", value_parser = humantime::parse_duration)]
+    pub refresh_tick: Duration,
+
+    /// How long a client request may take, retries included (e.g. "5s").
+    #[arg(long, env = "LATCHKEY_REQUEST_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub request_timeout: Duration,
+
+    /// Largest HTTP request body accepted, in bytes (the cell's request
+    /// limit by default; a value over the cell's value limit is refused by
+    /// the cell).
+    #[arg(long, env = "LATCHKEY_MAX_REQUEST_BYTES", default_value_t = limits::DEFAULT_MAX_REQUEST_BYTES)]
+    pub max_request_bytes: usize,
+
+    /// Run a one-member cell inside this process (data in --data-dir, on
+    /// free loopback ports) with this proxy in front of it; --cells is
+    /// ignored.
+    #[arg(long, env = "LATCHKEY_DEV")]
+    pub dev: bool,
+
+    /// The embedded cell's data directory (with --dev).
+    #[arg(long, env = "LATCHKEY_DATA_DIR", default_value = "latchkey-data")]
+    pub data_dir: PathBuf,
+
+    /// Log filter (tracing's EnvFilter syntax), e.g. "info" or "latchkey_proxy=debug".
+    #[arg(long, env = "LATCHKEY_LOG", default_value = "info")]
+    pub log: String,
+}
+
+/// Shortest refresh tick: below it the batches are mostly empty, and the
+/// cell's leader answers one per tick per proxy.
+const MIN_TICK: Duration = Duration::from_millis(10);
+
+impl Config {
+    /// Checks what clap cannot.
+    pub fn validate(self) -> anyhow::Result<Config> {
+        if self.cells.iter().all(|c| c.trim().is_empty()) {
+            bail!("--cells needs at least one member address");
+        }
+        for addr in &self.cells {
+            latchkey_shared::client::endpoint(addr).with_context(|| format!("--cells {addr}"))?;
+        }
+        if self.refresh_tick < MIN_TICK {
+            bail!("--refresh-tick must be at least {MIN_TICK:?}");
+        }
+        if self.request_timeout.is_zero() {
+            bail!("--request-timeout must be more than 0");
+        }
+        Ok(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_the_documented_ports() {
+        let cfg = Config::parse_from(["latchkey-proxy"])
+            .validate()
+            .expect("valid");
+        assert_eq!(cfg.http_addr, "127.0.0.1:7700");
+        assert_eq!(cfg.grpc_addr, "127.0.0.1:7701");
+        assert_eq!(cfg.metrics_addr, "127.0.0.1:7711");
+        assert_eq!(cfg.cells, vec!["127.0.0.1:7801"]);
+        assert_eq!(cfg.refresh_tick, Duration::from_millis(500));
+    }
+
+    #[test]
+    fn cells_and_durations_parse_and_bad_ones_are_refused() {
+        let cfg = Config::parse_from([
+            "latchkey-proxy",
+            "--cells",
+            "127.0.0.1:1,127.0.0.1:2",
+            "--refresh-tick",
+            "1s",
+        ])
+        .validate()
+        .expect("valid");
+        assert_eq!(cfg.cells.len(), 2);
+        assert_eq!(cfg.refresh_tick, Duration::from_secs(1));
+        assert!(Config::try_parse_from(["latchkey-proxy", "--refresh-tick", "soon"]).is_err());
+        let bad = Config::parse_from(["latchkey-proxy", "--cells", "https://x:1"]).validate();
+        assert!(bad.is_err());
+        let fast = Config::parse_from(["latchkey-proxy", "--refresh-tick", "1ms"]).validate();
+        assert!(fast.is_err());
+    }
+}

@@ -1,0 +1,45 @@
+//! `--dev`: a one-member cell inside the proxy's process, on free
+//! loopback ports, with its data in `--data-dir`; the proxy fronts it.
+
+use latchkey_cell::cell::{Cell, CellHandle};
+use metrics_exporter_prometheus::PrometheusHandle;
+use std::path::Path;
+
+pub async fn start_cell(
+    data_dir: &Path,
+    prometheus: Option<PrometheusHandle>,
+) -> anyhow::Result<CellHandle> {
+    let dir = data_dir
+        .to_str()
+        .ok_or_else(|| anyhow::anyhow!("--data-dir {} is not UTF-8", data_dir.display()))?;
+    let cfg = <latchkey_cell::config::Config as clap::Parser>::try_parse_from([
+        "latchkey-cell",
+        "--dev",
+        "--data-dir",
+        dir,
+        // The cell's own ports are the proxy's business only: any free
+        // ones, so a dev proxy never collides with a cell on 7801.
+        "--client-addr",
+        "127.0.0.1:0",
+        "--peer-addr",
+        "127.0.0.1:0",
+        "--metrics-addr",
+        "127.0.0.1:0",
+    ])?
+    .resolve()?;
+    Cell::start(cfg, prometheus).await
+}
+
+/// The lines `--dev` prints once everything listens.
+pub fn try_these(http: &std::net::SocketAddr, grpc: &std::net::SocketAddr) -> String {
+    format!(
+        "latchkey is up: a one-member cell and a proxy.\n\
+         Try:\n  \
+         curl -s -X PUT --data-binary 'hello' {http}/v1/kv/greeting\n  \
+         curl -s {http}/v1/kv/greeting\n  \
+         curl -s -X POST -H 'content-type: application/json' -d '{{\"ttl\": 30}}' {http}/v1/sessions\n  \
+         curl -sN {http}/v1/watch/greeting\n  \
+         etcdctl --endpoints={grpc} get greeting\n\
+         The API: {http}/v1/openapi.json\n"
+    )
+}

@@ -1,0 +1,193 @@
+//! etcd v3 `Lease`. Grant, revoke, time-to-live and list pass through to
+//! the cell; keep-alives are answered by the proxy from its session table
+//! (DESIGN section 3), so 100 000 client leases cost the cell one refresh
+//! batch per tick instead of a message per lease.
+
+use super::{forward, record};
+use crate::session;
+use crate::state::ProxyState;
+use crate::upstream::{Kind, Route};
+use futures::stream::FuturesUnordered;
+use latchkey_shared::etcdpb::{
+    PbLeaseGrantRequest, PbLeaseGrantResponse, PbLeaseKeepAliveRequest, PbLeaseKeepAliveResponse,
+    PbLeaseLeasesRequest, PbLeaseLeasesResponse, PbLeaseRevokeRequest, PbLeaseRevokeResponse,
+    PbLeaseService, PbLeaseTimeToLiveRequest, PbLeaseTimeToLiveResponse,
+};
+use latchkey_shared::{ErrorCode, LeaseId};
+use std::pin::Pin;
+use std::sync::Arc;
+use tokio::time::Instant;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::{Stream, StreamExt};
+use tonic::{Request, Response, Status, Streaming};
+
+pub const GRANT: &str = "/etcdserverpb.Lease/LeaseGrant";
+pub const REVOKE: &str = "/etcdserverpb.Lease/LeaseRevoke";
+pub const TIME_TO_LIVE: &str = "/etcdserverpb.Lease/LeaseTimeToLive";
+pub const LEASES: &str = "/etcdserverpb.Lease/LeaseLeases";
+const KEEP_ALIVE: &str = "/etcdserverpb.Lease/LeaseKeepAlive";
+
+/// Answers queued per keep-alive stream before its task waits for the
+/// client to read them.
+const OUTBOUND_QUEUE: usize = 256;
+
+pub struct LeaseService {
+    pub state: Arc<ProxyState>,
+}
+
+/// Grants a lease on the cell and enters it in the session table.
+pub async fn grant(
+    state: &ProxyState,
+    request: PbLeaseGrantRequest,
+) -> Result<PbLeaseGrantResponse, latchkey_shared::ApiError> {
+    let cell = state.upstream.home();
+    let sent = Instant::now();
+    let granted: PbLeaseGrantResponse = cell
+        .call(Route::Leader, Kind::Write, GRANT, request)
+        .await?;
+    if granted.error.is_empty() {
+        state
+            .sessions
+            .granted(LeaseId::from(granted.id), granted.ttl, sent);
+    }
+    Ok(granted)
+}
+
+/// Revokes a lease on the cell and drops it from the session table.
+pub async fn revoke(
+    state: &ProxyState,
+    id: LeaseId,
+) -> Result<PbLeaseRevokeResponse, latchkey_shared::ApiError> {
+    let result = state
+        .upstream
+        .home()
+        .call(
+            Route::Leader,
+            Kind::Write,
+            REVOKE,
+            PbLeaseRevokeRequest { id: id.get() },
+        )
+        .await;
+    match &result {
+        Ok(_) => state.sessions.revoked(id),
+        Err(e) if e.code == ErrorCode::LeaseNotFound => state.sessions.revoked(id),
+        Err(_) => {}
+    }
+    result
+}
+
+#[tonic::async_trait]
+impl PbLeaseService for LeaseService {
+    async fn lease_grant(
+        &self,
+        request: Request<PbLeaseGrantRequest>,
+    ) -> Result<Response<PbLeaseGrantResponse>, Status> {
+        let started = Instant::now();
+        let result = grant(&self.state, request.into_inner()).await;
+        record("grpc", GRANT, started, result.as_ref().err());
+        result.map(Response::new).map_err(Into::into)
+    }
+
+    async fn lease_revoke(
+        &self,
+        request: Request<PbLeaseRevokeRequest>,
+    ) -> Result<Response<PbLeaseRevokeResponse>, Status> {
+        let started = Instant::now();
+        let id = LeaseId::from(request.get_ref().id);
+        let result = revoke(&self.state, id).await;
+        record("grpc", REVOKE, started, result.as_ref().err());
+        result.map(Response::new).map_err(Into::into)
+    }
+
+    type LeaseKeepAliveStream =
+        Pin<Box<dyn Stream<Item = Result<PbLeaseKeepAliveResponse, Status>> + Send + 'static>>;
+
+    async fn lease_keep_alive(
+        &self,
+        request: Request<Streaming<PbLeaseKeepAliveRequest>>,
+    ) -> Result<Response<Self::LeaseKeepAliveStream>, Status> {
+        let inbound = request.into_inner();
+        let (tx, rx) = tokio::sync::mpsc::channel(OUTBOUND_QUEUE);
+        let state = self.state.clone();
+        self.state
+            .lifecycle
+            .spawn(serve_keep_alives(state, inbound, tx));
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn lease_time_to_live(
+        &self,
+        request: Request<PbLeaseTimeToLiveRequest>,
+    ) -> Result<Response<PbLeaseTimeToLiveResponse>, Status> {
+        let cell = self.state.upstream.home().clone();
+        forward(&cell, Route::Leader, Kind::Read, TIME_TO_LIVE, request).await
+    }
+
+    async fn lease_leases(
+        &self,
+        request: Request<PbLeaseLeasesRequest>,
+    ) -> Result<Response<PbLeaseLeasesResponse>, Status> {
+        let cell = self.state.upstream.home().clone();
+        forward(&cell, Route::Leader, Kind::Read, LEASES, request).await
+    }
+}
+
+/// One client's keep-alive stream: each request answered as soon as the
+/// table (or, for a lease it must confirm first, the cell) allows, in
+/// whatever order that is, as etcd's clients match answers by lease id.
+async fn serve_keep_alives(
+    state: Arc<ProxyState>,
+    mut inbound: Streaming<PbLeaseKeepAliveRequest>,
+    tx: tokio::sync::mpsc::Sender<Result<PbLeaseKeepAliveResponse, Status>>,
+) {
+    let mut waiting = FuturesUnordered::new();
+    let mut open = true;
+    while open || !waiting.is_empty() {
+        let answer = tokio::select! {
+            request = inbound.next(), if open => match request {
+                Some(Ok(request)) => {
+                    let id = LeaseId::from(request.id);
+                    let state = state.clone();
+                    waiting.push(async move {
+                        let started = Instant::now();
+                        metrics::counter!("latchkey_proxy_keepalives_total", "api" => "grpc")
+                            .increment(1);
+                        let ttl = session::keep_alive(&state.sessions, id, state.request_timeout).await;
+                        record("grpc", KEEP_ALIVE, started, ttl.as_ref().err());
+                        (id, ttl)
+                    });
+                    continue;
+                }
+                // The client closed its side, or the stream broke: answer
+                // what is waiting, then end.
+                _ => {
+                    open = false;
+                    continue;
+                }
+            },
+            Some(done) = waiting.next() => done,
+        };
+        let (id, ttl) = answer;
+        let reply = match ttl {
+            Ok(ttl) => Ok(keep_alive_response(&state, id, ttl)),
+            // etcd answers a keep-alive for a lease that is gone with a TTL
+            // of 0 (clients read TTL <= 0 as "expired"), not an error.
+            Err(e) if e.code == ErrorCode::SessionExpired || e.code == ErrorCode::LeaseNotFound => {
+                Ok(keep_alive_response(&state, id, 0))
+            }
+            Err(e) => Err(Status::from(e)),
+        };
+        let failed = reply.is_err();
+        if tx.send(reply).await.is_err() || failed {
+            return;
+        }
+    }
+}
+
+fn keep_alive_response(state: &ProxyState, id: LeaseId, ttl: i64) -> PbLeaseKeepAliveResponse {
+    PbLeaseKeepAliveResponse {
+        header: Some(state.upstream.home().last_header()),
+        id: id.get(),
+        ttl,
+    }
+}

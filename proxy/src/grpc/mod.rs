@@ -1,0 +1,98 @@
+//! The etcd v3 gRPC API on `--grpc-addr`, one file per service. etcdctl and
+//! etcd client libraries point at a proxy unchanged.
+//!
+//! Most calls pass through to the cell as they are ([`forward`]): the
+//! proxy picks the member (the leader for writes and linearizable reads,
+//! any member for serializable ones) and retries by the error's retry
+//! class. What the proxy answers itself: lease keep-alives (from the
+//! session table, `lease.rs`). Watch streams pass through, one upstream
+//! stream per client stream (`watch.rs`).
+
+pub mod cluster;
+pub mod kv;
+pub mod lease;
+pub mod maintenance;
+pub mod watch;
+
+use crate::state::ProxyState;
+use crate::upstream::cell_client::HasHeader;
+use crate::upstream::{Kind, Route};
+use latchkey_shared::client::call::MAX_FORWARDED_BYTES;
+use latchkey_shared::etcdpb::{
+    PbClusterServer, PbKvServer, PbLeaseServer, PbMaintenanceServer, PbWatchServer,
+};
+use latchkey_shared::net::nodelay_incoming;
+use std::sync::Arc;
+use tokio::time::Instant;
+
+/// Forwards one unary call to the cell `cell` and records its latency
+/// under the method's path.
+pub async fn forward<Req, Resp>(
+    cell: &crate::upstream::Cell,
+    route: Route,
+    kind: Kind,
+    path: &'static str,
+    request: tonic::Request<Req>,
+) -> Result<tonic::Response<Resp>, tonic::Status>
+where
+    Req: prost::Message + Clone + Send + Sync + 'static,
+    Resp: prost::Message + Default + Send + Sync + HasHeader + 'static,
+{
+    let started = Instant::now();
+    let result = cell.call(route, kind, path, request.into_inner()).await;
+    record("grpc", path, started, result.as_ref().err());
+    result.map(tonic::Response::new).map_err(Into::into)
+}
+
+/// Counts a client request and its latency by API and route.
+pub fn record(
+    api: &'static str,
+    route: &'static str,
+    started: Instant,
+    error: Option<&latchkey_shared::ApiError>,
+) {
+    let outcome = error.map_or("ok", |e| e.code.as_str());
+    metrics::histogram!("latchkey_proxy_request_seconds", "api" => api, "route" => route)
+        .record(started.elapsed().as_secs_f64());
+    metrics::counter!("latchkey_proxy_requests_total", "api" => api, "route" => route, "outcome" => outcome)
+        .increment(1);
+}
+
+/// Serves the etcd API until `shutdown` resolves.
+pub async fn serve(
+    state: Arc<ProxyState>,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    // A client's request reaches the cell, which judges its size with
+    // etcd's errors; the proxy only bounds what it decodes at all.
+    let max = MAX_FORWARDED_BYTES;
+    tonic::transport::Server::builder()
+        .add_service(
+            PbKvServer::new(kv::KvService {
+                state: state.clone(),
+            })
+            .max_decoding_message_size(max),
+        )
+        .add_service(
+            PbLeaseServer::new(lease::LeaseService {
+                state: state.clone(),
+            })
+            .max_decoding_message_size(max),
+        )
+        .add_service(
+            PbWatchServer::new(watch::WatchService {
+                state: state.clone(),
+            })
+            .max_decoding_message_size(max),
+        )
+        .add_service(PbClusterServer::new(cluster::ClusterService {
+            state: state.clone(),
+        }))
+        .add_service(PbMaintenanceServer::new(maintenance::MaintenanceService {
+            state,
+        }))
+        .serve_with_incoming_shutdown(nodelay_incoming(listener), shutdown)
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,247 @@
+//! `/v1/kv/{key}`: read, write and delete keys. The key is the rest of the
+//! path (slashes included, percent-decoded); the value is the raw body.
+
+use super::extract::{on, Body, Flag, Path, Query};
+use super::model::{parse_session, DeleteAnswer, ErrorBody, PutAnswer, RangeAnswer};
+use super::{answer, Answer};
+use crate::grpc::kv::{range_route, DELETE_RANGE, PUT, RANGE, TXN};
+use crate::state::ProxyState;
+use crate::upstream::Kind;
+use crate::upstream::Route;
+use axum::extract::State;
+use latchkey_shared::etcd_enums::{CompareResult, CompareTarget};
+use latchkey_shared::etcdpb::{
+    PbCompare, PbDeleteRequest, PbPutRequest, PbRangeRequest, PbTargetUnion, PbTxnOpRequest,
+    PbTxnOpResponse, PbTxnRequest, PbTxnRequestOp, PbTxnResponse,
+};
+use latchkey_shared::{ApiError, ErrorCode, KeyRange, LeaseId};
+use serde::Deserialize;
+use std::sync::Arc;
+use utoipa::IntoParams;
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct GetParams {
+    /// Every key that starts with the path's key.
+    #[param(value_type = Option<bool>)]
+    pub prefix: Option<Flag>,
+    /// Answer from the member's own state, possibly stale (with the
+    /// revision it reflects), instead of a linearizable read.
+    #[param(value_type = Option<bool>)]
+    pub serializable: Option<Flag>,
+    /// Read as of this revision (0 or absent: the latest).
+    pub revision: Option<i64>,
+    /// At most this many keys (0 or absent: no limit).
+    pub limit: Option<i64>,
+    /// Keys and metadata only, no values.
+    #[param(value_type = Option<bool>)]
+    pub keys_only: Option<Flag>,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct PutParams {
+    /// Bind the key to this session (hex id): it is deleted when the
+    /// session ends.
+    pub session: Option<String>,
+    /// Write only if the key's mod_revision is this (0: the key is absent).
+    pub if_mod_revision: Option<i64>,
+    /// Write only if the key's version is this (0: the key is absent).
+    pub if_version: Option<i64>,
+    /// Write only if the key does not exist.
+    #[param(value_type = Option<bool>)]
+    pub if_absent: Option<Flag>,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct DeleteParams {
+    /// Delete every key that starts with the path's key.
+    #[param(value_type = Option<bool>)]
+    pub prefix: Option<Flag>,
+}
+
+/// The etcd key and range_end of a path key, alone or as a prefix.
+pub fn key_range(key: &str, prefix: bool) -> Result<KeyRange, ApiError> {
+    if key.is_empty() {
+        return Err(ApiError::key_not_provided());
+    }
+    Ok(if prefix {
+        KeyRange::prefix(key.as_bytes())
+    } else {
+        KeyRange::single(key.as_bytes().to_vec())
+    })
+}
+
+fn non_negative(name: &str, value: Option<i64>) -> Result<i64, ApiError> {
+    match value {
+        None => Ok(0),
+        Some(v) if v >= 0 => Ok(v),
+        Some(v) => Err(ApiError::invalid(format!(
+            "{name} must be 0 or more, not {v}"
+        ))),
+    }
+}
+
+/// Read one key, or every key under a prefix.
+#[utoipa::path(get, path = "/v1/kv/{*key}", tag = "kv",
+    params(("key" = String, Path, description = "The key (the rest of the path)"), GetParams),
+    responses((status = 200, body = RangeAnswer), (status = "4XX", body = ErrorBody), (status = "5XX", body = ErrorBody)))]
+pub async fn get_kv(
+    State(state): State<Arc<ProxyState>>,
+    Path(key): Path<String>,
+    Query(params): Query<GetParams>,
+) -> Answer<RangeAnswer> {
+    let range = key_range(&key, on(params.prefix))?;
+    let keys_only = on(params.keys_only);
+    let request = PbRangeRequest {
+        key: range.start,
+        range_end: range.end,
+        revision: non_negative("revision", params.revision)?,
+        limit: non_negative("limit", params.limit)?,
+        keys_only,
+        serializable: on(params.serializable),
+        ..Default::default()
+    };
+    let cell = state.upstream.cell_for(key.as_bytes());
+    let resp = cell
+        .call(range_route(&request), Kind::Read, RANGE, request)
+        .await?;
+    answer(RangeAnswer::from_pb(&resp, keys_only))
+}
+
+/// Write a key: the body is its value, stored as sent.
+#[utoipa::path(put, path = "/v1/kv/{*key}", tag = "kv",
+    params(("key" = String, Path, description = "The key (the rest of the path)"), PutParams),
+    request_body(content = String, content_type = "application/octet-stream", description = "The value, raw"),
+    responses((status = 200, body = PutAnswer), (status = 412, body = ErrorBody, description = "A precondition did not hold; nothing was written"),
+        (status = "4XX", body = ErrorBody), (status = "5XX", body = ErrorBody)))]
+pub async fn put_kv(
+    State(state): State<Arc<ProxyState>>,
+    Path(key): Path<String>,
+    Query(params): Query<PutParams>,
+    Body(value): Body,
+) -> Answer<PutAnswer> {
+    key_range(&key, false)?;
+    let lease = match &params.session {
+        Some(id) => parse_session(id)?.get(),
+        None => 0,
+    };
+    let put = PbPutRequest {
+        key: key.as_bytes().to_vec(),
+        value: value.to_vec(),
+        lease,
+        ..Default::default()
+    };
+    let compares = preconditions(key.as_bytes(), &params)?;
+    let cell = state.upstream.cell_for(key.as_bytes());
+    // A put bound to a session that is gone: the session's error.
+    let gone = |e: ApiError| match e.code {
+        ErrorCode::LeaseNotFound => ApiError::session_expired(LeaseId::from(lease)),
+        _ => e,
+    };
+    if compares.is_empty() {
+        let resp: latchkey_shared::etcdpb::PbPutResponse = cell
+            .call(Route::Leader, Kind::Write, PUT, put)
+            .await
+            .map_err(gone)?;
+        return answer(PutAnswer {
+            revision: resp.header.map_or(0, |h| h.revision),
+        });
+    }
+    let txn = PbTxnRequest {
+        compare: compares,
+        success: vec![PbTxnRequestOp {
+            request: Some(PbTxnOpRequest::RequestPut(put)),
+        }],
+        failure: vec![PbTxnRequestOp {
+            request: Some(PbTxnOpRequest::RequestRange(PbRangeRequest {
+                key: key.as_bytes().to_vec(),
+                keys_only: true,
+                ..Default::default()
+            })),
+        }],
+    };
+    let resp: PbTxnResponse = cell
+        .call(Route::Leader, Kind::Write, TXN, txn)
+        .await
+        .map_err(gone)?;
+    if !resp.succeeded {
+        return Err(precondition_failed(&key, &resp));
+    }
+    answer(PutAnswer {
+        revision: resp.header.map_or(0, |h| h.revision),
+    })
+}
+
+/// The compares a put's preconditions ask for.
+fn preconditions(key: &[u8], params: &PutParams) -> Result<Vec<PbCompare>, ApiError> {
+    let mut compares = Vec::new();
+    let mut compare = |target: CompareTarget, union: PbTargetUnion| {
+        compares.push(PbCompare {
+            result: CompareResult::Equal as i32,
+            target: target as i32,
+            key: key.to_vec(),
+            range_end: Vec::new(),
+            target_union: Some(union),
+        })
+    };
+    if let Some(rev) = params.if_mod_revision {
+        compare(
+            CompareTarget::Mod,
+            PbTargetUnion::ModRevision(non_negative("if_mod_revision", Some(rev))?),
+        );
+    }
+    if let Some(version) = params.if_version {
+        compare(
+            CompareTarget::Version,
+            PbTargetUnion::Version(non_negative("if_version", Some(version))?),
+        );
+    }
+    if on(params.if_absent) {
+        compare(CompareTarget::Create, PbTargetUnion::CreateRevision(0));
+    }
+    Ok(compares)
+}
+
+/// The error for a put whose precondition failed, naming what the key is.
+fn precondition_failed(key: &str, resp: &PbTxnResponse) -> ApiError {
+    let current = resp.responses.first().and_then(|r| match &r.response {
+        Some(PbTxnOpResponse::ResponseRange(range)) => range.kvs.first().cloned(),
+        _ => None,
+    });
+    match current {
+        Some(kv) => ApiError::precondition_failed(format!(
+            "key {key:?} is at mod_revision {} version {}; nothing was written",
+            kv.mod_revision, kv.version
+        )),
+        None => ApiError::precondition_failed(format!(
+            "key {key:?} does not exist; nothing was written"
+        )),
+    }
+}
+
+/// Delete a key, or every key under a prefix.
+#[utoipa::path(delete, path = "/v1/kv/{*key}", tag = "kv",
+    params(("key" = String, Path, description = "The key (the rest of the path)"), DeleteParams),
+    responses((status = 200, body = DeleteAnswer), (status = "4XX", body = ErrorBody), (status = "5XX", body = ErrorBody)))]
+pub async fn delete_kv(
+    State(state): State<Arc<ProxyState>>,
+    Path(key): Path<String>,
+    Query(params): Query<DeleteParams>,
+) -> Answer<DeleteAnswer> {
+    let range = key_range(&key, on(params.prefix))?;
+    let request = PbDeleteRequest {
+        key: range.start,
+        range_end: range.end,
+        ..Default::default()
+    };
+    let cell = state.upstream.cell_for(key.as_bytes());
+    let resp: latchkey_shared::etcdpb::PbDeleteResponse = cell
+        .call(Route::Leader, Kind::Write, DELETE_RANGE, request)
+        .await?;
+    answer(DeleteAnswer {
+        revision: resp.header.map_or(0, |h| h.revision),
+        deleted: resp.deleted,
+    })
+}

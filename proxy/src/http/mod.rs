@@ -1,0 +1,166 @@
+//! The HTTP/JSON API under `/v1/` (DESIGN section 6), curl-friendly:
+//! keys are URL paths, values raw bodies or UTF-8 JSON strings (base64
+//! only when the bytes are not UTF-8), watches Server-Sent Events, every
+//! error the JSON body of the one error table with its HTTP status.
+//!
+//! - [`kv`]: `/v1/kv/{key}` get, put (with preconditions), delete;
+//!   [`txn`]: `/v1/txn`;
+//! - [`session`]: `/v1/sessions`, keep-alives answered from the table;
+//! - [`watch_sse`]: `/v1/watch/{key}` as Server-Sent Events;
+//! - [`cluster`]: `/v1/cluster`;
+//! - [`model`]: the JSON shapes and the bytes-in-JSON rule;
+//!   [`extract`]: extractors whose rejections are API errors.
+//!
+//! Every route is declared once, with its OpenAPI description, through
+//! `utoipa_axum`'s router: the router and `/v1/openapi.json` come from the
+//! same declarations, so neither has a route the other lacks.
+
+pub mod cluster;
+pub mod extract;
+pub mod kv;
+pub mod model;
+pub mod session;
+pub mod txn;
+pub mod watch_sse;
+
+use crate::state::ProxyState;
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::http::{Method, StatusCode, Uri};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Router};
+use latchkey_shared::ApiError;
+use std::sync::Arc;
+use tokio::time::Instant;
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+/// What a handler answers: JSON, or an error with its status and body.
+pub type Answer<T> = Result<axum::Json<T>, ApiError>;
+
+pub fn answer<T>(value: T) -> Answer<T> {
+    Ok(axum::Json(value))
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "latchkey",
+        description = "A coordination service: keys with revisions, sessions (leases), \
+            transactions and watches. Keys are URL paths; values are raw bodies on the way \
+            in and UTF-8 strings on the way out (base64 when the bytes are not UTF-8, as \
+            `value_encoding` says). Every error is `{\"error\", \"message\", \"retry\"}`."
+    ),
+    tags(
+        (name = "kv", description = "Keys and transactions"),
+        (name = "sessions", description = "Sessions: leases that keep keys alive"),
+        (name = "watch", description = "Changes as Server-Sent Events"),
+        (name = "cluster", description = "The cell behind the proxy"),
+        (name = "service", description = "The API document and health")
+    )
+)]
+struct ApiDoc;
+
+/// The API's routes and their OpenAPI document, from one declaration.
+pub fn routes() -> (Router<Arc<ProxyState>>, serde_json::Value) {
+    let (router, doc) = OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(kv::get_kv, kv::put_kv, kv::delete_kv))
+        .routes(routes!(txn::txn))
+        .routes(routes!(session::create))
+        .routes(routes!(session::keep_alive))
+        .routes(routes!(session::info, session::revoke))
+        .routes(routes!(watch_sse::watch))
+        .routes(routes!(cluster::status))
+        .routes(routes!(openapi_json))
+        .routes(routes!(healthz))
+        .routes(routes!(readyz))
+        .split_for_parts();
+    (router, document(&doc))
+}
+
+/// The document as served: axum's catch-all `{*key}` written as
+/// OpenAPI's `{key}`.
+fn document(doc: &utoipa::openapi::OpenApi) -> serde_json::Value {
+    let mut json = serde_json::to_value(doc).unwrap_or_default();
+    if let Some(paths) = json.get_mut("paths").and_then(|p| p.as_object_mut()) {
+        let renamed: serde_json::Map<String, serde_json::Value> = std::mem::take(paths)
+            .into_iter()
+            .map(|(path, item)| (path.replace("{*", "{"), item))
+            .collect();
+        *paths = renamed;
+    }
+    json
+}
+
+/// The HTTP API with its state, limits, metrics and JSON fallbacks.
+pub fn router(state: Arc<ProxyState>) -> Router {
+    let (routes, doc) = routes();
+    routes
+        .fallback(no_route)
+        .method_not_allowed_fallback(wrong_method)
+        .layer(axum::middleware::from_fn(track))
+        .layer(DefaultBodyLimit::max(state.max_request_bytes))
+        .layer(Extension(Arc::new(doc)))
+        .with_state(state)
+}
+
+/// This API's OpenAPI 3.1 document.
+#[utoipa::path(get, path = "/v1/openapi.json", tag = "service",
+    responses((status = 200, content_type = "application/json", description = "The OpenAPI document")))]
+async fn openapi_json(
+    Extension(doc): Extension<Arc<serde_json::Value>>,
+) -> axum::Json<serde_json::Value> {
+    axum::Json((*doc).clone())
+}
+
+/// The process answers.
+#[utoipa::path(get, path = "/healthz", tag = "service",
+    responses((status = 200, content_type = "text/plain", description = "ok")))]
+async fn healthz() -> &'static str {
+    crate::admin::healthz().await
+}
+
+/// Every cell behind this proxy has a leader that answers.
+#[utoipa::path(get, path = "/readyz", tag = "service",
+    responses((status = 200, content_type = "text/plain", description = "ready"),
+        (status = 503, content_type = "text/plain", description = "not ready, and why")))]
+async fn readyz(state: State<Arc<ProxyState>>) -> (StatusCode, String) {
+    crate::admin::readyz(state).await
+}
+
+/// A path the API does not have. `/v1/kv/` and `/v1/watch/` with no key
+/// are an empty key, not an unknown route.
+async fn no_route(method: Method, uri: Uri) -> ApiError {
+    let path = uri.path();
+    if matches!(path, "/v1/kv" | "/v1/kv/" | "/v1/watch" | "/v1/watch/") {
+        return ApiError::key_not_provided().with_message(format!(
+            "{path} needs a key: {}/KEY",
+            path.trim_end_matches('/')
+        ));
+    }
+    ApiError::route_not_found(method.as_str(), path)
+}
+
+async fn wrong_method(method: Method, uri: Uri) -> ApiError {
+    ApiError::method_not_allowed(method.as_str(), uri.path())
+}
+
+/// Counts each request and its latency by route (the route's template,
+/// not the key, so a million keys are one series).
+async fn track(request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_else(|| "unrouted".to_string());
+    let method = request.method().as_str().to_string();
+    let response = next.run(request).await;
+    let status = response.status().as_u16().to_string();
+    metrics::histogram!("latchkey_proxy_request_seconds", "api" => "http", "route" => format!("{method} {route}"))
+        .record(started.elapsed().as_secs_f64());
+    metrics::counter!("latchkey_proxy_http_responses_total", "route" => format!("{method} {route}"), "status" => status)
+        .increment(1);
+    response.into_response()
+}

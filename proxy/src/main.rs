@@ -1,0 +1,51 @@
+//! `latchkey-proxy`: parses flags, installs what is process-wide (logs,
+//! metrics recorder, signals), starts the proxy (and with `--dev` a
+//! one-member cell in the same process), runs until a signal.
+
+use clap::Parser;
+use latchkey_proxy::config::Config;
+use latchkey_proxy::dev;
+use latchkey_proxy::proxy::Proxy;
+use latchkey_shared::{lifecycle, telemetry};
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    match Config::parse().validate() {
+        Ok(cfg) => lifecycle::run_main("latchkey-proxy", run(cfg)),
+        Err(e) => {
+            eprintln!("latchkey-proxy: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn run(mut cfg: Config) -> anyhow::Result<()> {
+    telemetry::init_tracing(&cfg.log);
+    let prometheus = telemetry::install_prometheus().map_err(anyhow::Error::msg)?;
+    let cell = if cfg.dev {
+        let cell = dev::start_cell(&cfg.data_dir, Some(prometheus.clone())).await?;
+        cfg.cells = vec![cell.client_addr.to_string()];
+        Some(cell)
+    } else {
+        None
+    };
+    let mut proxy = Proxy::start(cfg, Some(prometheus)).await?;
+    if cell.is_some() {
+        println!("{}", dev::try_these(&proxy.http_addr, &proxy.grpc_addr));
+    }
+    let failed = tokio::select! {
+        _ = telemetry::shutdown_signal() => {
+            tracing::info!("stopping");
+            None
+        }
+        e = proxy.failed() => Some(e),
+    };
+    proxy.shutdown().await?;
+    if let Some(cell) = cell {
+        cell.shutdown().await?;
+    }
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}

@@ -1,0 +1,145 @@
+//! [`Proxy::start`]: binds the three addresses, connects the upstream
+//! cells lazily, and spawns the servers, the leader trackers and the
+//! keep-alive batcher under one [`Lifecycle`]; [`ProxyHandle::shutdown`]
+//! stops them all.
+
+use crate::config::Config;
+use crate::session::{KeepAliveBatcher, SessionTable};
+use crate::state::ProxyState;
+use crate::upstream::{CellClient, LeaderTracker, Upstream};
+use crate::{admin, grpc, http};
+use anyhow::Context;
+use latchkey_shared::client::RefreshStream;
+use latchkey_shared::lifecycle::Lifecycle;
+use metrics_exporter_prometheus::PrometheusHandle;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::task::JoinHandle;
+
+/// How long shutdown waits for tasks to end.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+pub struct Proxy;
+
+pub struct ProxyHandle {
+    pub http_addr: SocketAddr,
+    pub grpc_addr: SocketAddr,
+    pub metrics_addr: SocketAddr,
+    pub state: Arc<ProxyState>,
+    lifecycle: Lifecycle,
+    servers: Vec<JoinHandle<anyhow::Result<()>>>,
+}
+
+async fn bind(flag: &str, addr: &str) -> anyhow::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding {flag} {addr}"))
+}
+
+impl Proxy {
+    pub async fn start(
+        cfg: Config,
+        prometheus: Option<PrometheusHandle>,
+    ) -> anyhow::Result<ProxyHandle> {
+        let http_listener = bind("--http-addr", &cfg.http_addr).await?;
+        let grpc_listener = bind("--grpc-addr", &cfg.grpc_addr).await?;
+        let metrics_listener = bind("--metrics-addr", &cfg.metrics_addr).await?;
+        let http_addr = http_listener.local_addr()?;
+        let grpc_addr = grpc_listener.local_addr()?;
+        let metrics_addr = metrics_listener.local_addr()?;
+
+        let lifecycle = Lifecycle::new();
+        let cell = CellClient::new(&cfg.cells, cfg.request_timeout)?;
+        let upstream = Upstream::new(vec![cell])?;
+        let sessions = Arc::new(SessionTable::new());
+        let state = Arc::new(ProxyState {
+            upstream,
+            sessions: sessions.clone(),
+            request_timeout: cfg.request_timeout,
+            max_request_bytes: cfg.max_request_bytes,
+            lifecycle: lifecycle.clone(),
+        });
+        for cell in state.upstream.cells() {
+            let tracker = LeaderTracker { cell: cell.clone() };
+            lifecycle.spawn_owned(|token| tracker.run(token));
+        }
+        let batcher = KeepAliveBatcher {
+            table: sessions,
+            stream: RefreshStream::new(cfg.cells.iter().cloned())?,
+            tick: cfg.refresh_tick,
+        };
+        lifecycle.spawn_owned(|token| batcher.run(token));
+
+        let mut servers = Vec::new();
+        let token = lifecycle.token();
+        let stop = move |t: tokio_util::sync::CancellationToken| async move { t.cancelled().await };
+        servers.push(tokio::spawn(grpc::serve(
+            state.clone(),
+            grpc_listener,
+            stop(token.clone()),
+        )));
+        let api = http::router(state.clone());
+        servers.push(tokio::spawn(serve_http(
+            api,
+            http_listener,
+            stop(token.clone()),
+        )));
+        let admin = admin::router(state.clone(), prometheus);
+        servers.push(tokio::spawn(serve_http(
+            admin,
+            metrics_listener,
+            stop(token),
+        )));
+        tracing::info!(%http_addr, %grpc_addr, %metrics_addr, cells = ?cfg.cells, "proxy listening");
+        Ok(ProxyHandle {
+            http_addr,
+            grpc_addr,
+            metrics_addr,
+            state,
+            lifecycle,
+            servers,
+        })
+    }
+}
+
+async fn serve_http(
+    router: axum::Router,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "TCP_NODELAY not set");
+        }
+    });
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await?;
+    Ok(())
+}
+
+impl ProxyHandle {
+    /// Resolves when a server ends on its own (it failed).
+    pub async fn failed(&mut self) -> anyhow::Error {
+        let (result, index, _) = futures::future::select_all(self.servers.iter_mut()).await;
+        self.servers.remove(index);
+        match result {
+            Ok(Ok(())) => anyhow::anyhow!("a server ended"),
+            Ok(Err(e)) => e,
+            Err(e) => anyhow::anyhow!("a server panicked: {e}"),
+        }
+    }
+
+    /// Stops the servers and every task, waiting a few seconds for them.
+    pub async fn shutdown(self) -> anyhow::Result<()> {
+        let left = self.lifecycle.shutdown(SHUTDOWN_GRACE).await;
+        for server in self.servers {
+            let _ = tokio::time::timeout(SHUTDOWN_GRACE, server).await;
+        }
+        if left > 0 {
+            tracing::warn!(left, "tasks still running after shutdown");
+        }
+        Ok(())
+    }
+}

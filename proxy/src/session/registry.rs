@@ -1,0 +1,311 @@
+//! [`SessionTable`]: the leases this proxy keeps alive for its clients.
+//!
+//! A client keep-alive (HTTP or gRPC) is answered at once from the table
+//! with the TTL the cell last confirmed, aged by the whole seconds since
+//! the batch that confirmed it was sent: never more than the cell said,
+//! in etcd's unit of whole seconds (so it can exceed the exact time left
+//! by the fraction of a second since the last whole one).
+//! The lease is marked refreshed, and the keep-alive batcher sends it to
+//! the cell with the next tick's batch.
+//!
+//! A keep-alive waits for the cell instead when the table cannot answer
+//! truthfully: the lease is unknown here (a client that moved from another
+//! proxy: the lease is adopted), or what the cell confirmed has run down
+//! to under a second (the cell has not answered for a while). A lease the
+//! cell says is gone is removed and answered `session_expired`.
+//!
+//! State is a `DashMap` keyed by lease id (keep-alives of different
+//! leases do not contend) plus the list of leases refreshed since the
+//! last batch, so a tick touches only those, not all 100 000.
+
+use dashmap::DashMap;
+use latchkey_shared::{ApiError, LeaseId};
+use std::sync::Mutex;
+use std::time::Duration;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+/// What the cell last said about a lease.
+#[derive(Debug, Clone, Copy)]
+struct Confirmed {
+    /// Seconds the lease had left, counted from `sent`.
+    ttl: i64,
+    /// When the batch (or grant) that got this answer was sent.
+    sent: Instant,
+}
+
+impl Confirmed {
+    /// The TTL to report at `now`, in etcd's whole seconds: the confirmed
+    /// TTL less the whole seconds since it was sent, so right after a
+    /// confirmation a client is told what the cell said (etcdctl's
+    /// `keep-alive --once` prints the granted TTL, as against etcd).
+    /// `None` when less than a second of confirmed time is left: then the
+    /// table cannot answer truthfully and the caller waits for the cell.
+    fn remaining(&self, now: Instant) -> Option<i64> {
+        if self.deadline().saturating_duration_since(now) < Duration::from_secs(1) {
+            return None;
+        }
+        Some(self.aged(now))
+    }
+
+    /// The confirmed TTL less the whole seconds since it was sent.
+    fn aged(&self, now: Instant) -> i64 {
+        let elapsed = now.saturating_duration_since(self.sent).as_secs();
+        self.ttl
+            .saturating_sub(i64::try_from(elapsed).unwrap_or(i64::MAX))
+    }
+
+    fn deadline(&self) -> Instant {
+        self.sent + Duration::from_secs(u64::try_from(self.ttl.max(0)).unwrap_or(0))
+    }
+}
+
+#[derive(Default)]
+struct Entry {
+    confirmed: Option<Confirmed>,
+    /// A client refreshed the lease since the last batch took it.
+    refreshed: bool,
+    /// Keep-alives waiting for the cell's next answer about this lease.
+    waiters: Vec<oneshot::Sender<Result<i64, ApiError>>>,
+}
+
+/// The answer to a client keep-alive.
+pub enum KeepAlive {
+    /// The TTL to report now.
+    Ttl(i64),
+    /// Wait for the cell's answer (carried by the next batch).
+    Wait(oneshot::Receiver<Result<i64, ApiError>>),
+}
+
+/// How a batch's answer for one lease is applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    /// The lease lives: its TTL from when the batch was sent.
+    Alive(i64),
+    /// The cell says the lease does not exist.
+    Gone,
+}
+
+#[derive(Default)]
+pub struct SessionTable {
+    entries: DashMap<LeaseId, Entry>,
+    /// Leases whose `refreshed` went from false to true since the last
+    /// batch. A std mutex: pushed to and swapped out, never held across
+    /// an await. Taken after a map shard lock, never before one.
+    due: Mutex<Vec<LeaseId>>,
+}
+
+impl SessionTable {
+    pub fn new() -> SessionTable {
+        SessionTable::default()
+    }
+
+    /// Sessions in the table.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// A client refreshed `id` at `now`.
+    pub fn keep_alive(&self, id: LeaseId, now: Instant) -> KeepAlive {
+        let mut entry = self.entries.entry(id).or_default();
+        if !entry.refreshed {
+            entry.refreshed = true;
+            self.push_due(id);
+        }
+        if let Some(ttl) = entry.confirmed.and_then(|c| c.remaining(now)) {
+            return KeepAlive::Ttl(ttl);
+        }
+        let (tx, rx) = oneshot::channel();
+        entry.waiters.push(tx);
+        KeepAlive::Wait(rx)
+    }
+
+    /// A lease this proxy just granted (its TTL from `sent`).
+    pub fn granted(&self, id: LeaseId, ttl: i64, sent: Instant) {
+        self.entries.entry(id).or_default().confirmed = Some(Confirmed { ttl, sent });
+    }
+
+    /// A lease revoked through this proxy: answered gone to anyone waiting.
+    pub fn revoked(&self, id: LeaseId) {
+        if let Some((_, entry)) = self.entries.remove(&id) {
+            for waiter in entry.waiters {
+                let _ = waiter.send(Err(ApiError::session_expired(id)));
+            }
+        }
+    }
+
+    fn push_due(&self, id: LeaseId) {
+        if let Ok(mut due) = self.due.lock() {
+            due.push(id);
+        }
+    }
+
+    /// The leases to send in the next batch; each is marked not refreshed,
+    /// so a client keep-alive from now on puts it in the batch after.
+    pub fn take_due(&self) -> Vec<LeaseId> {
+        let due = match self.due.lock() {
+            Ok(mut due) => std::mem::take(&mut *due),
+            Err(_) => Vec::new(),
+        };
+        due.into_iter()
+            .filter(|id| match self.entries.get_mut(id) {
+                Some(mut entry) if entry.refreshed => {
+                    entry.refreshed = false;
+                    true
+                }
+                _ => false,
+            })
+            .collect()
+    }
+
+    /// Puts leases of a batch that failed back for the next one.
+    pub fn retry(&self, ids: &[LeaseId]) {
+        for id in ids {
+            if let Some(mut entry) = self.entries.get_mut(id) {
+                if !entry.refreshed {
+                    entry.refreshed = true;
+                    self.push_due(*id);
+                }
+            }
+        }
+    }
+
+    /// The cell's answer about `id` to a batch sent at `sent`.
+    pub fn answered(&self, id: LeaseId, answer: Answer, sent: Instant) {
+        match answer {
+            Answer::Alive(ttl) => {
+                if let Some(mut entry) = self.entries.get_mut(&id) {
+                    let newer = entry.confirmed.is_none_or(|c| c.sent <= sent);
+                    if newer {
+                        entry.confirmed = Some(Confirmed { ttl, sent });
+                    }
+                    let now = Instant::now();
+                    let report = entry.confirmed.map_or(ttl, |c| c.aged(now).max(1));
+                    for waiter in entry.waiters.drain(..) {
+                        let _ = waiter.send(Ok(report));
+                    }
+                }
+            }
+            Answer::Gone => {
+                tracing::debug!(lease_id = %id, "the cell says the lease is gone");
+                self.revoked(id);
+            }
+        }
+    }
+
+    /// Drops sessions nobody refreshed whose confirmed time ran out more
+    /// than `grace` ago: the cell has expired them (or another proxy keeps
+    /// them, and adopts them back here if their client returns).
+    pub fn sweep(&self, now: Instant, grace: Duration) -> usize {
+        let before = self.entries.len();
+        self.entries.retain(|_, entry| {
+            entry.refreshed
+                || !entry.waiters.is_empty()
+                || entry.confirmed.is_none_or(|c| c.deadline() + grace > now)
+        });
+        before - self.entries.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(n: i64) -> LeaseId {
+        LeaseId::from(n)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_keep_alive_reports_what_the_cell_confirmed_aged_never_more() {
+        let table = SessionTable::new();
+        let sent = Instant::now();
+        table.granted(id(1), 10, sent);
+        match table.keep_alive(id(1), sent) {
+            KeepAlive::Ttl(ttl) => assert_eq!(ttl, 10),
+            KeepAlive::Wait(_) => panic!("a granted lease is answered at once"),
+        }
+        tokio::time::advance(Duration::from_millis(3_700)).await;
+        match table.keep_alive(id(1), Instant::now()) {
+            KeepAlive::Ttl(ttl) => assert_eq!(ttl, 7, "3.7 s after the grant"),
+            KeepAlive::Wait(_) => panic!("still confirmed"),
+        }
+        assert_eq!(table.take_due(), vec![id(1)], "refreshed once, due once");
+        assert!(table.take_due().is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unknown_lease_waits_for_the_cell_and_is_adopted() {
+        let table = SessionTable::new();
+        let KeepAlive::Wait(rx) = table.keep_alive(id(7), Instant::now()) else {
+            panic!("an unknown lease cannot be answered from the table");
+        };
+        let due = table.take_due();
+        assert_eq!(due, vec![id(7)]);
+        table.answered(id(7), Answer::Alive(30), Instant::now());
+        assert_eq!(rx.await.expect("answered").expect("alive"), 30);
+        assert!(matches!(
+            table.keep_alive(id(7), Instant::now()),
+            KeepAlive::Ttl(30)
+        ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_the_cell_says_is_gone_answers_session_expired() {
+        let table = SessionTable::new();
+        table.granted(id(2), 2, Instant::now());
+        tokio::time::advance(Duration::from_millis(1_500)).await;
+        // 2 s confirmed, 1.5 s ago: under a second left, so it waits.
+        let KeepAlive::Wait(rx) = table.keep_alive(id(2), Instant::now()) else {
+            panic!("under a second confirmed must wait for the cell");
+        };
+        table.answered(id(2), Answer::Gone, Instant::now());
+        let err = rx.await.expect("answered").expect_err("gone");
+        assert_eq!(err.code, latchkey_shared::ErrorCode::SessionExpired);
+        assert!(table.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_older_answer_never_replaces_a_newer_one() {
+        let table = SessionTable::new();
+        let early = Instant::now();
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let late = Instant::now();
+        table.granted(id(3), 10, late);
+        table.answered(id(3), Answer::Alive(10), early);
+        // 1.5 s confirmed by the newer answer; 0.5 s by the older one,
+        // which would make the keep-alive wait.
+        tokio::time::advance(Duration::from_millis(8_500)).await;
+        assert!(matches!(
+            table.keep_alive(id(3), Instant::now()),
+            KeepAlive::Ttl(2)
+        ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn sessions_nobody_refreshes_are_swept_after_their_time_runs_out() {
+        let table = SessionTable::new();
+        table.granted(id(4), 5, Instant::now());
+        table.granted(id(5), 5, Instant::now());
+        let grace = Duration::from_secs(1);
+        tokio::time::advance(Duration::from_secs(5)).await;
+        let _ = table.keep_alive(id(5), Instant::now());
+        assert_eq!(table.sweep(Instant::now(), grace), 0, "within the grace");
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert_eq!(table.sweep(Instant::now(), grace), 1);
+        assert_eq!(table.len(), 1, "the refreshed one stays");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_batch_puts_its_leases_back() {
+        let table = SessionTable::new();
+        table.granted(id(6), 10, Instant::now());
+        let _ = table.keep_alive(id(6), Instant::now());
+        let due = table.take_due();
+        table.retry(&due);
+        assert_eq!(table.take_due(), vec![id(6)]);
+    }
+}

@@ -1,0 +1,18 @@
+//! [`ProxyState`]: what every request handler of both APIs shares.
+
+use crate::session::SessionTable;
+use crate::upstream::Upstream;
+use latchkey_shared::lifecycle::Lifecycle;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub struct ProxyState {
+    pub upstream: Upstream,
+    pub sessions: Arc<SessionTable>,
+    /// How long a client request may take, retries included.
+    pub request_timeout: Duration,
+    /// Largest HTTP request body accepted.
+    pub max_request_bytes: usize,
+    /// Owns the per-stream tasks (watch and keep-alive streams).
+    pub lifecycle: Lifecycle,
+}

@@ -1,0 +1,331 @@
+//! [`CellClient`]: the proxy's channels to the members of one cell, and the
+//! one place a forwarded call is sent, timed and retried.
+//!
+//! A call names a [`Route`]: writes and linearizable reads go to the
+//! leader (a follower would forward them anyway, one hop later);
+//! serializable reads are spread over the members. A failed attempt is
+//! tried again, on another member or the leader it named, only when its
+//! error's retry class says nothing happened ([`Retry::Safe`]), or when the
+//! call is a read ([`Kind::Read`]) whose outcome is unknown. A write whose
+//! outcome is unknown is reported as such and never resent. Every call ends
+//! by the request deadline.
+
+use latchkey_shared::client::{call, endpoint};
+use latchkey_shared::etcdpb::PbResponseHeader;
+use latchkey_shared::{ApiError, ErrorCode, Retry};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tonic::transport::Channel;
+
+/// Where a call is served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// The leader when known (writes, linearizable reads, membership).
+    Leader,
+    /// Any member, in turn (serializable reads).
+    Any,
+}
+
+/// What a call does, which decides whether an unknown outcome may be
+/// retried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Changes nothing: may be sent again whatever happened.
+    Read,
+    /// May change the cell: sent again only when it surely did not arrive.
+    Write,
+}
+
+/// First pause between attempts; doubled each time, up to
+/// [`MAX_BACKOFF`]. An election takes 1-2 s, a NotLeader hint is good at
+/// once, so the first retry is quick and later ones wait for the election.
+const FIRST_BACKOFF: Duration = Duration::from_millis(20);
+const MAX_BACKOFF: Duration = Duration::from_millis(400);
+
+/// One member of the cell as the proxy sees it.
+pub struct Member {
+    /// As given in `--cells`.
+    pub addr: String,
+    /// Connects lazily and reconnects by itself.
+    pub channel: Channel,
+    /// The member id answering at `addr` (0 until learned from a header).
+    member_id: AtomicU64,
+    /// False after a failed call or status probe, until one succeeds.
+    up: AtomicBool,
+}
+
+impl Member {
+    pub fn member_id(&self) -> Option<u64> {
+        match self.member_id.load(Ordering::Relaxed) {
+            0 => None,
+            id => Some(id),
+        }
+    }
+
+    pub fn is_up(&self) -> bool {
+        self.up.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn learned(&self, member_id: u64) {
+        if member_id != 0 {
+            self.member_id.store(member_id, Ordering::Relaxed);
+        }
+        self.up.store(true, Ordering::Relaxed);
+    }
+
+    pub(crate) fn failed(&self) {
+        self.up.store(false, Ordering::Relaxed);
+    }
+}
+
+/// Unknown leader in [`CellClient::leader`].
+const NO_LEADER: usize = usize::MAX;
+
+/// The channels to one cell's members; see the module doc.
+pub struct CellClient {
+    pub members: Vec<Member>,
+    /// Index into `members` of the leader, or [`NO_LEADER`].
+    leader: AtomicUsize,
+    /// Round-robin position for [`Route::Any`].
+    next: AtomicUsize,
+    /// The cell's id (etcd's cluster id), 0 until learned.
+    cell_id: AtomicU64,
+    /// The newest header any member sent, for answers the proxy makes
+    /// itself (keep-alives).
+    last_header: Mutex<PbResponseHeader>,
+    /// Wakes the leader tracker early (a call met a leader change).
+    pub(crate) leader_changed: Notify,
+    pub request_timeout: Duration,
+}
+
+impl CellClient {
+    /// Channels to `addrs` (client addresses of one cell's members). Nothing
+    /// is connected until the first call.
+    pub fn new(addrs: &[String], request_timeout: Duration) -> Result<CellClient, ApiError> {
+        if addrs.is_empty() {
+            return Err(ApiError::invalid("no cell member address given"));
+        }
+        let members = addrs
+            .iter()
+            .map(|addr| {
+                let channel = endpoint(addr)
+                    .map_err(|e| ApiError::invalid(e.to_string()))?
+                    .connect_lazy();
+                Ok(Member {
+                    addr: addr.clone(),
+                    channel,
+                    member_id: AtomicU64::new(0),
+                    up: AtomicBool::new(true),
+                })
+            })
+            .collect::<Result<Vec<_>, ApiError>>()?;
+        Ok(CellClient {
+            members,
+            leader: AtomicUsize::new(NO_LEADER),
+            next: AtomicUsize::new(0),
+            cell_id: AtomicU64::new(0),
+            last_header: Mutex::new(PbResponseHeader::default()),
+            leader_changed: Notify::new(),
+            request_timeout,
+        })
+    }
+
+    /// The cell's id once any member has answered.
+    pub fn cell_id(&self) -> Option<u64> {
+        match self.cell_id.load(Ordering::Relaxed) {
+            0 => None,
+            id => Some(id),
+        }
+    }
+
+    /// The leader's index in `members`, when known.
+    pub fn leader(&self) -> Option<usize> {
+        match self.leader.load(Ordering::Relaxed) {
+            NO_LEADER => None,
+            i => Some(i),
+        }
+    }
+
+    /// Records the leader by its member id; unknown ids clear it.
+    pub(crate) fn set_leader(&self, member_id: Option<u64>) {
+        let index = member_id
+            .and_then(|id| self.members.iter().position(|m| m.member_id() == Some(id)))
+            .unwrap_or(NO_LEADER);
+        self.leader.store(index, Ordering::Relaxed);
+    }
+
+    /// Notes a header a member answered with.
+    pub(crate) fn saw_header(&self, member: usize, header: Option<&PbResponseHeader>) {
+        let Some(header) = header else { return };
+        if let Some(m) = self.members.get(member) {
+            m.learned(header.member_id);
+        }
+        if header.cluster_id != 0 {
+            self.cell_id.store(header.cluster_id, Ordering::Relaxed);
+        }
+        // The std mutex is held for a copy only, never across an await.
+        if let Ok(mut last) = self.last_header.lock() {
+            if header.revision >= last.revision {
+                *last = header.clone();
+            }
+        }
+    }
+
+    /// The newest header seen (revision, term, cell and member ids).
+    pub fn last_header(&self) -> PbResponseHeader {
+        self.last_header
+            .lock()
+            .map(|h| h.clone())
+            .unwrap_or_default()
+    }
+
+    /// The member to try on attempt `attempt` of a call on `route`.
+    pub(crate) fn pick(&self, route: Route, attempt: usize) -> usize {
+        let n = self.members.len();
+        if route == Route::Leader {
+            if let Some(leader) = self.leader() {
+                // The leader first, then the others in turn: one that is
+                // not the leader forwards, or names who is.
+                return (leader + attempt) % n;
+            }
+        }
+        // In turn, skipping members that failed last time (all of them, if
+        // every member failed: a failed member may be back).
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        (0..n)
+            .map(|k| (start + k) % n)
+            .find(|&i| self.members[i].is_up())
+            .unwrap_or(start % n)
+    }
+
+    /// Sends `request` to `path` on the member `route` names, retrying by
+    /// the rules of the module doc until `request_timeout` has passed.
+    pub async fn call<Req, Resp>(
+        &self,
+        route: Route,
+        kind: Kind,
+        path: &'static str,
+        request: Req,
+    ) -> Result<Resp, ApiError>
+    where
+        Req: prost::Message + Clone + Send + Sync + 'static,
+        Resp: prost::Message + Default + Send + Sync + HasHeader + 'static,
+    {
+        let started = Instant::now();
+        let deadline = started + self.request_timeout;
+        let mut backoff = FIRST_BACKOFF;
+        let mut attempt = 0;
+        let result = loop {
+            let member = self.pick(route, attempt);
+            attempt += 1;
+            let channel = self.members[member].channel.clone();
+            let mut grpc_request = tonic::Request::new(request.clone());
+            grpc_request.set_timeout(deadline.saturating_duration_since(Instant::now()));
+            let outcome = tokio::time::timeout_at(
+                deadline,
+                call::unary::<Req, Resp>(channel, path, grpc_request),
+            )
+            .await;
+            let error = match outcome {
+                Ok(Ok(resp)) => {
+                    self.saw_header(member, resp.header());
+                    break Ok(resp);
+                }
+                Ok(Err(e)) => e,
+                Err(_) => break Err(ApiError::timeout()),
+            };
+            metrics::counter!("latchkey_proxy_upstream_errors_total",
+                "code" => error.code.as_str())
+            .increment(1);
+            if !self.may_retry(member, kind, &error) {
+                break Err(error);
+            }
+            let pause = backoff.min(deadline.saturating_duration_since(Instant::now()));
+            if pause.is_zero() {
+                break Err(error);
+            }
+            tracing::debug!(path, member = %self.members[member].addr, error = %error, "retrying");
+            tokio::time::sleep(pause).await;
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        };
+        metrics::histogram!("latchkey_proxy_upstream_seconds", "path" => path)
+            .record(started.elapsed().as_secs_f64());
+        result
+    }
+
+    /// Whether a failed attempt on `member` may be made again, learning
+    /// what the error says about the leader on the way.
+    fn may_retry(&self, member: usize, kind: Kind, error: &ApiError) -> bool {
+        match error.code {
+            ErrorCode::NotLeader => {
+                self.set_leader(error.leader_hint());
+                self.leader_changed.notify_one();
+            }
+            ErrorCode::NoLeader => {
+                self.set_leader(None);
+                self.leader_changed.notify_one();
+            }
+            _ => {}
+        }
+        if error.is_member_fault() || error.code == ErrorCode::Unavailable {
+            self.members[member].failed();
+            if self.leader() == Some(member) {
+                self.set_leader(None);
+                self.leader_changed.notify_one();
+            }
+        }
+        match error.retry() {
+            Retry::Safe => true,
+            Retry::OutcomeUnknown => kind == Kind::Read,
+            Retry::Never => false,
+        }
+    }
+}
+
+/// An etcd response with a header (every one but a stream's later
+/// messages), so the proxy learns member ids, the cell id and revisions
+/// from whatever it forwards.
+pub trait HasHeader {
+    fn header(&self) -> Option<&PbResponseHeader>;
+}
+
+macro_rules! has_header {
+    ($($t:ty),* $(,)?) => {
+        $(impl HasHeader for $t {
+            fn header(&self) -> Option<&PbResponseHeader> {
+                self.header.as_ref()
+            }
+        })*
+    };
+}
+
+use latchkey_shared::etcdpb::*;
+has_header!(
+    PbRangeResponse,
+    PbPutResponse,
+    PbDeleteResponse,
+    PbTxnResponse,
+    PbCompactionResponse,
+    PbLeaseGrantResponse,
+    PbLeaseRevokeResponse,
+    PbLeaseTimeToLiveResponse,
+    PbLeaseLeasesResponse,
+    PbMemberAddResponse,
+    PbMemberRemoveResponse,
+    PbMemberUpdateResponse,
+    PbMemberListResponse,
+    PbMemberPromoteResponse,
+    PbAlarmResponse,
+    PbStatusResponse,
+    PbDefragmentResponse,
+    PbHashResponse,
+    PbHashKvResponse,
+    PbMoveLeaderResponse,
+    PbDowngradeResponse,
+);
+
+/// Shared by the services of both APIs.
+pub type Cell = Arc<CellClient>;

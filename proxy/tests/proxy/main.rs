@@ -1,0 +1,23 @@
+//! The proxy's integration tests: ONE binary (it links once), numbered by
+//! area. Every test starts real `latchkey-proxy` processes (and, where a
+//! three-member cell is needed, real `latchkey-cell` processes through
+//! `latchkey_testkit::Cluster`) on 127.0.0.1; all are killed when dropped.
+
+mod t10_readme;
+mod t20_etcdctl;
+mod t30_sessions;
+mod t40_bad_input;
+
+use std::path::Path;
+
+/// The binary under test; cargo builds it for this test binary.
+pub const PROXY_BIN: &str = env!("CARGO_BIN_EXE_latchkey-proxy");
+
+pub fn proxy_bin() -> &'static Path {
+    Path::new(PROXY_BIN)
+}
+
+/// The client addresses of a cluster's members.
+pub fn member_addrs(cluster: &latchkey_testkit::Cluster) -> Vec<String> {
+    cluster.members.iter().map(|m| m.client.clone()).collect()
+}
