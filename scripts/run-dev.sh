@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Runs a one-member latchkey cell in ./latchkey-data on the default ports:
-# etcd v3 gRPC on 127.0.0.1:7801, metrics/health on 127.0.0.1:7811.
+# Runs latchkey for trying it out: `latchkey-proxy --dev`, a one-member cell
+# (data in ./latchkey-data) inside the proxy's process, with the proxy on
+# its default ports: HTTP/JSON on 127.0.0.1:7700, etcd v3 gRPC on
+# 127.0.0.1:7701, /metrics on 127.0.0.1:7711. Extra arguments go to the
+# proxy.
 #
 # Builds exactly what scripts/test.sh builds (the whole workspace with its
 # tests): a narrower `cargo run -p` resolves some dependencies' features
@@ -9,4 +12,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 cargo build --workspace --all-targets
-exec "${CARGO_TARGET_DIR:-target}/debug/latchkey-cell" --dev "$@"
+exec "${CARGO_TARGET_DIR:-target}/debug/latchkey-proxy" --dev "$@"

@@ -33,6 +33,9 @@ pub fn proxy_binary() -> PathBuf {
     bin
 }
 
+/// Log lines a failed test prints per proxy.
+const LOG_TAIL: usize = 200;
+
 pub struct ProxyProcess {
     /// `127.0.0.1:port` of the HTTP API, the gRPC API and `/metrics`.
     pub http: String,
@@ -134,8 +137,8 @@ impl Drop for ProxyProcess {
         self.kill();
         if std::thread::panicking() {
             if let Ok(text) = std::fs::read_to_string(&self.log) {
-                let tail: Vec<&str> = text.lines().rev().take(60).collect();
-                eprintln!("--- proxy {} log (last 60 lines) ---", self.http);
+                let tail: Vec<&str> = text.lines().rev().take(LOG_TAIL).collect();
+                eprintln!("--- proxy {} log (last {LOG_TAIL} lines) ---", self.http);
                 for line in tail.into_iter().rev() {
                     eprintln!("{line}");
                 }

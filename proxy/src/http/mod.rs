@@ -164,3 +164,108 @@ async fn track(request: Request, next: Next) -> Response {
         .increment(1);
     response.into_response()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::session::SessionTable;
+    use crate::upstream::{CellClient, Upstream};
+    use axum::body::Body;
+    use latchkey_shared::lifecycle::Lifecycle;
+    use std::time::Duration;
+    use tower::ServiceExt;
+
+    /// The API in front of a cell that is not there: every routed request
+    /// gets an answer of its own (unavailable, bad input), never "no such
+    /// route".
+    fn api_without_a_cell() -> Router {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = closed.local_addr().expect("addr").to_string();
+        drop(closed);
+        let cell = CellClient::new(&[addr], Duration::from_millis(300)).expect("cell");
+        router(Arc::new(ProxyState {
+            upstream: Upstream::new(vec![cell]).expect("upstream"),
+            sessions: Arc::new(SessionTable::new()),
+            request_timeout: Duration::from_millis(300),
+            max_request_bytes: 1 << 20,
+            lifecycle: Lifecycle::new(),
+        }))
+    }
+
+    async fn error_of(api: &Router, method: &str, path: &str) -> Option<String> {
+        let request = axum::http::Request::builder()
+            .method(method)
+            .uri(path)
+            .body(Body::from("{}"))
+            .expect("request");
+        let response = api.clone().oneshot(request).await.expect("an answer");
+        let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+            .await
+            .unwrap_or_default();
+        serde_json::from_slice::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v["error"].as_str().map(str::to_string))
+    }
+
+    fn concrete(path: &str) -> String {
+        path.replace("{key}", "some/key")
+            .replace("{id}", "00000000000000ab")
+    }
+
+    const METHODS: [&str; 5] = ["GET", "PUT", "POST", "DELETE", "PATCH"];
+
+    #[tokio::test]
+    async fn every_documented_route_is_routed_and_every_routed_method_documented() {
+        let api = api_without_a_cell();
+        let (_, doc) = routes();
+        let paths = doc["paths"].as_object().expect("paths");
+        assert!(paths.len() >= 10, "{paths:?}");
+        for (path, item) in paths {
+            let documented: Vec<String> = item
+                .as_object()
+                .expect("a path item")
+                .keys()
+                .map(|m| m.to_ascii_uppercase())
+                .collect();
+            for method in METHODS {
+                let error = error_of(&api, method, &concrete(path)).await;
+                if documented.iter().any(|m| m == method) {
+                    assert!(
+                        !matches!(
+                            error.as_deref(),
+                            Some("route_not_found" | "method_not_allowed")
+                        ),
+                        "{method} {path} is documented but not routed: {error:?}"
+                    );
+                } else {
+                    assert_eq!(
+                        error.as_deref(),
+                        Some("method_not_allowed"),
+                        "{method} {path} is routed but not documented"
+                    );
+                }
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn paths_outside_the_document_are_not_routed() {
+        let api = api_without_a_cell();
+        for path in [
+            "/",
+            "/v1",
+            "/v1/keys/a",
+            "/v1/sessions/ab/refresh",
+            "/v2/kv/a",
+            "/metrics",
+        ] {
+            for method in METHODS {
+                assert_eq!(
+                    error_of(&api, method, path).await.as_deref(),
+                    Some("route_not_found"),
+                    "{method} {path}"
+                );
+            }
+        }
+    }
+}
