@@ -300,6 +300,11 @@ impl Cluster {
         self.procs.values().map(Child::id).collect()
     }
 
+    /// The process id of member `id`, if it runs.
+    pub fn pid(&self, id: u64) -> Option<u32> {
+        self.procs.get(&id).map(Child::id)
+    }
+
     /// The ids of the members this cluster runs, in order.
     pub fn running(&self) -> Vec<u64> {
         self.procs.keys().copied().collect()
