@@ -10,6 +10,8 @@
 #   protoc    gRPC code generation: `protoc --version` must run.
 #   g++, make the C++ toolchain that compiles RocksDB.
 #   etcdctl   etcd's own client, used by the compatibility tests.
+#   iptables  the partition tests (they need root).
+#   curl      the proxy's README test runs the README's curl examples.
 #
 # LATCHKEY_LIBCLANG_DIRS (space-separated) replaces the directories searched
 # for libclang; scripts/test-install-deps.sh uses it to show the check says
@@ -53,6 +55,7 @@ runs g++ --version || need+=(g++)
 runs make --version || need+=(make)
 # The partition tests drop a member's peer traffic with iptables.
 runs iptables --version || need+=(iptables)
+runs curl --version || need+=(curl)
 have_libclang || need+=(libclang-dev)
 
 if ! command -v cargo >/dev/null 2>&1; then

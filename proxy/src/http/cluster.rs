@@ -52,7 +52,7 @@ pub async fn status(State(state): State<Arc<ProxyState>>) -> Answer<ClusterStatu
             PbMemberListRequest { linearizable: true }
         ),
     )?;
-    let header = status.header.clone().unwrap_or_default();
+    let header = status.header.unwrap_or_default();
     answer(ClusterStatus {
         cell_id: MemberId(header.cluster_id).to_string(),
         leader: MemberId(status.leader).to_string(),

@@ -7,7 +7,7 @@
 //!   [`txn`]: `/v1/txn`;
 //! - [`session`]: `/v1/sessions`, keep-alives answered from the table;
 //! - [`watch_sse`]: `/v1/watch/{key}` as Server-Sent Events;
-//! - [`cluster`]: `/v1/cluster`;
+//! - [`cluster`]: the cell behind the proxy, `/v1/cluster`;
 //! - [`model`]: the JSON shapes and the bytes-in-JSON rule;
 //!   [`extract`]: extractors whose rejections are API errors.
 //!

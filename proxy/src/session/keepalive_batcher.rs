@@ -55,7 +55,7 @@ impl KeepAliveBatcher {
                     _ = self.send(&due) => {}
                 }
             }
-            if count % SWEEP_EVERY == 0 {
+            if count.is_multiple_of(SWEEP_EVERY) {
                 let grace = self.tick * 2;
                 let dropped = self.table.sweep(Instant::now(), grace);
                 if dropped > 0 {

@@ -169,7 +169,7 @@ impl CellClient {
         // The std mutex is held for a copy only, never across an await.
         if let Ok(mut last) = self.last_header.lock() {
             if header.revision >= last.revision {
-                *last = header.clone();
+                *last = *header;
             }
         }
     }
