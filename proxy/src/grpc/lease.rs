@@ -31,6 +31,10 @@ const KEEP_ALIVE: &str = "/etcdserverpb.Lease/LeaseKeepAlive";
 /// client to read them.
 const OUTBOUND_QUEUE: usize = 256;
 
+/// Keep-alives of one stream waiting for the cell at once; past it the
+/// stream's next requests are read only as answers go out.
+const WAITING_PER_STREAM: usize = 100_000;
+
 pub struct LeaseService {
     pub state: Arc<ProxyState>,
 }
@@ -71,6 +75,7 @@ pub async fn revoke(
     match &result {
         Ok(_) => state.sessions.revoked(id),
         Err(e) if e.code == ErrorCode::LeaseNotFound => state.sessions.revoked(id),
+        Err(e) if e.retry() != latchkey_shared::Retry::Never => state.sessions.unsure(id),
         Err(_) => {}
     }
     result
@@ -144,7 +149,7 @@ async fn serve_keep_alives(
     let mut open = true;
     while open || !waiting.is_empty() {
         let answer = tokio::select! {
-            request = inbound.next(), if open => match request {
+            request = inbound.next(), if open && waiting.len() < WAITING_PER_STREAM => match request {
                 Some(Ok(request)) => {
                     let id = LeaseId::from(request.id);
                     let state = state.clone();
@@ -169,16 +174,21 @@ async fn serve_keep_alives(
         };
         let (id, ttl) = answer;
         let reply = match ttl {
-            Ok(ttl) => Ok(keep_alive_response(&state, id, ttl)),
+            Ok(ttl) => keep_alive_response(&state, id, ttl),
             // etcd answers a keep-alive for a lease that is gone with a TTL
             // of 0 (clients read TTL <= 0 as "expired"), not an error.
             Err(e) if e.code == ErrorCode::SessionExpired || e.code == ErrorCode::LeaseNotFound => {
-                Ok(keep_alive_response(&state, id, 0))
+                keep_alive_response(&state, id, 0)
             }
-            Err(e) => Err(Status::from(e)),
+            // The cell did not confirm in time: no answer for this one. An
+            // error would end the stream and every other lease on it; the
+            // client sends its next keep-alive as usual.
+            Err(e) => {
+                tracing::debug!(lease_id = %id, error = %e, "keep-alive not answered");
+                continue;
+            }
         };
-        let failed = reply.is_err();
-        if tx.send(reply).await.is_err() || failed {
+        if tx.send(Ok(reply)).await.is_err() {
             return;
         }
     }

@@ -58,6 +58,17 @@ pub fn record(
         .increment(1);
 }
 
+/// How often an idle client connection is pinged, and how long its answer
+/// may take (etcd's server defaults: 2 h and 20 s are for the open
+/// internet; a proxy's clients are in the same data centre).
+const CLIENT_PING_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30);
+const CLIENT_PING_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Streams one client connection may hold open. etcd clients multiplex
+/// every watch and lease of a process on a few streams; this bounds what
+/// one connection can make the proxy hold.
+const MAX_STREAMS_PER_CONNECTION: u32 = 10_000;
+
 /// Serves the etcd API until `shutdown` resolves.
 pub async fn serve(
     state: Arc<ProxyState>,
@@ -68,6 +79,13 @@ pub async fn serve(
     // etcd's errors; the proxy only bounds what it decodes at all.
     let max = MAX_FORWARDED_BYTES;
     tonic::transport::Server::builder()
+        // A client that vanished without closing its connection (a
+        // crashed host, a partition) is noticed and its streams (and their
+        // upstream streams) end, as etcd's server does with its keepalive.
+        .http2_keepalive_interval(Some(CLIENT_PING_INTERVAL))
+        .http2_keepalive_timeout(Some(CLIENT_PING_TIMEOUT))
+        .tcp_keepalive(Some(CLIENT_PING_INTERVAL))
+        .max_concurrent_streams(Some(MAX_STREAMS_PER_CONNECTION))
         .add_service(
             PbKvServer::new(kv::KvService {
                 state: state.clone(),

@@ -2,7 +2,7 @@
 //! path (slashes included, percent-decoded); the value is the raw body.
 
 use super::extract::{on, Body, Flag, Path, Query};
-use super::model::{parse_session, DeleteAnswer, ErrorBody, PutAnswer, RangeAnswer};
+use super::model::{parse_session, session_gone, DeleteAnswer, ErrorBody, PutAnswer, RangeAnswer};
 use super::{answer, Answer};
 use crate::grpc::kv::{range_route, DELETE_RANGE, PUT, RANGE, TXN};
 use crate::state::ProxyState;
@@ -14,13 +14,14 @@ use latchkey_shared::etcdpb::{
     PbCompare, PbDeleteRequest, PbPutRequest, PbRangeRequest, PbTargetUnion, PbTxnOpRequest,
     PbTxnOpResponse, PbTxnRequest, PbTxnRequestOp, PbTxnResponse,
 };
-use latchkey_shared::{ApiError, ErrorCode, KeyRange, LeaseId};
+use latchkey_shared::{ApiError, KeyRange};
 use serde::Deserialize;
 use std::sync::Arc;
 use utoipa::IntoParams;
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
 pub struct GetParams {
     /// Every key that starts with the path's key.
     #[param(value_type = Option<bool>)]
@@ -40,6 +41,7 @@ pub struct GetParams {
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
 pub struct PutParams {
     /// Bind the key to this session (hex id): it is deleted when the
     /// session ends.
@@ -55,6 +57,7 @@ pub struct PutParams {
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
 pub struct DeleteParams {
     /// Delete every key that starts with the path's key.
     #[param(value_type = Option<bool>)]
@@ -135,16 +138,11 @@ pub async fn put_kv(
     };
     let compares = preconditions(key.as_bytes(), &params)?;
     let cell = state.upstream.cell_for(key.as_bytes());
-    // A put bound to a session that is gone: the session's error.
-    let gone = |e: ApiError| match e.code {
-        ErrorCode::LeaseNotFound => ApiError::session_expired(LeaseId::from(lease)),
-        _ => e,
-    };
     if compares.is_empty() {
         let resp: latchkey_shared::etcdpb::PbPutResponse = cell
             .call(Route::Leader, Kind::Write, PUT, put)
             .await
-            .map_err(gone)?;
+            .map_err(session_gone)?;
         return answer(PutAnswer {
             revision: resp.header.map_or(0, |h| h.revision),
         });
@@ -165,7 +163,7 @@ pub async fn put_kv(
     let resp: PbTxnResponse = cell
         .call(Route::Leader, Kind::Write, TXN, txn)
         .await
-        .map_err(gone)?;
+        .map_err(session_gone)?;
     if !resp.succeeded {
         return Err(precondition_failed(&key, &resp));
     }

@@ -47,8 +47,23 @@ pub fn session_id(id: i64) -> String {
 
 /// A session id from a path or a field.
 pub fn parse_session(text: &str) -> Result<LeaseId, ApiError> {
-    text.parse::<LeaseId>()
-        .map_err(|e| ApiError::invalid(e.to_string()))
+    match text.parse::<LeaseId>() {
+        Ok(LeaseId::NONE) => Err(ApiError::invalid("session 0 is no session")),
+        Ok(id) => Ok(id),
+        Err(e) => Err(ApiError::invalid(e.to_string())),
+    }
+}
+
+/// The HTTP API speaks of sessions: a lease the cell does not know is a
+/// session that has ended.
+pub fn session_gone(e: ApiError) -> ApiError {
+    match e.code {
+        latchkey_shared::ErrorCode::LeaseNotFound => ApiError::new(
+            latchkey_shared::ErrorCode::SessionExpired,
+            format!("a session the request names has expired ({})", e.message),
+        ),
+        _ => e,
+    }
 }
 
 /// One key with its value and metadata.
@@ -176,5 +191,6 @@ mod tests {
         assert_eq!(session_id(0x1f), "000000000000001f");
         assert_eq!(parse_session("1f").expect("hex").get(), 0x1f);
         assert!(parse_session("xyz").is_err());
+        assert!(parse_session("0").is_err(), "0 means no session");
     }
 }

@@ -4,7 +4,7 @@
 //! revision).
 
 use super::extract::{Json, Path};
-use super::model::{encode, parse_session, session_id, Encoding, ErrorBody};
+use super::model::{encode, parse_session, session_gone, session_id, Encoding, ErrorBody};
 use super::{answer, Answer};
 use crate::grpc::lease::{self, TIME_TO_LIVE};
 use crate::session;
@@ -66,9 +66,15 @@ pub async fn create(
     State(state): State<Arc<ProxyState>>,
     Json(req): Json<CreateSession>,
 ) -> Answer<SessionAnswer> {
-    if !(1..=MAX_TTL_SECS).contains(&req.ttl) {
+    if req.ttl < 1 {
         return Err(ApiError::invalid(format!(
             "ttl must be 1 to {MAX_TTL_SECS} seconds, not {}",
+            req.ttl
+        )));
+    }
+    if req.ttl > MAX_TTL_SECS {
+        return Err(ApiError::lease_ttl_too_large().with_message(format!(
+            "ttl must be at most {MAX_TTL_SECS} seconds, not {}",
             req.ttl
         )));
     }
@@ -134,7 +140,8 @@ pub async fn info(
                 keys: true,
             },
         )
-        .await?;
+        .await
+        .map_err(session_gone)?;
     // etcd answers TTL -1 for a lease that does not exist.
     if resp.ttl < 0 {
         return Err(ApiError::session_expired(id));

@@ -3,7 +3,7 @@
 
 use super::extract::Json;
 use super::model::{
-    decode, parse_session, DeleteAnswer, Encoding, ErrorBody, PutAnswer, RangeAnswer,
+    decode, parse_session, session_gone, DeleteAnswer, Encoding, ErrorBody, PutAnswer, RangeAnswer,
 };
 use super::{answer, Answer};
 use crate::grpc::kv::TXN;
@@ -297,6 +297,9 @@ pub async fn txn(
         .map(|c| c.key.clone())
         .unwrap_or_default();
     let cell = state.upstream.cell_for(&key);
-    let resp: PbTxnResponse = cell.call(Route::Leader, Kind::Write, TXN, request).await?;
+    let resp: PbTxnResponse = cell
+        .call(Route::Leader, Kind::Write, TXN, request)
+        .await
+        .map_err(session_gone)?;
     answer(answer_of(resp))
 }

@@ -1,6 +1,7 @@
 //! `GET /v1/watch/{key}`: changes to a key or prefix as Server-Sent
-//! Events. Each event's `id` is its revision, so a client that reconnects
-//! with `Last-Event-ID` resumes right after the last one it saw; a start
+//! Events. The last event of each revision has the revision as its `id`,
+//! so a client that reconnects with `Last-Event-ID` resumes right after
+//! the last whole revision it saw; a start
 //! revision that was compacted away gets one `error` event naming the
 //! compact revision, and the stream ends.
 
@@ -55,11 +56,14 @@ pub struct WatchEvent {
     pub prev_kv: Option<KeyValue>,
 }
 
-fn event_of(kind: &str, id: i64, json: serde_json::Value) -> Event {
-    Event::default()
-        .event(kind)
-        .id(id.to_string())
-        .data(json.to_string())
+fn event_of(kind: &str, id: Option<i64>, json: serde_json::Value) -> Event {
+    // Fields go out in the order they are set: event, id, data.
+    let event = Event::default().event(kind);
+    let event = match id {
+        Some(id) => event.id(id.to_string()),
+        None => event,
+    };
+    event.data(json.to_string())
 }
 
 fn error_event(e: &ApiError) -> Event {
@@ -93,7 +97,9 @@ pub async fn watch(
         ),
     };
     let start_revision = match (resume, params.from_revision) {
-        (Some(last), _) => last + 1,
+        (Some(last), _) => last
+            .checked_add(1)
+            .ok_or_else(|| ApiError::invalid("Last-Event-ID is past the last revision"))?,
         (None, Some(r)) if r < 0 => {
             return Err(ApiError::invalid(format!(
                 "from_revision must be 0 or more, not {r}"
@@ -115,22 +121,27 @@ pub async fn watch(
     let cell = state.upstream.cell_for(key.as_bytes()).clone();
     let member = cell.pick(Route::Any, 0);
     let channel = cell.members[member].channel.clone();
-    // The upstream request stream stays open (pending) as long as the
-    // client's SSE stream: closing it would ask the member to end the watch.
-    let requests = futures::stream::iter([create]).chain(futures::stream::pending());
+    // The upstream request stream stays open exactly as long as the
+    // client's SSE stream: when that is dropped (the client went away),
+    // `stop` is dropped with it, the request stream ends, and the member
+    // ends the watch. (Dropping the answers alone does not: the HTTP/2
+    // request body lives on in the transport.)
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let requests = futures::stream::iter([create])
+        .chain(futures::stream::once(stopped).filter_map(|_| futures::future::ready(None)));
     let mut answers =
         call::streaming::<PbWatchRequest, PbWatchResponse, _>(channel, WATCH, requests).await?;
     // The first answer says whether the watch was created.
     let first = tokio::time::timeout(state.request_timeout, answers.next())
         .await
-        .map_err(|_| ApiError::timeout())?;
+        .map_err(|_| ApiError::unavailable("the member did not create the watch in time"))?;
     let created = match first {
         Some(Ok(resp)) => resp,
         Some(Err(status)) => return Err(classify_call_failure(&status)),
         None => return Err(ApiError::unavailable("the member ended the watch at once")),
     };
     metrics::gauge!("latchkey_proxy_sse_watches").increment(1.0);
-    let guard = SseGauge;
+    let guard = SseGauge { _stop: stop };
     let events = async_stream(answers, with_prev, created, guard);
     Ok(Sse::new(events).keep_alive(KeepAlive::new().interval(SSE_KEEP_ALIVE)))
 }
@@ -149,8 +160,11 @@ fn watch_failure(resp: &PbWatchResponse) -> Option<ApiError> {
     None
 }
 
-/// Decrements the SSE watch gauge when the client's stream is dropped.
-struct SseGauge;
+/// Lives as long as the client's SSE stream: decrements the gauge and ends
+/// the upstream watch when dropped.
+struct SseGauge {
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
 
 impl Drop for SseGauge {
     fn drop(&mut self) {
@@ -188,10 +202,20 @@ fn async_stream(
     })
 }
 
+/// The events of one watch response. Only the last event of a revision
+/// carries the SSE `id`, so a client that resumes with `Last-Event-ID`
+/// after a break never skips the rest of a revision it saw part of.
 fn events_of(resp: PbWatchResponse, with_prev: bool) -> Vec<Result<Event, Event>> {
+    let revisions: Vec<i64> = resp
+        .events
+        .iter()
+        .map(|e| e.kv.as_ref().map_or(0, |kv| kv.mod_revision))
+        .collect();
     resp.events
         .into_iter()
-        .map(|e| {
+        .enumerate()
+        .map(|(i, e)| {
+            let last_of_revision = revisions.get(i + 1) != revisions.get(i);
             let kind = match EventType::try_from(e.r#type) {
                 Ok(EventType::Delete) => "delete",
                 _ => "put",
@@ -210,7 +234,7 @@ fn events_of(resp: PbWatchResponse, with_prev: bool) -> Vec<Result<Event, Event>
             };
             Ok(event_of(
                 kind,
-                revision,
+                last_of_revision.then_some(revision),
                 serde_json::to_value(body).unwrap_or_default(),
             ))
         })

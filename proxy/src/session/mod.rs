@@ -29,7 +29,7 @@ pub async fn keep_alive(
     id: LeaseId,
     timeout: Duration,
 ) -> Result<i64, ApiError> {
-    match table.keep_alive(id, Instant::now()) {
+    match table.keep_alive(id, Instant::now())? {
         KeepAlive::Ttl(ttl) => Ok(ttl),
         KeepAlive::Wait(answer) => match tokio::time::timeout(timeout, answer).await {
             Ok(Ok(answer)) => answer,

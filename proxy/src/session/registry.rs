@@ -60,14 +60,37 @@ impl Confirmed {
     }
 }
 
-#[derive(Default)]
 struct Entry {
+    /// When the entry was made: an answer to a batch sent before it (a
+    /// batch that was in flight when the lease was revoked here) says
+    /// nothing about this entry.
+    born: Instant,
     confirmed: Option<Confirmed>,
     /// A client refreshed the lease since the last batch took it.
     refreshed: bool,
     /// Keep-alives waiting for the cell's next answer about this lease.
     waiters: Vec<oneshot::Sender<Result<i64, ApiError>>>,
 }
+
+impl Entry {
+    fn new() -> Entry {
+        Entry {
+            born: Instant::now(),
+            confirmed: None,
+            refreshed: false,
+            waiters: Vec::new(),
+        }
+    }
+}
+
+/// Most sessions one proxy holds. The design is for 100 000; this bound
+/// keeps a client that keeps alive made-up lease ids (each waits for the
+/// cell's verdict) from growing the table without end while the cell does
+/// not answer.
+pub const MAX_SESSIONS: usize = 1_000_000;
+
+/// Most keep-alives of one lease waiting for the cell at once.
+const MAX_WAITERS: usize = 64;
 
 /// The answer to a client keep-alive.
 pub enum KeepAlive {
@@ -110,23 +133,35 @@ impl SessionTable {
     }
 
     /// A client refreshed `id` at `now`.
-    pub fn keep_alive(&self, id: LeaseId, now: Instant) -> KeepAlive {
-        let mut entry = self.entries.entry(id).or_default();
+    pub fn keep_alive(&self, id: LeaseId, now: Instant) -> Result<KeepAlive, ApiError> {
+        if self.entries.len() >= MAX_SESSIONS && !self.entries.contains_key(&id) {
+            return Err(ApiError::unavailable(format!(
+                "this proxy holds {MAX_SESSIONS} sessions; use another"
+            )));
+        }
+        let mut entry = self.entries.entry(id).or_insert_with(Entry::new);
         if !entry.refreshed {
             entry.refreshed = true;
             self.push_due(id);
         }
         if let Some(ttl) = entry.confirmed.and_then(|c| c.remaining(now)) {
-            return KeepAlive::Ttl(ttl);
+            return Ok(KeepAlive::Ttl(ttl));
+        }
+        // Keep-alives that gave up waiting leave closed senders behind.
+        entry.waiters.retain(|w| !w.is_closed());
+        if entry.waiters.len() >= MAX_WAITERS {
+            return Err(ApiError::unavailable(format!(
+                "{MAX_WAITERS} keep-alives of lease {id} already wait for the cell"
+            )));
         }
         let (tx, rx) = oneshot::channel();
         entry.waiters.push(tx);
-        KeepAlive::Wait(rx)
+        Ok(KeepAlive::Wait(rx))
     }
 
     /// A lease this proxy just granted (its TTL from `sent`).
     pub fn granted(&self, id: LeaseId, ttl: i64, sent: Instant) {
-        self.entries.entry(id).or_default().confirmed = Some(Confirmed { ttl, sent });
+        self.entries.entry(id).or_insert_with(Entry::new).confirmed = Some(Confirmed { ttl, sent });
     }
 
     /// A lease revoked through this proxy: answered gone to anyone waiting.
@@ -138,6 +173,15 @@ impl SessionTable {
         }
     }
 
+    /// A revoke through this proxy whose outcome is unknown: what the cell
+    /// confirmed before may no longer hold, so the next keep-alive waits
+    /// for the cell.
+    pub fn unsure(&self, id: LeaseId) {
+        if let Some(mut entry) = self.entries.get_mut(&id) {
+            entry.confirmed = None;
+        }
+    }
+
     fn push_due(&self, id: LeaseId) {
         if let Ok(mut due) = self.due.lock() {
             due.push(id);
@@ -146,20 +190,29 @@ impl SessionTable {
 
     /// The leases to send in the next batch; each is marked not refreshed,
     /// so a client keep-alive from now on puts it in the batch after.
+    /// Leases the cell has confirmed come first: adoptions (possibly made
+    /// up by a client) never push a live session out of a batch.
     pub fn take_due(&self) -> Vec<LeaseId> {
         let due = match self.due.lock() {
             Ok(mut due) => std::mem::take(&mut *due),
             Err(_) => Vec::new(),
         };
-        due.into_iter()
-            .filter(|id| match self.entries.get_mut(id) {
-                Some(mut entry) if entry.refreshed => {
+        let mut known = Vec::with_capacity(due.len());
+        let mut adopting = Vec::new();
+        for id in due {
+            if let Some(mut entry) = self.entries.get_mut(&id) {
+                if entry.refreshed {
                     entry.refreshed = false;
-                    true
+                    if entry.confirmed.is_some() {
+                        known.push(id);
+                    } else {
+                        adopting.push(id);
+                    }
                 }
-                _ => false,
-            })
-            .collect()
+            }
+        }
+        known.append(&mut adopting);
+        known
     }
 
     /// Puts leases of a batch that failed back for the next one.
@@ -179,6 +232,9 @@ impl SessionTable {
         match answer {
             Answer::Alive(ttl) => {
                 if let Some(mut entry) = self.entries.get_mut(&id) {
+                    if sent < entry.born {
+                        return;
+                    }
                     let newer = entry.confirmed.is_none_or(|c| c.sent <= sent);
                     if newer {
                         entry.confirmed = Some(Confirmed { ttl, sent });
@@ -191,8 +247,11 @@ impl SessionTable {
                 }
             }
             Answer::Gone => {
-                tracing::debug!(lease_id = %id, "the cell says the lease is gone");
-                self.revoked(id);
+                let fresh = self.entries.get(&id).is_some_and(|e| sent < e.born);
+                if !fresh {
+                    tracing::debug!(lease_id = %id, "the cell says the lease is gone");
+                    self.revoked(id);
+                }
             }
         }
     }
@@ -203,9 +262,12 @@ impl SessionTable {
     pub fn sweep(&self, now: Instant, grace: Duration) -> usize {
         let before = self.entries.len();
         self.entries.retain(|_, entry| {
-            entry.refreshed
-                || !entry.waiters.is_empty()
-                || entry.confirmed.is_none_or(|c| c.deadline() + grace > now)
+            entry.waiters.retain(|w| !w.is_closed());
+            match entry.confirmed {
+                // Never confirmed: kept while a keep-alive still waits.
+                None => !entry.waiters.is_empty(),
+                Some(c) => entry.refreshed || c.deadline() + grace > now,
+            }
         });
         before - self.entries.len()
     }
@@ -224,12 +286,12 @@ mod tests {
         let table = SessionTable::new();
         let sent = Instant::now();
         table.granted(id(1), 10, sent);
-        match table.keep_alive(id(1), sent) {
+        match table.keep_alive(id(1), sent).expect("room") {
             KeepAlive::Ttl(ttl) => assert_eq!(ttl, 10),
             KeepAlive::Wait(_) => panic!("a granted lease is answered at once"),
         }
         tokio::time::advance(Duration::from_millis(3_700)).await;
-        match table.keep_alive(id(1), Instant::now()) {
+        match table.keep_alive(id(1), Instant::now()).expect("room") {
             KeepAlive::Ttl(ttl) => assert_eq!(ttl, 7, "3.7 s after the grant"),
             KeepAlive::Wait(_) => panic!("still confirmed"),
         }
@@ -240,7 +302,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn an_unknown_lease_waits_for_the_cell_and_is_adopted() {
         let table = SessionTable::new();
-        let KeepAlive::Wait(rx) = table.keep_alive(id(7), Instant::now()) else {
+        let Ok(KeepAlive::Wait(rx)) = table.keep_alive(id(7), Instant::now()) else {
             panic!("an unknown lease cannot be answered from the table");
         };
         let due = table.take_due();
@@ -249,7 +311,7 @@ mod tests {
         assert_eq!(rx.await.expect("answered").expect("alive"), 30);
         assert!(matches!(
             table.keep_alive(id(7), Instant::now()),
-            KeepAlive::Ttl(30)
+            Ok(KeepAlive::Ttl(30))
         ));
     }
 
@@ -259,7 +321,7 @@ mod tests {
         table.granted(id(2), 2, Instant::now());
         tokio::time::advance(Duration::from_millis(1_500)).await;
         // 2 s confirmed, 1.5 s ago: under a second left, so it waits.
-        let KeepAlive::Wait(rx) = table.keep_alive(id(2), Instant::now()) else {
+        let Ok(KeepAlive::Wait(rx)) = table.keep_alive(id(2), Instant::now()) else {
             panic!("under a second confirmed must wait for the cell");
         };
         table.answered(id(2), Answer::Gone, Instant::now());
@@ -281,7 +343,7 @@ mod tests {
         tokio::time::advance(Duration::from_millis(8_500)).await;
         assert!(matches!(
             table.keep_alive(id(3), Instant::now()),
-            KeepAlive::Ttl(2)
+            Ok(KeepAlive::Ttl(2))
         ));
     }
 
@@ -292,7 +354,7 @@ mod tests {
         table.granted(id(5), 5, Instant::now());
         let grace = Duration::from_secs(1);
         tokio::time::advance(Duration::from_secs(5)).await;
-        let _ = table.keep_alive(id(5), Instant::now());
+        let _ = table.keep_alive(id(5), Instant::now()).expect("room");
         assert_eq!(table.sweep(Instant::now(), grace), 0, "within the grace");
         tokio::time::advance(Duration::from_secs(2)).await;
         assert_eq!(table.sweep(Instant::now(), grace), 1);
@@ -300,10 +362,65 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn an_answer_to_a_batch_sent_before_a_revoke_says_nothing_after_it() {
+        let table = SessionTable::new();
+        table.granted(id(8), 10, Instant::now());
+        let _ = table.keep_alive(id(8), Instant::now()).expect("room");
+        let due = table.take_due();
+        let sent = Instant::now();
+        tokio::time::advance(Duration::from_millis(10)).await;
+        // Revoked here while the batch is in flight; a client keeps the
+        // id alive again: it must wait for a batch sent after this.
+        table.revoked(id(8));
+        let Ok(KeepAlive::Wait(mut rx)) = table.keep_alive(id(8), Instant::now()) else {
+            panic!("a revoked lease is not answered from the table");
+        };
+        table.answered(due[0], Answer::Alive(10), sent);
+        assert!(rx.try_recv().is_err(), "the old batch's answer was taken");
+        table.answered(due[0], Answer::Gone, sent);
+        assert!(rx.try_recv().is_err(), "the old batch's answer was taken");
+        assert_eq!(table.len(), 1);
+        let _ = table.take_due();
+        table.answered(id(8), Answer::Gone, Instant::now());
+        let err = rx.await.expect("answered").expect_err("gone");
+        assert_eq!(err.code, latchkey_shared::ErrorCode::SessionExpired);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn made_up_ids_nobody_waits_for_are_swept_and_waiters_are_bounded() {
+        let table = SessionTable::new();
+        let mut waiting = Vec::new();
+        for n in 0..MAX_WAITERS {
+            match table.keep_alive(id(9), Instant::now()) {
+                Ok(KeepAlive::Wait(rx)) => waiting.push(rx),
+                _ => panic!("keep-alive {n} of an unknown lease must wait"),
+            }
+        }
+        assert!(table.keep_alive(id(9), Instant::now()).is_err(), "bounded");
+        // The clients give up; a sweep (the cell never answered) drops it.
+        drop(waiting);
+        assert!(
+            table.keep_alive(id(9), Instant::now()).is_ok(),
+            "closed waiters pruned"
+        );
+        assert_eq!(table.sweep(Instant::now(), Duration::from_secs(1)), 1);
+        assert!(table.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn confirmed_sessions_go_before_adoptions_in_a_batch() {
+        let table = SessionTable::new();
+        let _ = table.keep_alive(id(20), Instant::now()).expect("room");
+        table.granted(id(21), 10, Instant::now());
+        let _ = table.keep_alive(id(21), Instant::now()).expect("room");
+        assert_eq!(table.take_due(), vec![id(21), id(20)]);
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_failed_batch_puts_its_leases_back() {
         let table = SessionTable::new();
         table.granted(id(6), 10, Instant::now());
-        let _ = table.keep_alive(id(6), Instant::now());
+        let _ = table.keep_alive(id(6), Instant::now()).expect("room");
         let due = table.take_due();
         table.retry(&due);
         assert_eq!(table.take_due(), vec![id(6)]);

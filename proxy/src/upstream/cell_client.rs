@@ -176,10 +176,7 @@ impl CellClient {
 
     /// The newest header seen (revision, term, cell and member ids).
     pub fn last_header(&self) -> PbResponseHeader {
-        self.last_header
-            .lock()
-            .map(|h| h.clone())
-            .unwrap_or_default()
+        self.last_header.lock().map(|h| *h).unwrap_or_default()
     }
 
     /// The member to try on attempt `attempt` of a call on `route`.

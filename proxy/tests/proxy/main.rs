@@ -7,6 +7,7 @@ mod t10_readme;
 mod t20_etcdctl;
 mod t30_sessions;
 mod t40_bad_input;
+mod t50_watch_sse;
 
 use std::path::Path;
 

@@ -206,7 +206,41 @@ async fn bad_input_gets_its_error_and_changes_nothing() {
             "/v1/sessions",
             r#"{"ttl": 90000000000}"#,
             400,
+            "lease_ttl_too_large",
+        ),
+        case(
+            "session 0",
+            "PUT",
+            "/v1/kv/keep?session=0",
+            "x",
+            400,
             "invalid_argument",
+        ),
+        case(
+            "a misspelt precondition",
+            "PUT",
+            "/v1/kv/keep?if_mod_revison=1",
+            "x",
+            400,
+            "invalid_argument",
+        ),
+        case(
+            "a misspelt delete flag",
+            "DELETE",
+            "/v1/kv/keep?prefx",
+            "",
+            400,
+            "invalid_argument",
+        ),
+        case(
+            "a txn bound to an expired session",
+            "POST",
+            "/v1/txn",
+            format!(
+                r#"{{"success": [{{"put": {{"key": "keep", "value": "x", "session": "{gone}"}}}}]}}"#
+            ),
+            404,
+            "session_expired",
         ),
         case(
             "an oversized body",
