@@ -17,17 +17,25 @@ pub async fn start_cell(
         "--dev",
         "--data-dir",
         dir,
-        // The cell's own ports are the proxy's business only: any free
-        // ones, so a dev proxy never collides with a cell on 7801.
+        // The cell's own ports are the proxy's business only: free ones,
+        // so a dev proxy never collides with a cell on 7801. They are
+        // chosen here, not left to the cell as port 0, because the cell
+        // records its peer address in its membership.
         "--client-addr",
-        "127.0.0.1:0",
+        &free_port()?,
         "--peer-addr",
-        "127.0.0.1:0",
+        &free_port()?,
         "--metrics-addr",
-        "127.0.0.1:0",
+        &free_port()?,
     ])?
     .resolve()?;
     Cell::start(cfg, prometheus).await
+}
+
+/// A loopback address with a port nobody listens on now.
+fn free_port() -> anyhow::Result<String> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?.to_string())
 }
 
 /// The lines `--dev` prints once everything listens.
