@@ -34,3 +34,4 @@ pub mod proxy;
 pub mod session;
 pub mod state;
 pub mod upstream;
+pub mod watch;

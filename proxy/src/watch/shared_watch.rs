@@ -1,0 +1,373 @@
+//! [`SharedWatch`]: ONE upstream watch and every client watch on it
+//! (DESIGN section 4). The upstream side publishes each revision's events
+//! as one [`Revision`]; the shared watch keeps the newest of them as
+//! history and hands each to every subscriber.
+//!
+//! A client watch joins at its start revision:
+//! - at or after what the shared watch has delivered: it just subscribes
+//!   (revisions before its start are skipped for it);
+//! - inside the history: it gets the history from its start revision as
+//!   its backlog and subscribes, both under one lock, so no revision is
+//!   missed or repeated between the two;
+//! - before the history: the shared watch cannot serve it. It must catch
+//!   up on its own upstream watch and join at [`Join::CatchUp::join_at`],
+//!   the oldest revision the history still answers for.
+//!
+//! A subscriber's queue is bounded. A subscriber whose queue is full is
+//! dropped at once: its channel closes after the items already queued,
+//! with no [`Item::Cancelled`] (there is no room for one). The reader
+//! takes a close without a cancel as [`Cancel::Slow`] and tells its client
+//! to resume after the last revision it got. A slow subscriber never holds
+//! up the others or the upstream stream.
+//!
+//! The state is behind a std mutex: every critical section is a few
+//! vector operations and `try_send`s, never an await.
+
+use latchkey_shared::etcdpb::PbEvent;
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use tokio::sync::mpsc;
+
+/// The events of one revision that touch the watched range.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Revision {
+    pub revision: i64,
+    pub events: Arc<[PbEvent]>,
+}
+
+/// Why a subscriber was dropped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cancel {
+    /// Its queue was full: it read too slowly. `resume_from` is the first
+    /// revision it has not been given (the reader knows it: one past the
+    /// last revision it read).
+    Slow { resume_from: i64 },
+    /// The shared watch ended (its upstream watch failed for good, or
+    /// history it needed was compacted).
+    Ended { reason: String },
+}
+
+/// What a subscriber receives, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Item {
+    Events(Revision),
+    /// Everything up to this revision has been delivered (a progress
+    /// notification from upstream).
+    Progress(i64),
+    /// The last item: the subscriber is dropped.
+    Cancelled(Cancel),
+}
+
+/// The result of [`SharedWatch::join`].
+pub enum Join {
+    /// Subscribed: `backlog` first (history from the start revision), then
+    /// `items` as revisions arrive.
+    Joined {
+        backlog: Vec<Revision>,
+        items: mpsc::Receiver<Item>,
+        id: u64,
+    },
+    /// The history does not reach back to the start revision: catch up on
+    /// a watch of your own, then join at `join_at`.
+    CatchUp { join_at: i64 },
+}
+
+struct Subscriber {
+    id: u64,
+    /// The first revision this subscriber wants.
+    from: i64,
+    tx: mpsc::Sender<Item>,
+}
+
+struct Inner {
+    /// The newest revisions published, oldest first.
+    history: VecDeque<Revision>,
+    /// Every revision from here on that touched the range is in `history`
+    /// or not published yet: the oldest start revision a joiner can be
+    /// served from.
+    complete_from: i64,
+    /// Every revision below this has been published.
+    published_below: i64,
+    subscribers: Vec<Subscriber>,
+    next_id: u64,
+    ended: Option<String>,
+}
+
+/// One upstream watch and its subscribers; see the module doc.
+pub struct SharedWatch {
+    inner: Mutex<Inner>,
+    /// Revisions kept for late joiners.
+    history_len: usize,
+    /// Items queued per subscriber before it counts as slow.
+    queue_len: usize,
+}
+
+impl SharedWatch {
+    /// A shared watch whose upstream watch starts at `start_revision`:
+    /// joiners from that revision on are served from it.
+    pub fn new(start_revision: i64, history_len: usize, queue_len: usize) -> SharedWatch {
+        SharedWatch {
+            inner: Mutex::new(Inner {
+                history: VecDeque::new(),
+                complete_from: start_revision,
+                published_below: start_revision,
+                subscribers: Vec::new(),
+                next_id: 0,
+                ended: None,
+            }),
+            history_len: history_len.max(1),
+            queue_len: queue_len.max(1),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // A panic while holding the lock leaves vectors in a valid state;
+        // carry on with them.
+        self.inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Subscribers now.
+    pub fn subscribers(&self) -> usize {
+        self.lock().subscribers.len()
+    }
+
+    /// The first revision not published yet: where the upstream watch
+    /// resumes after its member fails.
+    pub fn resume_from(&self) -> i64 {
+        self.lock().published_below
+    }
+
+    /// A client watch from `from_revision` (0: from the next revision).
+    pub fn join(&self, from_revision: i64) -> Join {
+        let mut inner = self.lock();
+        let from = if from_revision <= 0 {
+            inner.published_below
+        } else {
+            from_revision
+        };
+        if from < inner.complete_from {
+            return Join::CatchUp {
+                join_at: inner.complete_from,
+            };
+        }
+        let (tx, items) = mpsc::channel(self.queue_len);
+        if let Some(reason) = &inner.ended {
+            let _ = tx.try_send(Item::Cancelled(Cancel::Ended {
+                reason: reason.clone(),
+            }));
+            return Join::Joined {
+                backlog: Vec::new(),
+                items,
+                id: u64::MAX,
+            };
+        }
+        let backlog: Vec<Revision> = inner
+            .history
+            .iter()
+            .filter(|r| r.revision >= from)
+            .cloned()
+            .collect();
+        let id = inner.next_id;
+        inner.next_id += 1;
+        inner.subscribers.push(Subscriber { id, from, tx });
+        Join::Joined { backlog, items, id }
+    }
+
+    /// A client watch ends (the client cancelled it or went away).
+    pub fn leave(&self, id: u64) {
+        self.lock().subscribers.retain(|s| s.id != id);
+    }
+
+    /// The events of one revision, from the upstream watch. Revisions must
+    /// come in increasing order; an older one (a resumed upstream watch
+    /// repeating what was delivered) is ignored.
+    pub fn publish(&self, revision: Revision) {
+        let mut inner = self.lock();
+        if revision.revision < inner.published_below {
+            return;
+        }
+        inner.published_below = revision.revision + 1;
+        inner.history.push_back(revision.clone());
+        while inner.history.len() > self.history_len {
+            if let Some(dropped) = inner.history.pop_front() {
+                inner.complete_from = dropped.revision + 1;
+            }
+        }
+        inner.subscribers.retain(|s| {
+            if revision.revision < s.from {
+                return true;
+            }
+            match s.tx.try_send(Item::Events(revision.clone())) {
+                Ok(()) => true,
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    // Dropping the sender closes the channel behind what is
+                    // queued: the reader's "slow" (see the module doc).
+                    metrics::counter!("latchkey_proxy_slow_watchers_total").increment(1);
+                    tracing::debug!(
+                        subscriber = s.id,
+                        revision = revision.revision,
+                        "slow watcher dropped"
+                    );
+                    false
+                }
+                Err(mpsc::error::TrySendError::Closed(_)) => false,
+            }
+        });
+    }
+
+    /// Upstream says every revision below `revision + 1` was delivered.
+    pub fn progress(&self, revision: i64) {
+        let mut inner = self.lock();
+        if revision + 1 > inner.published_below {
+            inner.published_below = revision + 1;
+        }
+        inner
+            .subscribers
+            .retain(|s| match s.tx.try_send(Item::Progress(revision)) {
+                Ok(()) => true,
+                // A full queue already holds newer news; a progress
+                // notification is not worth dropping a client for.
+                Err(mpsc::error::TrySendError::Full(_)) => true,
+                Err(mpsc::error::TrySendError::Closed(_)) => false,
+            });
+    }
+
+    /// The upstream watch ended for good: every subscriber is cancelled.
+    pub fn end(&self, reason: &str) {
+        let mut inner = self.lock();
+        inner.ended = Some(reason.to_string());
+        for s in inner.subscribers.drain(..) {
+            let _ = s.tx.try_send(Item::Cancelled(Cancel::Ended {
+                reason: reason.to_string(),
+            }));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rev(revision: i64) -> Revision {
+        Revision {
+            revision,
+            events: Arc::from(vec![PbEvent::default()]),
+        }
+    }
+
+    fn joined(join: Join) -> (Vec<Revision>, mpsc::Receiver<Item>) {
+        match join {
+            Join::Joined { backlog, items, .. } => (backlog, items),
+            Join::CatchUp { join_at } => panic!("asked to catch up to {join_at}"),
+        }
+    }
+
+    /// The revisions a subscriber got: its backlog, then what is queued.
+    fn revisions(backlog: &[Revision], items: &mut mpsc::Receiver<Item>) -> Vec<i64> {
+        let mut got: Vec<i64> = backlog.iter().map(|r| r.revision).collect();
+        while let Ok(item) = items.try_recv() {
+            if let Item::Events(r) = item {
+                got.push(r.revision);
+            }
+        }
+        got
+    }
+
+    #[test]
+    fn a_live_joiner_gets_every_revision_from_its_start_once() {
+        let watch = SharedWatch::new(10, 8, 100);
+        watch.publish(rev(10));
+        let (backlog, mut items) = joined(watch.join(0));
+        assert!(backlog.is_empty(), "from the next revision: no backlog");
+        let (b2, mut later) = joined(watch.join(13));
+        for r in [11, 12, 13, 15] {
+            watch.publish(rev(r));
+        }
+        assert_eq!(revisions(&backlog, &mut items), vec![11, 12, 13, 15]);
+        assert_eq!(
+            revisions(&b2, &mut later),
+            vec![13, 15],
+            "nothing before its start"
+        );
+    }
+
+    #[test]
+    fn a_joiner_inside_the_history_gets_it_then_the_live_revisions_without_gap_or_repeat() {
+        let watch = SharedWatch::new(1, 8, 100);
+        for r in [2, 4, 5, 7] {
+            watch.publish(rev(r));
+        }
+        let (backlog, mut items) = joined(watch.join(4));
+        watch.publish(rev(7)); // a resumed upstream repeating itself
+        watch.publish(rev(9));
+        assert_eq!(revisions(&backlog, &mut items), vec![4, 5, 7, 9]);
+    }
+
+    #[test]
+    fn a_joiner_before_the_history_is_told_where_to_join() {
+        let watch = SharedWatch::new(1, 2, 100);
+        for r in [2, 4, 5, 7] {
+            watch.publish(rev(r));
+        }
+        // History holds 5 and 7; every revision from 5 on is complete.
+        match watch.join(3) {
+            Join::CatchUp { join_at } => assert_eq!(join_at, 5),
+            Join::Joined { .. } => panic!("revision 4 is no longer held"),
+        }
+        let (backlog, mut items) = joined(watch.join(5));
+        assert_eq!(revisions(&backlog, &mut items), vec![5, 7]);
+    }
+
+    #[test]
+    fn a_slow_subscriber_is_dropped_and_the_others_get_everything() {
+        let watch = SharedWatch::new(1, 8, 2);
+        let (_, mut slow) = joined(watch.join(0));
+        let (_, mut fast) = joined(watch.join(0));
+        let mut fast_got = Vec::new();
+        for r in 1..=5 {
+            watch.publish(rev(r));
+            while let Ok(Item::Events(got)) = fast.try_recv() {
+                fast_got.push(got.revision);
+            }
+        }
+        assert_eq!(fast_got, vec![1, 2, 3, 4, 5]);
+        assert_eq!(watch.subscribers(), 1, "the slow one is gone");
+        // The slow one reads what was queued, then the channel is closed
+        // without a cancel: it resumes after revision 2.
+        assert_eq!(revisions(&[], &mut slow), vec![1, 2]);
+        assert!(matches!(
+            slow.try_recv(),
+            Err(mpsc::error::TryRecvError::Disconnected)
+        ));
+    }
+
+    #[test]
+    fn ending_cancels_everyone_and_refuses_new_joiners_with_the_reason() {
+        let watch = SharedWatch::new(1, 8, 8);
+        let (_, mut items) = joined(watch.join(0));
+        watch.end("compacted");
+        let cancelled = Item::Cancelled(Cancel::Ended {
+            reason: "compacted".into(),
+        });
+        assert_eq!(items.try_recv().ok(), Some(cancelled.clone()));
+        let (_, mut late) = joined(watch.join(0));
+        assert_eq!(late.try_recv().ok(), Some(cancelled));
+        assert_eq!(watch.subscribers(), 0);
+    }
+
+    #[test]
+    fn progress_moves_the_resume_point_and_reaches_subscribers() {
+        let watch = SharedWatch::new(1, 8, 8);
+        let (_, mut items) = joined(watch.join(0));
+        watch.progress(20);
+        assert_eq!(watch.resume_from(), 21);
+        assert_eq!(items.try_recv().ok(), Some(Item::Progress(20)));
+        watch.publish(rev(15));
+        assert!(
+            items.try_recv().is_err(),
+            "a revision already covered is not news"
+        );
+    }
+}
