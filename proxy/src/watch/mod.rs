@@ -3,12 +3,18 @@
 //! - [`shared_watch`]: [`SharedWatch`], one upstream watch and every
 //!   client watch on it: history for late joiners, bounded queues, slow
 //!   subscribers dropped.
+//! - [`watch_key`]: [`WatchKey`], what makes two client watches one.
+//! - [`fanout`]: each subscriber's fixed offset inside `--fanout-jitter`
+//!   and the delivery that waits for it.
 //!
 //! Still to come: the coalescer (one shared watch per key range, filters
 //! and prev_kv, multiplexed on one upstream stream per member, resumed on
 //! another member), the catch-up path for joiners older than the history,
-//! jittered fan-out, and the gRPC and SSE front ends on top.
+//! the per-client delivery tasks, and the gRPC and SSE front ends on top.
 
+pub mod fanout;
 pub mod shared_watch;
+pub mod watch_key;
 
 pub use shared_watch::{Cancel, Item, Join, Revision, SharedWatch};
+pub use watch_key::WatchKey;

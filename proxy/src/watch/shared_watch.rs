@@ -33,6 +33,8 @@ use tokio::sync::mpsc;
 pub struct Revision {
     pub revision: i64,
     pub events: Arc<[PbEvent]>,
+    /// When the proxy got it from upstream: fan-out delays count from here.
+    pub received: tokio::time::Instant,
 }
 
 /// Why a subscriber was dropped.
@@ -254,6 +256,7 @@ mod tests {
         Revision {
             revision,
             events: Arc::from(vec![PbEvent::default()]),
+            received: tokio::time::Instant::now(),
         }
     }
 
