@@ -4,6 +4,8 @@
 //!   client watch on it: history for late joiners, bounded queues, slow
 //!   subscribers dropped.
 //! - [`watch_key`]: [`WatchKey`], what makes two client watches one.
+//! - [`upstream_answer`]: what an upstream `WatchResponse` says (created,
+//!   revisions grouped, progress, compacted, cancelled).
 //! - [`fanout`]: each subscriber's fixed offset inside `--fanout-jitter`
 //!   and the delivery that waits for it.
 //!
@@ -14,6 +16,7 @@
 
 pub mod fanout;
 pub mod shared_watch;
+pub mod upstream_answer;
 pub mod watch_key;
 
 pub use shared_watch::{Cancel, Item, Join, Revision, SharedWatch};
