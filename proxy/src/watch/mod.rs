@@ -6,15 +6,17 @@
 //! - [`watch_key`]: [`WatchKey`], what makes two client watches one.
 //! - [`upstream_answer`]: what an upstream `WatchResponse` says (created,
 //!   revisions grouped, progress, compacted, cancelled).
+//! - [`member_stream`]: [`member_stream::MemberStream`], ONE upstream
+//!   Watch stream per member carrying many watches.
 //! - [`fanout`]: each subscriber's fixed offset inside `--fanout-jitter`
 //!   and the delivery that waits for it.
 //!
-//! Still to come: the coalescer (one shared watch per key range, filters
-//! and prev_kv, multiplexed on one upstream stream per member, resumed on
-//! another member), the catch-up path for joiners older than the history,
+//! Still to come: the coalescer (one shared watch per [`WatchKey`] on a
+//! member stream, resumed on another member when that stream fails), the catch-up path for joiners older than the history,
 //! the per-client delivery tasks, and the gRPC and SSE front ends on top.
 
 pub mod fanout;
+pub mod member_stream;
 pub mod shared_watch;
 pub mod upstream_answer;
 pub mod watch_key;

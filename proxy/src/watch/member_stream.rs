@@ -1,0 +1,312 @@
+//! [`MemberStream`]: ONE upstream Watch stream to one cell member carrying
+//! many watches (DESIGN section 1: one multiplexed watch stream per member
+//! a proxy uses). One task owns the stream; callers talk to it through a
+//! [`MemberStreamHandle`]: create a watch (the proxy picks its id, so
+//! answers are routed without guessing which create they belong to),
+//! cancel one, ask for progress.
+//!
+//! Each watch's answers go to its own unbounded channel. Unbounded is safe
+//! here: the reader of each is one task that only moves revisions into a
+//! [`SharedWatch`](super::SharedWatch), whose own queues are bounded, and
+//! never waits on a client.
+//!
+//! When the stream fails, the task ends and every watch's channel closes:
+//! that is how a watch learns its member is gone, and it resumes on
+//! another member from the first revision it has not published.
+
+use super::upstream_answer::{read, Answer};
+use latchkey_shared::client::call;
+use latchkey_shared::etcdpb::{PbWatchRequest, PbWatchRequestUnion, PbWatchResponse};
+use latchkey_shared::ApiError;
+use std::collections::HashMap;
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+use tokio_stream::StreamExt;
+use tonic::transport::Channel;
+
+pub const WATCH: &str = "/etcdserverpb.Watch/Watch";
+
+/// The watch id etcd gives answers that concern the whole stream (a
+/// progress answer to a WatchProgress request).
+const STREAM_WIDE: i64 = -1;
+
+/// What a watch asks for.
+#[derive(Debug, Clone)]
+pub struct CreateWatch {
+    pub key: Vec<u8>,
+    pub range_end: Vec<u8>,
+    pub filters: Vec<i32>,
+    pub prev_kv: bool,
+    /// 0: from the next revision.
+    pub start_revision: i64,
+}
+
+enum Command {
+    Create {
+        watch: CreateWatch,
+        answers: mpsc::UnboundedSender<Answer>,
+        id: oneshot::Sender<i64>,
+    },
+    Cancel {
+        watch_id: i64,
+    },
+    Progress,
+}
+
+/// Talks to the task that owns one member's stream.
+#[derive(Clone)]
+pub struct MemberStreamHandle {
+    commands: mpsc::UnboundedSender<Command>,
+}
+
+impl MemberStreamHandle {
+    /// Creates a watch; its answers (the first one `Created`, or
+    /// `Compacted`/`Cancelled`) arrive on the returned channel, which
+    /// closes if the member's stream fails. Returns the watch id.
+    pub async fn create(
+        &self,
+        watch: CreateWatch,
+    ) -> Result<(i64, mpsc::UnboundedReceiver<Answer>), ApiError> {
+        let (answers, rx) = mpsc::unbounded_channel();
+        let (id, id_rx) = oneshot::channel();
+        self.commands
+            .send(Command::Create { watch, answers, id })
+            .map_err(|_| ApiError::unavailable("the member's watch stream is gone"))?;
+        let watch_id = id_rx
+            .await
+            .map_err(|_| ApiError::unavailable("the member's watch stream is gone"))?;
+        Ok((watch_id, rx))
+    }
+
+    /// Cancels a watch (its channel closes once the member confirms).
+    pub fn cancel(&self, watch_id: i64) {
+        let _ = self.commands.send(Command::Cancel { watch_id });
+    }
+
+    /// Asks the member for a progress answer for every watch on the stream.
+    pub fn progress(&self) {
+        let _ = self.commands.send(Command::Progress);
+    }
+
+    /// Whether the stream's task has ended.
+    pub fn is_closed(&self) -> bool {
+        self.commands.is_closed()
+    }
+}
+
+pub struct MemberStream;
+
+impl MemberStream {
+    /// Opens a Watch stream on `channel` and spawns its task.
+    pub async fn open(channel: Channel) -> Result<MemberStreamHandle, ApiError> {
+        let (requests, up) = mpsc::unbounded_channel::<PbWatchRequest>();
+        let answers = call::streaming::<PbWatchRequest, PbWatchResponse, _>(
+            channel,
+            WATCH,
+            tokio_stream::wrappers::UnboundedReceiverStream::new(up),
+        )
+        .await?;
+        let (commands, inbox) = mpsc::unbounded_channel();
+        tokio::spawn(run(requests, answers, inbox));
+        Ok(MemberStreamHandle { commands })
+    }
+}
+
+async fn run(
+    requests: mpsc::UnboundedSender<PbWatchRequest>,
+    mut answers: tonic::Streaming<PbWatchResponse>,
+    mut inbox: mpsc::UnboundedReceiver<Command>,
+) {
+    let mut watches: HashMap<i64, mpsc::UnboundedSender<Answer>> = HashMap::new();
+    let mut next_id: i64 = 1;
+    metrics::gauge!("latchkey_proxy_upstream_watch_streams").increment(1.0);
+    loop {
+        tokio::select! {
+            command = inbox.recv() => match command {
+                Some(Command::Create { watch, answers: sink, id }) => {
+                    let watch_id = next_id;
+                    next_id += 1;
+                    let mut request = PbWatchRequest {
+                        request_union: Some(PbWatchRequestUnion::CreateRequest(Default::default())),
+                    };
+                    if let Some(PbWatchRequestUnion::CreateRequest(c)) = &mut request.request_union {
+                        c.key = watch.key;
+                        c.range_end = watch.range_end;
+                        c.filters = watch.filters;
+                        c.prev_kv = watch.prev_kv;
+                        c.start_revision = watch.start_revision;
+                        c.watch_id = watch_id;
+                    }
+                    if requests.send(request).is_err() {
+                        break;
+                    }
+                    watches.insert(watch_id, sink);
+                    let _ = id.send(watch_id);
+                }
+                Some(Command::Cancel { watch_id }) => {
+                    let mut request = PbWatchRequest {
+                        request_union: Some(PbWatchRequestUnion::CancelRequest(Default::default())),
+                    };
+                    if let Some(PbWatchRequestUnion::CancelRequest(c)) = &mut request.request_union {
+                        c.watch_id = watch_id;
+                    }
+                    watches.remove(&watch_id);
+                    if requests.send(request).is_err() {
+                        break;
+                    }
+                }
+                Some(Command::Progress) => {
+                    let request = PbWatchRequest {
+                        request_union: Some(PbWatchRequestUnion::ProgressRequest(Default::default())),
+                    };
+                    if requests.send(request).is_err() {
+                        break;
+                    }
+                }
+                // Every handle is gone: nobody watches through this stream.
+                None => break,
+            },
+            answer = answers.next() => match answer {
+                Some(Ok(resp)) => {
+                    for answer in read(resp, Instant::now()) {
+                        route(&mut watches, answer);
+                    }
+                }
+                Some(Err(status)) => {
+                    tracing::debug!(error = %status, "upstream watch stream failed");
+                    break;
+                }
+                None => break,
+            },
+        }
+    }
+    metrics::gauge!("latchkey_proxy_upstream_watch_streams").decrement(1.0);
+    // Dropping `watches` closes every watch's channel: they resume elsewhere.
+}
+
+fn route(watches: &mut HashMap<i64, mpsc::UnboundedSender<Answer>>, answer: Answer) {
+    let watch_id = match &answer {
+        Answer::Created { watch_id, .. }
+        | Answer::Revisions { watch_id, .. }
+        | Answer::Progress { watch_id, .. }
+        | Answer::Compacted { watch_id, .. }
+        | Answer::Cancelled { watch_id, .. } => *watch_id,
+    };
+    if watch_id == STREAM_WIDE {
+        if let Answer::Progress { revision, .. } = answer {
+            for (id, sink) in watches.iter() {
+                let _ = sink.send(Answer::Progress {
+                    watch_id: *id,
+                    revision,
+                });
+            }
+        }
+        return;
+    }
+    let ends = matches!(answer, Answer::Compacted { .. } | Answer::Cancelled { .. });
+    if let Some(sink) = watches.get(&watch_id) {
+        let _ = sink.send(answer);
+    }
+    if ends {
+        watches.remove(&watch_id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use latchkey_shared::etcdpb::{PbPutRequest, PbPutResponse};
+
+    /// A one-member cell in this process, on free ports, and a channel to
+    /// its client address.
+    async fn cell() -> (latchkey_cell::cell::CellHandle, tempfile::TempDir, Channel) {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let cell = crate::dev::start_cell(dir.path(), None)
+            .await
+            .expect("a cell");
+        let channel = latchkey_shared::client::connect(&cell.client_addr.to_string())
+            .await
+            .expect("connect");
+        (cell, dir, channel)
+    }
+
+    async fn put(channel: &Channel, key: &str) -> i64 {
+        let resp: PbPutResponse = call::unary(
+            channel.clone(),
+            "/etcdserverpb.KV/Put",
+            tonic::Request::new(PbPutRequest {
+                key: key.as_bytes().to_vec(),
+                value: b"v".to_vec(),
+                ..Default::default()
+            }),
+        )
+        .await
+        .expect("put");
+        resp.header.expect("header").revision
+    }
+
+    async fn next(rx: &mut mpsc::UnboundedReceiver<Answer>) -> Answer {
+        tokio::time::timeout(std::time::Duration::from_secs(10), rx.recv())
+            .await
+            .expect("an answer in time")
+            .expect("the stream is open")
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn many_watches_share_one_stream_and_each_gets_its_own_answers() {
+        let (cell, _dir, channel) = cell().await;
+        let stream = MemberStream::open(channel.clone()).await.expect("stream");
+        let watch = |key: &str| CreateWatch {
+            key: key.as_bytes().to_vec(),
+            range_end: vec![],
+            filters: vec![],
+            prev_kv: false,
+            start_revision: 0,
+        };
+        let (a_id, mut a) = stream.create(watch("a")).await.expect("watch a");
+        let (b_id, mut b) = stream.create(watch("b")).await.expect("watch b");
+        assert_ne!(a_id, b_id);
+        assert!(matches!(next(&mut a).await, Answer::Created { .. }));
+        assert!(matches!(next(&mut b).await, Answer::Created { .. }));
+        let rev_b = put(&channel, "b").await;
+        let rev_a = put(&channel, "a").await;
+        match next(&mut a).await {
+            Answer::Revisions { revisions, .. } => {
+                assert_eq!(
+                    revisions.iter().map(|r| r.revision).collect::<Vec<_>>(),
+                    vec![rev_a]
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        match next(&mut b).await {
+            Answer::Revisions { revisions, .. } => {
+                assert_eq!(
+                    revisions.iter().map(|r| r.revision).collect::<Vec<_>>(),
+                    vec![rev_b]
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        // A progress request reaches every watch on the stream.
+        stream.progress();
+        for rx in [&mut a, &mut b] {
+            match next(rx).await {
+                Answer::Progress { revision, .. } => assert!(revision >= rev_a),
+                other => panic!("{other:?}"),
+            }
+        }
+        // The member goes away: every watch's channel closes.
+        cell.shutdown().await.expect("shutdown");
+        for rx in [&mut a, &mut b] {
+            let end = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+                while rx.recv().await.is_some() {}
+            })
+            .await;
+            assert!(
+                end.is_ok(),
+                "a watch's channel stayed open after its member left"
+            );
+        }
+    }
+}
