@@ -11,10 +11,14 @@
 //! - [`fanout`]: each subscriber's fixed offset inside `--fanout-jitter`
 //!   and the delivery that waits for it.
 //!
-//! Still to come: the coalescer (one shared watch per [`WatchKey`] on a
-//! member stream, resumed on another member when that stream fails), the catch-up path for joiners older than the history,
+//! - [`coalescer`]: [`coalescer::Coalescer`], one shared watch per
+//!   [`WatchKey`] on a member stream, resumed on another member when that
+//!   stream fails.
+//!
+//! Still to come: the catch-up path for joiners older than the history,
 //! the per-client delivery tasks, and the gRPC and SSE front ends on top.
 
+pub mod coalescer;
 pub mod fanout;
 pub mod member_stream;
 pub mod shared_watch;

@@ -1,0 +1,415 @@
+//! [`Coalescer`]: one [`SharedWatch`] per distinct [`WatchKey`] per proxy
+//! (DESIGN section 4), each on one member's multiplexed stream
+//! ([`MemberStream`]), resumed on another member when that stream fails.
+//!
+//! Joining and leaving happen under one std mutex (the map), so the last
+//! subscriber leaving and a new one joining cannot race: the shared watch
+//! is removed (and its upstream watch cancelled) only when it has no
+//! subscriber at that moment. Creating a shared watch is async (the member
+//! must answer); concurrent first joiners of one key wait on the same
+//! creation.
+
+use super::member_stream::{CreateWatch, MemberStream, MemberStreamHandle};
+use super::shared_watch::{Join, SharedWatch};
+use super::upstream_answer::Answer;
+use super::watch_key::WatchKey;
+use crate::upstream::{Cell, Route};
+use latchkey_shared::ApiError;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{mpsc, OnceCell};
+use tokio_util::sync::CancellationToken;
+
+/// Pause between attempts to resume a shared watch on another member.
+const RESUME_BACKOFF: Duration = Duration::from_millis(200);
+
+struct Entry {
+    watch: Arc<OnceCell<Arc<SharedWatch>>>,
+    /// Cancelled when the entry is removed: its pump cancels the upstream
+    /// watch and ends.
+    stop: CancellationToken,
+}
+
+pub struct Coalescer {
+    cell: Cell,
+    /// One stream per member index, opened on first use.
+    streams: tokio::sync::Mutex<HashMap<usize, MemberStreamHandle>>,
+    /// A std mutex: held for map operations and `SharedWatch::join/leave`
+    /// (no await).
+    watches: Mutex<HashMap<WatchKey, Entry>>,
+    history_len: usize,
+    queue_len: usize,
+}
+
+/// A client's place on a shared watch; [`Coalescer::leave`] ends it.
+pub struct Ticket {
+    pub key: WatchKey,
+    pub id: u64,
+}
+
+impl Coalescer {
+    pub fn new(cell: Cell, history_len: usize, queue_len: usize) -> Arc<Coalescer> {
+        Arc::new(Coalescer {
+            cell,
+            streams: tokio::sync::Mutex::new(HashMap::new()),
+            watches: Mutex::new(HashMap::new()),
+            history_len,
+            queue_len,
+        })
+    }
+
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<WatchKey, Entry>> {
+        self.watches.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Upstream watches this proxy holds (one per distinct key).
+    pub fn upstream_watches(&self) -> usize {
+        self.map().len()
+    }
+
+    /// Joins the shared watch for `key` at `start_revision`, creating it
+    /// upstream if nobody watches `key` yet.
+    pub async fn join(
+        self: &Arc<Self>,
+        key: WatchKey,
+        start_revision: i64,
+    ) -> Result<(Join, Option<Ticket>), ApiError> {
+        let (cell, stop) = {
+            let mut map = self.map();
+            let entry = map.entry(key.clone()).or_insert_with(|| Entry {
+                watch: Arc::new(OnceCell::new()),
+                stop: CancellationToken::new(),
+            });
+            (entry.watch.clone(), entry.stop.clone())
+        };
+        let created = cell
+            .get_or_try_init(|| self.create(key.clone(), stop.clone()))
+            .await;
+        let shared = match created {
+            Ok(shared) => shared.clone(),
+            Err(e) => {
+                self.forget(&key, &cell);
+                return Err(e);
+            }
+        };
+        // Join under the map's lock, against a concurrent last leave.
+        let map = self.map();
+        match map.get(&key) {
+            Some(entry) if Arc::ptr_eq(&entry.watch, &cell) => {
+                let join = shared.join(start_revision);
+                let ticket = match &join {
+                    Join::Joined { id, .. } => Some(Ticket { key, id: *id }),
+                    Join::CatchUp { .. } => None,
+                };
+                Ok((join, ticket))
+            }
+            // Removed between creation and now: try again afresh.
+            _ => {
+                drop(map);
+                Box::pin(self.join(key, start_revision)).await
+            }
+        }
+    }
+
+    /// A client watch ends; the last one out removes the shared watch.
+    pub fn leave(&self, ticket: Ticket) {
+        let mut map = self.map();
+        let Some(entry) = map.get(&ticket.key) else {
+            return;
+        };
+        let Some(shared) = entry.watch.get() else {
+            return;
+        };
+        shared.leave(ticket.id);
+        if shared.subscribers() == 0 {
+            if let Some(entry) = map.remove(&ticket.key) {
+                entry.stop.cancel();
+            }
+        }
+    }
+
+    /// Drops a failed creation so the next joiner tries again.
+    fn forget(&self, key: &WatchKey, cell: &Arc<OnceCell<Arc<SharedWatch>>>) {
+        let mut map = self.map();
+        if map.get(key).is_some_and(|e| Arc::ptr_eq(&e.watch, cell)) {
+            map.remove(key);
+        }
+    }
+
+    /// The stream to a member able to serve watches, opened if needed.
+    async fn stream(&self, attempt: usize) -> Result<MemberStreamHandle, ApiError> {
+        let member = self.cell.pick(Route::Any, attempt);
+        let mut streams = self.streams.lock().await;
+        if let Some(stream) = streams.get(&member) {
+            if !stream.is_closed() {
+                return Ok(stream.clone());
+            }
+        }
+        let stream = MemberStream::open(self.cell.members[member].channel.clone()).await?;
+        streams.insert(member, stream.clone());
+        Ok(stream)
+    }
+
+    /// Creates `key` upstream from the next revision and starts its pump.
+    async fn create(
+        self: &Arc<Self>,
+        key: WatchKey,
+        stop: CancellationToken,
+    ) -> Result<Arc<SharedWatch>, ApiError> {
+        let (stream, watch_id, mut answers, revision) = self.open(&key, 0, 0).await?;
+        let shared = Arc::new(SharedWatch::new(
+            revision + 1,
+            self.history_len,
+            self.queue_len,
+        ));
+        metrics::gauge!("latchkey_proxy_upstream_watches").increment(1.0);
+        let pump = Pump {
+            coalescer: self.clone(),
+            key,
+            shared: shared.clone(),
+        };
+        tokio::spawn(async move {
+            let mut current = (stream, watch_id);
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => {
+                        current.0.cancel(current.1);
+                        break;
+                    }
+                    answer = answers.recv() => match answer {
+                        Some(answer) => {
+                            if !pump.apply(answer) {
+                                break;
+                            }
+                        }
+                        // The member's stream failed: resume elsewhere.
+                        None => match pump.resume(&stop).await {
+                            Some((stream, id, rx)) => {
+                                current = (stream, id);
+                                answers = rx;
+                            }
+                            None => break,
+                        },
+                    },
+                }
+            }
+            metrics::gauge!("latchkey_proxy_upstream_watches").decrement(1.0);
+        });
+        Ok(shared)
+    }
+
+    /// Creates `key` upstream from `start_revision` on some member; returns
+    /// the stream, the watch id, its answers and the revision it was
+    /// created at.
+    async fn open(
+        &self,
+        key: &WatchKey,
+        start_revision: i64,
+        attempt: usize,
+    ) -> Result<
+        (
+            MemberStreamHandle,
+            i64,
+            mpsc::UnboundedReceiver<Answer>,
+            i64,
+        ),
+        ApiError,
+    > {
+        let stream = self.stream(attempt).await?;
+        let (watch_id, mut answers) = stream
+            .create(CreateWatch {
+                key: key.range.start.clone(),
+                range_end: key.range.end.clone(),
+                filters: key.filters.clone(),
+                prev_kv: key.prev_kv,
+                start_revision,
+            })
+            .await?;
+        match tokio::time::timeout(self.cell.request_timeout, answers.recv()).await {
+            Ok(Some(Answer::Created { revision, .. })) => Ok((stream, watch_id, answers, revision)),
+            Ok(Some(Answer::Compacted {
+                compact_revision, ..
+            })) => Err(ApiError::compacted(compact_revision)),
+            Ok(Some(Answer::Cancelled { reason, .. })) => Err(ApiError::unavailable(format!(
+                "the member refused the watch: {reason}"
+            ))),
+            Ok(Some(other)) => Err(ApiError::internal(format!(
+                "a watch's first answer was {other:?}"
+            ))),
+            Ok(None) => Err(ApiError::unavailable("the member's watch stream failed")),
+            Err(_) => Err(ApiError::unavailable(
+                "the member did not create the watch in time",
+            )),
+        }
+    }
+}
+
+/// Moves one shared watch's upstream answers into it.
+struct Pump {
+    coalescer: Arc<Coalescer>,
+    key: WatchKey,
+    shared: Arc<SharedWatch>,
+}
+
+impl Pump {
+    /// Applies one answer; false when the shared watch has ended.
+    fn apply(&self, answer: Answer) -> bool {
+        match answer {
+            Answer::Revisions { revisions, .. } => {
+                for revision in revisions {
+                    self.shared.publish(revision);
+                }
+                true
+            }
+            Answer::Progress { revision, .. } => {
+                self.shared.progress(revision);
+                true
+            }
+            Answer::Created { .. } => true,
+            Answer::Compacted {
+                compact_revision, ..
+            } => {
+                self.end(&format!("compacted at revision {compact_revision}"));
+                false
+            }
+            Answer::Cancelled { reason, .. } => {
+                self.end(&reason);
+                false
+            }
+        }
+    }
+
+    fn end(&self, reason: &str) {
+        self.shared.end(reason);
+        let mut map = self.coalescer.map();
+        map.remove(&self.key);
+    }
+
+    /// Re-creates the watch on another member from the first revision not
+    /// published; `None` when it cannot be resumed (compacted) or nobody
+    /// wants it any more.
+    async fn resume(
+        &self,
+        stop: &CancellationToken,
+    ) -> Option<(MemberStreamHandle, i64, mpsc::UnboundedReceiver<Answer>)> {
+        let mut attempt = 1;
+        loop {
+            if stop.is_cancelled() {
+                return None;
+            }
+            let from = self.shared.resume_from();
+            match self.coalescer.open(&self.key, from, attempt).await {
+                Ok((stream, id, answers, _)) => {
+                    tracing::info!(revision = from, "shared watch resumed on another member");
+                    return Some((stream, id, answers));
+                }
+                Err(e) if e.code == latchkey_shared::ErrorCode::Compacted => {
+                    self.end(&e.message);
+                    return None;
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "resuming a shared watch failed; trying again");
+                    attempt += 1;
+                    tokio::select! {
+                        _ = stop.cancelled() => return None,
+                        _ = tokio::time::sleep(RESUME_BACKOFF) => {}
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::upstream::CellClient;
+    use crate::watch::shared_watch::Item;
+    use latchkey_shared::client::call;
+    use latchkey_shared::etcdpb::{PbPutRequest, PbPutResponse};
+
+    async fn put(cell: &Cell, key: &str) -> i64 {
+        let resp: PbPutResponse = call::unary(
+            cell.members[0].channel.clone(),
+            "/etcdserverpb.KV/Put",
+            tonic::Request::new(PbPutRequest {
+                key: key.as_bytes().to_vec(),
+                value: b"v".to_vec(),
+                ..Default::default()
+            }),
+        )
+        .await
+        .expect("put");
+        resp.header.expect("header").revision
+    }
+
+    fn key(k: &str) -> WatchKey {
+        WatchKey::new(k.as_bytes().to_vec(), vec![], &[], false).expect("key")
+    }
+
+    async fn revisions(items: &mut mpsc::Receiver<Item>, n: usize) -> Vec<i64> {
+        let mut got = Vec::new();
+        while got.len() < n {
+            match tokio::time::timeout(Duration::from_secs(10), items.recv()).await {
+                Ok(Some(Item::Events(r))) => got.push(r.revision),
+                Ok(Some(_)) => {}
+                other => panic!("after {got:?}: {other:?}"),
+            }
+        }
+        got
+    }
+
+    fn joined(join: Join) -> (Vec<i64>, mpsc::Receiver<Item>) {
+        match join {
+            Join::Joined { backlog, items, .. } => {
+                (backlog.iter().map(|r| r.revision).collect(), items)
+            }
+            Join::CatchUp { join_at } => panic!("catch up to {join_at}"),
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn identical_watches_share_one_upstream_watch_which_ends_with_the_last() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let cell_handle = crate::dev::start_cell(dir.path(), None)
+            .await
+            .expect("cell");
+        let cell: Cell = Arc::new(
+            CellClient::new(
+                &[cell_handle.client_addr.to_string()],
+                Duration::from_secs(5),
+            )
+            .expect("client"),
+        );
+        let coalescer = Coalescer::new(cell.clone(), 64, 64);
+        let (one, t1) = coalescer.join(key("k"), 0).await.expect("join");
+        let (two, t2) = coalescer.join(key("k"), 0).await.expect("join");
+        let (other, t3) = coalescer.join(key("other"), 0).await.expect("join");
+        assert_eq!(coalescer.upstream_watches(), 2, "one per distinct key");
+        let (_, mut one) = joined(one);
+        let (_, mut two) = joined(two);
+        let (_, mut other) = joined(other);
+        let r1 = put(&cell, "k").await;
+        let r2 = put(&cell, "other").await;
+        let r3 = put(&cell, "k").await;
+        assert_eq!(revisions(&mut one, 2).await, vec![r1, r3]);
+        assert_eq!(revisions(&mut two, 2).await, vec![r1, r3]);
+        assert_eq!(revisions(&mut other, 1).await, vec![r2]);
+        // A late joiner from r1 is served from the shared watch's history.
+        let (late, t4) = coalescer.join(key("k"), r1).await.expect("join");
+        let (backlog, _late) = joined(late);
+        assert_eq!(backlog, vec![r1, r3]);
+        for ticket in [t1, t2, t4].into_iter().flatten() {
+            coalescer.leave(ticket);
+        }
+        assert_eq!(
+            coalescer.upstream_watches(),
+            1,
+            "the last out of k removed it"
+        );
+        coalescer.leave(t3.expect("ticket"));
+        assert_eq!(coalescer.upstream_watches(), 0);
+        cell_handle.shutdown().await.expect("shutdown");
+    }
+}
