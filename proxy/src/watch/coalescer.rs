@@ -10,7 +10,7 @@
 //! creation.
 
 use super::member_stream::{CreateWatch, MemberStream, MemberStreamHandle};
-use super::shared_watch::{Join, SharedWatch};
+use super::shared_watch::{Cancel, Item, Join, Revision, SharedWatch};
 use super::upstream_answer::Answer;
 use super::watch_key::WatchKey;
 use crate::upstream::{Cell, Route};
@@ -94,21 +94,27 @@ impl Coalescer {
             }
         };
         // Join under the map's lock, against a concurrent last leave.
-        let map = self.map();
-        match map.get(&key) {
-            Some(entry) if Arc::ptr_eq(&entry.watch, &cell) => {
-                let join = shared.join(start_revision);
-                let ticket = match &join {
-                    Join::Joined { id, .. } => Some(Ticket { key, id: *id }),
-                    Join::CatchUp { .. } => None,
-                };
-                Ok((join, ticket))
+        let joined = {
+            let map = self.map();
+            match map.get(&key) {
+                Some(entry) if Arc::ptr_eq(&entry.watch, &cell) => {
+                    let join = shared.join(start_revision);
+                    let ticket = match &join {
+                        Join::Joined { id, .. } => Some(Ticket {
+                            key: key.clone(),
+                            id: *id,
+                        }),
+                        Join::CatchUp { .. } => None,
+                    };
+                    Some((join, ticket))
+                }
+                _ => None,
             }
+        };
+        match joined {
+            Some(joined) => Ok(joined),
             // Removed between creation and now: try again afresh.
-            _ => {
-                drop(map);
-                Box::pin(self.join(key, start_revision)).await
-            }
+            None => Box::pin(self.join(key, start_revision)).await,
         }
     }
 
@@ -245,6 +251,140 @@ impl Coalescer {
     }
 }
 
+impl Coalescer {
+    /// A client watch of `key` from `start_revision` (0: from the next
+    /// revision), whatever the shared watch's history holds. A start older
+    /// than the history is served by a private upstream watch until it
+    /// meets the shared one, then from the shared one: every revision from
+    /// the start once, in order. Items go to `tx`; the subscription ends
+    /// (and leaves the shared watch) when `tx`'s receiver is dropped or
+    /// the watch ends.
+    pub async fn subscribe(
+        self: &Arc<Self>,
+        key: WatchKey,
+        start_revision: i64,
+        tx: mpsc::Sender<Item>,
+    ) -> Result<(), ApiError> {
+        let (join, ticket) = self.join(key.clone(), start_revision).await?;
+        match join {
+            Join::Joined { backlog, items, .. } => {
+                let this = self.clone();
+                tokio::spawn(async move {
+                    forward(backlog, items, &tx).await;
+                    if let Some(ticket) = ticket {
+                        this.leave(ticket);
+                    }
+                });
+            }
+            Join::CatchUp { join_at } => {
+                let this = self.clone();
+                tokio::spawn(async move {
+                    this.catch_up(key, start_revision, join_at, tx).await;
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// A private watch from `start` until it meets the shared watch at
+    /// `join_at` (or later, if the shared history moves on meanwhile).
+    async fn catch_up(
+        self: Arc<Self>,
+        key: WatchKey,
+        start: i64,
+        mut join_at: i64,
+        tx: mpsc::Sender<Item>,
+    ) {
+        let ended = |reason: String| Item::Cancelled(Cancel::Ended { reason });
+        let (stream, watch_id, mut answers, _) = match self.open(&key, start, 0).await {
+            Ok(opened) => opened,
+            Err(e) => {
+                let _ = tx.send(ended(e.to_string())).await;
+                return;
+            }
+        };
+        metrics::counter!("latchkey_proxy_watch_catch_ups_total").increment(1);
+        // The first revision the client has not been given.
+        let mut next = start;
+        stream.progress();
+        loop {
+            if next >= join_at {
+                match self.join(key.clone(), next).await {
+                    Ok((Join::Joined { backlog, items, .. }, ticket)) => {
+                        stream.cancel(watch_id);
+                        forward(backlog, items, &tx).await;
+                        if let Some(ticket) = ticket {
+                            self.leave(ticket);
+                        }
+                        return;
+                    }
+                    // The shared history moved on: keep catching up.
+                    Ok((Join::CatchUp { join_at: later }, _)) => join_at = later,
+                    Err(e) => {
+                        stream.cancel(watch_id);
+                        let _ = tx.send(ended(e.to_string())).await;
+                        return;
+                    }
+                }
+            }
+            let answer = tokio::time::timeout(self.cell.request_timeout, answers.recv()).await;
+            match answer {
+                Ok(Some(Answer::Revisions { revisions, .. })) => {
+                    for revision in revisions {
+                        if revision.revision >= next {
+                            next = revision.revision + 1;
+                            if tx.send(Item::Events(revision)).await.is_err() {
+                                stream.cancel(watch_id);
+                                return;
+                            }
+                        }
+                    }
+                }
+                Ok(Some(Answer::Progress { revision, .. })) => next = next.max(revision + 1),
+                Ok(Some(Answer::Created { .. })) => {}
+                Ok(Some(Answer::Compacted {
+                    compact_revision, ..
+                })) => {
+                    let _ = tx
+                        .send(ended(ApiError::compacted(compact_revision).to_string()))
+                        .await;
+                    return;
+                }
+                Ok(Some(Answer::Cancelled { reason, .. })) => {
+                    let _ = tx.send(ended(reason)).await;
+                    return;
+                }
+                Ok(None) => {
+                    let _ = tx
+                        .send(ended("the member's watch stream failed".into()))
+                        .await;
+                    return;
+                }
+                // Quiet: ask how far the member has come.
+                Err(_) => {}
+            }
+            if next < join_at {
+                stream.progress();
+            }
+        }
+    }
+}
+
+/// Hands a joined subscription's backlog, then its items, to `tx`, until
+/// either side ends.
+async fn forward(backlog: Vec<Revision>, mut items: mpsc::Receiver<Item>, tx: &mpsc::Sender<Item>) {
+    for revision in backlog {
+        if tx.send(Item::Events(revision)).await.is_err() {
+            return;
+        }
+    }
+    while let Some(item) = items.recv().await {
+        if tx.send(item).await.is_err() {
+            return;
+        }
+    }
+}
+
 /// Moves one shared watch's upstream answers into it.
 struct Pump {
     coalescer: Arc<Coalescer>,
@@ -367,6 +507,57 @@ mod tests {
             }
             Join::CatchUp { join_at } => panic!("catch up to {join_at}"),
         }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_joiner_older_than_the_history_catches_up_and_joins_without_gap_or_repeat() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let cell_handle = crate::dev::start_cell(dir.path(), None)
+            .await
+            .expect("cell");
+        let cell: Cell = Arc::new(
+            CellClient::new(
+                &[cell_handle.client_addr.to_string()],
+                Duration::from_secs(5),
+            )
+            .expect("client"),
+        );
+        // A history of 2 revisions: most joiners must catch up.
+        let coalescer = Coalescer::new(cell.clone(), 2, 1024);
+        let first = put(&cell, "k").await;
+        let (live, ticket) = coalescer.join(key("k"), 0).await.expect("join");
+        let (_, _live) = joined(live);
+        let mut written = vec![first];
+        for _ in 0..10 {
+            written.push(put(&cell, "k").await);
+            put(&cell, "elsewhere").await;
+        }
+        // Joiners from every revision written so far, while writes go on.
+        let mut joiners = Vec::new();
+        for start in written.clone() {
+            let (tx, rx) = mpsc::channel(1024);
+            coalescer
+                .subscribe(key("k"), start, tx)
+                .await
+                .expect("subscribe");
+            joiners.push((start, rx));
+        }
+        for _ in 0..10 {
+            written.push(put(&cell, "k").await);
+        }
+        for (start, mut rx) in joiners {
+            let want: Vec<i64> = written.iter().copied().filter(|r| *r >= start).collect();
+            let got = revisions(&mut rx, want.len()).await;
+            assert_eq!(got, want, "a joiner from {start}");
+            // Nothing more (no repeat) arrives.
+            let extra = tokio::time::timeout(Duration::from_millis(200), rx.recv()).await;
+            assert!(
+                !matches!(extra, Ok(Some(Item::Events(_)))),
+                "a joiner from {start} got more: {extra:?}"
+            );
+        }
+        coalescer.leave(ticket.expect("ticket"));
+        cell_handle.shutdown().await.expect("shutdown");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

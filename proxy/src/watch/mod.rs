@@ -15,8 +15,16 @@
 //!   [`WatchKey`] on a member stream, resumed on another member when that
 //!   stream fails.
 //!
-//! Still to come: the catch-up path for joiners older than the history,
-//! the per-client delivery tasks, and the gRPC and SSE front ends on top.
+//!   `Coalescer::subscribe` serves a start older than the history from a
+//!   private upstream watch until it meets the shared one.
+//!
+//! Still to come (issue 12): the per-client delivery tasks with the
+//! fan-out offsets; the gRPC Watch and SSE front ends on the coalescer
+//! (client watch ids, create/cancel/progress per client stream, cancel
+//! reasons for slow clients); metrics of client vs upstream watches; the
+//! serializable read cache fed by these watches; integration tests with
+//! real member failures (resume without gap or duplicate) and the 10 000
+//! watcher fan-out; the benchmark.
 
 pub mod coalescer;
 pub mod fanout;
