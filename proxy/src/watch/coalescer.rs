@@ -560,6 +560,76 @@ mod tests {
         cell_handle.shutdown().await.expect("shutdown");
     }
 
+    /// The shared watch's member is SIGKILLed while writes go on: the
+    /// watch resumes on another member; its subscriber sees every
+    /// acknowledged write once, in order, and nothing twice.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_shared_watch_survives_the_death_of_its_member_without_gap_or_repeat() {
+        use crate::upstream::Kind;
+        let mut cluster =
+            latchkey_testkit::Cluster::start(latchkey_testkit::cell_binary(), 3, &[]).await;
+        let addrs: Vec<String> = cluster.members.iter().map(|m| m.client.clone()).collect();
+        let cell: Cell = Arc::new(CellClient::new(&addrs, Duration::from_secs(5)).expect("client"));
+        let coalescer = Coalescer::new(cell.clone(), 1024, 1024);
+        let (tx, mut rx) = mpsc::channel(1024);
+        coalescer
+            .subscribe(key("k"), 0, tx)
+            .await
+            .expect("subscribe");
+        // The member serving the watch is the one with a watcher.
+        let mut host = None;
+        for id in cluster.running() {
+            if cluster.metric(id, "latchkey_watchers").await == Some(1.0) {
+                host = Some(id);
+            }
+        }
+        let host = host.expect("a member serves the watch");
+        let mut acked = Vec::new();
+        let mut failed = 0;
+        for i in 0..60 {
+            if i == 20 {
+                cluster.kill(host);
+            }
+            let put = PbPutRequest {
+                key: b"k".to_vec(),
+                value: i.to_string().into_bytes(),
+                ..Default::default()
+            };
+            match cell
+                .call::<_, PbPutResponse>(Route::Leader, Kind::Write, "/etcdserverpb.KV/Put", put)
+                .await
+            {
+                Ok(resp) => acked.push(resp.header.expect("header").revision),
+                Err(_) => failed += 1,
+            }
+        }
+        let last = *acked.last().expect("writes went through");
+        let mut got = Vec::new();
+        while got.last().is_none_or(|r| *r < last) {
+            match tokio::time::timeout(Duration::from_secs(20), rx.recv()).await {
+                Ok(Some(Item::Events(r))) => got.push(r.revision),
+                Ok(Some(_)) => {}
+                other => panic!("after {got:?} (acked up to {last}): {other:?}"),
+            }
+        }
+        assert!(
+            got.windows(2).all(|w| w[0] < w[1]),
+            "out of order or repeated: {got:?}"
+        );
+        let missing: Vec<i64> = acked.iter().copied().filter(|r| !got.contains(r)).collect();
+        assert!(
+            missing.is_empty(),
+            "acknowledged writes never seen: {missing:?}"
+        );
+        // Only writes whose outcome was unknown may add to what was acked.
+        assert!(
+            got.len() <= acked.len() + failed,
+            "{} seen, {} acked, {failed} unknown",
+            got.len(),
+            acked.len()
+        );
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn identical_watches_share_one_upstream_watch_which_ends_with_the_last() {
         let dir = tempfile::tempdir().expect("temp dir");
