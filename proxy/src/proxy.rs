@@ -7,6 +7,7 @@ use crate::config::Config;
 use crate::session::{KeepAliveBatcher, SessionTable};
 use crate::state::ProxyState;
 use crate::upstream::{CellClient, LeaderTracker, Upstream};
+use crate::watch::coalescer::Coalescer;
 use crate::{admin, grpc, http};
 use anyhow::Context;
 use latchkey_shared::client::RefreshStream;
@@ -16,6 +17,14 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinHandle;
+
+/// Revisions a shared watch keeps for late joiners: a client that
+/// reconnects within a few seconds of a busy key joins without a catch-up
+/// watch of its own.
+const WATCH_HISTORY: usize = 1024;
+
+/// Items queued per subscriber of a shared watch before it counts as slow.
+const WATCH_QUEUE: usize = 1024;
 
 /// How long shutdown waits for tasks to end.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
@@ -53,9 +62,11 @@ impl Proxy {
         let cell = CellClient::new(&cfg.cells, cfg.request_timeout)?;
         let upstream = Upstream::new(vec![cell])?;
         let sessions = Arc::new(SessionTable::new());
+        let coalescer = Coalescer::new(upstream.home().clone(), WATCH_HISTORY, WATCH_QUEUE);
         let state = Arc::new(ProxyState {
             upstream,
             sessions: sessions.clone(),
+            coalescer,
             request_timeout: cfg.request_timeout,
             max_request_bytes: cfg.max_request_bytes,
             lifecycle: lifecycle.clone(),

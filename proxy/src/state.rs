@@ -2,6 +2,7 @@
 
 use crate::session::SessionTable;
 use crate::upstream::Upstream;
+use crate::watch::coalescer::Coalescer;
 use latchkey_shared::lifecycle::Lifecycle;
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,6 +10,8 @@ use std::time::Duration;
 pub struct ProxyState {
     pub upstream: Upstream,
     pub sessions: Arc<SessionTable>,
+    /// One shared upstream watch per distinct client watch.
+    pub coalescer: Arc<Coalescer>,
     /// How long a client request may take, retries included.
     pub request_timeout: Duration,
     /// Largest HTTP request body accepted.

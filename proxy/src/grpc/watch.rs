@@ -1,29 +1,40 @@
-//! etcd v3 `Watch`, passed through: each client stream gets its own
-//! upstream stream to one member (any member serves watches from its
-//! applied state), requests forwarded up and responses down as they are.
-//! When the upstream stream fails the client's stream ends with the error,
-//! and etcd clients resume from the last revision they saw. Coalescing
-//! identical watches onto one upstream watch is the next step (DESIGN
-//! section 4).
+//! etcd v3 `Watch` through the coalescer: every client watch with the same
+//! range, filters and prev_kv shares ONE upstream watch per proxy (DESIGN
+//! section 4). Each client stream is served by one task that speaks
+//! etcd's watch protocol to the client (its own watch ids, created and
+//! cancelled answers, progress requests) and one forwarding task per
+//! client watch that turns the shared watch's items into responses.
+//!
+//! A client watch dropped for reading too slowly is cancelled with a
+//! reason naming the revision to resume from.
 
 use crate::state::ProxyState;
-use crate::upstream::Route;
-use latchkey_shared::classify_call_failure;
-use latchkey_shared::client::call;
-use latchkey_shared::etcdpb::{PbWatchRequest, PbWatchResponse, PbWatchService};
+use crate::watch::{Cancel, Item, WatchKey};
+use latchkey_shared::etcdpb::{
+    PbResponseHeader, PbWatchRequest, PbWatchRequestUnion, PbWatchResponse, PbWatchService,
+};
+use latchkey_shared::ErrorCode;
+use std::collections::HashMap;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
+use tokio::sync::mpsc;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
 pub const WATCH: &str = "/etcdserverpb.Watch/Watch";
 
-/// Responses queued per stream before its task waits for the client.
-const OUTBOUND_QUEUE: usize = 64;
+/// Responses queued per client stream before its tasks wait for the client.
+const OUTBOUND_QUEUE: usize = 256;
+
+/// Items queued per client watch before it counts as slow.
+const WATCH_QUEUE: usize = 1024;
 
 pub struct WatchService {
     pub state: Arc<ProxyState>,
 }
+
+type Out = mpsc::Sender<Result<PbWatchResponse, Status>>;
 
 #[tonic::async_trait]
 impl PbWatchService for WatchService {
@@ -35,31 +46,231 @@ impl PbWatchService for WatchService {
         request: Request<Streaming<PbWatchRequest>>,
     ) -> Result<Response<Self::WatchStream>, Status> {
         let inbound = request.into_inner();
-        let cell = self.state.upstream.home().clone();
-        let member = cell.pick(Route::Any, 0);
-        let channel = cell.members[member].channel.clone();
-        // The client's requests go up until it closes its side or its
-        // stream breaks.
-        let up = inbound.map_while(Result::ok);
-        let mut answers =
-            call::streaming::<PbWatchRequest, PbWatchResponse, _>(channel, WATCH, up).await?;
-        let (tx, rx) = tokio::sync::mpsc::channel(OUTBOUND_QUEUE);
+        let (out, rx) = mpsc::channel(OUTBOUND_QUEUE);
+        let client = ClientStream {
+            state: self.state.clone(),
+            out,
+            watches: HashMap::new(),
+            next_id: 0,
+        };
         metrics::gauge!("latchkey_proxy_watch_streams").increment(1.0);
-        self.state.lifecycle.spawn(async move {
-            while let Some(answer) = answers.next().await {
-                let answer = answer.map_err(|status| {
-                    tracing::debug!(error = %status, "upstream watch stream failed");
-                    Status::from(classify_call_failure(&status))
-                });
-                let failed = answer.is_err();
-                if tx.send(answer).await.is_err() || failed {
-                    break;
-                }
-            }
-            metrics::gauge!("latchkey_proxy_watch_streams").decrement(1.0);
-        });
+        self.state.lifecycle.spawn(client.run(inbound));
         Ok(Response::new(Box::pin(
             tokio_stream::wrappers::ReceiverStream::new(rx),
         )))
+    }
+}
+
+/// One client watch: its forwarding task and the last revision it sent.
+struct ClientWatch {
+    forwarder: tokio::task::AbortHandle,
+    sent_through: Arc<AtomicI64>,
+}
+
+struct ClientStream {
+    state: Arc<ProxyState>,
+    out: Out,
+    watches: HashMap<i64, ClientWatch>,
+    next_id: i64,
+}
+
+impl ClientStream {
+    async fn run(mut self, mut inbound: Streaming<PbWatchRequest>) {
+        while let Some(Ok(request)) = inbound.next().await {
+            if self.handle(request).await.is_err() {
+                break;
+            }
+        }
+        for (_, watch) in self.watches.drain() {
+            watch.forwarder.abort();
+        }
+        metrics::gauge!("latchkey_proxy_watch_streams").decrement(1.0);
+    }
+
+    fn header(&self, revision: i64) -> PbResponseHeader {
+        let mut header = self.state.upstream.home().last_header();
+        header.revision = revision;
+        header
+    }
+
+    async fn send(&self, response: PbWatchResponse) -> Result<(), ()> {
+        self.out.send(Ok(response)).await.map_err(|_| ())
+    }
+
+    async fn handle(&mut self, request: PbWatchRequest) -> Result<(), ()> {
+        match request.request_union {
+            Some(PbWatchRequestUnion::CreateRequest(c)) => {
+                let id = if c.watch_id > 0 {
+                    c.watch_id
+                } else {
+                    while self.watches.contains_key(&self.next_id) {
+                        self.next_id += 1;
+                    }
+                    self.next_id
+                };
+                let refuse = |reason: String, compact_revision: i64| PbWatchResponse {
+                    header: Some(self.header(self.state.upstream.home().last_header().revision)),
+                    watch_id: id,
+                    created: true,
+                    canceled: true,
+                    cancel_reason: reason,
+                    compact_revision,
+                    ..Default::default()
+                };
+                if self.watches.contains_key(&id) {
+                    let reason = latchkey_shared::ApiError::watch_id_exists()
+                        .grpc_message()
+                        .to_string();
+                    return self.send(refuse(reason, 0)).await;
+                }
+                // etcd reads an empty key as "\0".
+                let key = if c.key.is_empty() { vec![0] } else { c.key };
+                let watch_key = match WatchKey::new(key, c.range_end, &c.filters, c.prev_kv) {
+                    Ok(k) => k,
+                    Err(e) => return self.send(refuse(e.message, 0)).await,
+                };
+                let (tx, rx) = mpsc::channel(WATCH_QUEUE);
+                let coalescer = self.state.coalescer.clone();
+                let from = match coalescer.subscribe(watch_key, c.start_revision, tx).await {
+                    Ok(from) => from,
+                    Err(e) => {
+                        let compact = if e.code == ErrorCode::Compacted {
+                            e.compact_revision().unwrap_or(0)
+                        } else {
+                            0
+                        };
+                        return self
+                            .send(refuse(e.grpc_message().to_string(), compact))
+                            .await;
+                    }
+                };
+                let created = PbWatchResponse {
+                    header: Some(self.header(from - 1)),
+                    watch_id: id,
+                    created: true,
+                    ..Default::default()
+                };
+                self.send(created).await?;
+                let sent_through = Arc::new(AtomicI64::new(from - 1));
+                let forwarder = tokio::spawn(forward(
+                    id,
+                    rx,
+                    self.out.clone(),
+                    sent_through.clone(),
+                    c.progress_notify,
+                    self.header(0),
+                ))
+                .abort_handle();
+                self.watches.insert(
+                    id,
+                    ClientWatch {
+                        forwarder,
+                        sent_through,
+                    },
+                );
+                metrics::gauge!("latchkey_proxy_client_watches").increment(1.0);
+                Ok(())
+            }
+            Some(PbWatchRequestUnion::CancelRequest(c)) => {
+                if let Some(watch) = self.watches.remove(&c.watch_id) {
+                    watch.forwarder.abort();
+                    metrics::gauge!("latchkey_proxy_client_watches").decrement(1.0);
+                    let revision = watch.sent_through.load(Ordering::Relaxed);
+                    self.send(PbWatchResponse {
+                        header: Some(self.header(revision)),
+                        watch_id: c.watch_id,
+                        canceled: true,
+                        ..Default::default()
+                    })
+                    .await?;
+                }
+                Ok(())
+            }
+            Some(PbWatchRequestUnion::ProgressRequest(_)) => {
+                // Every watch of this stream has been sent everything up to
+                // the least of what each has been sent.
+                let revision = self
+                    .watches
+                    .values()
+                    .map(|w| w.sent_through.load(Ordering::Relaxed))
+                    .min()
+                    .unwrap_or_else(|| self.state.upstream.home().last_header().revision);
+                self.send(PbWatchResponse {
+                    header: Some(self.header(revision)),
+                    watch_id: -1,
+                    ..Default::default()
+                })
+                .await
+            }
+            None => Ok(()),
+        }
+    }
+}
+
+/// Turns one client watch's items into responses.
+async fn forward(
+    id: i64,
+    mut items: mpsc::Receiver<Item>,
+    out: Out,
+    sent_through: Arc<AtomicI64>,
+    progress_notify: bool,
+    header: PbResponseHeader,
+) {
+    let at = |revision: i64| {
+        let mut h = header;
+        h.revision = revision;
+        Some(h)
+    };
+    loop {
+        let response = match items.recv().await {
+            Some(Item::Events(r)) => {
+                sent_through.store(r.revision, Ordering::Relaxed);
+                PbWatchResponse {
+                    header: at(r.revision),
+                    watch_id: id,
+                    events: r.events.to_vec(),
+                    ..Default::default()
+                }
+            }
+            Some(Item::Progress(revision)) => {
+                let before = sent_through.fetch_max(revision, Ordering::Relaxed);
+                if !progress_notify || revision <= before {
+                    continue;
+                }
+                PbWatchResponse {
+                    header: at(revision),
+                    watch_id: id,
+                    ..Default::default()
+                }
+            }
+            Some(Item::Cancelled(Cancel::Ended { reason })) => PbWatchResponse {
+                header: at(sent_through.load(Ordering::Relaxed)),
+                watch_id: id,
+                canceled: true,
+                cancel_reason: reason,
+                ..Default::default()
+            },
+            // Closed without a cancel: dropped for reading too slowly.
+            Some(Item::Cancelled(Cancel::Slow { .. })) | None => {
+                let resume_from = sent_through.load(Ordering::Relaxed) + 1;
+                metrics::counter!("latchkey_proxy_slow_clients_cancelled_total").increment(1);
+                let _ = out
+                    .send(Ok(PbWatchResponse {
+                        header: at(resume_from - 1),
+                        watch_id: id,
+                        canceled: true,
+                        cancel_reason: format!(
+                            "watcher too slow: it fell behind and was dropped; watch again from revision {resume_from}"
+                        ),
+                        ..Default::default()
+                    }))
+                    .await;
+                return;
+            }
+        };
+        let ends = response.canceled;
+        if out.send(Ok(response)).await.is_err() || ends {
+            return;
+        }
     }
 }

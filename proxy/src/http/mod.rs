@@ -183,8 +183,11 @@ mod tests {
         let addr = closed.local_addr().expect("addr").to_string();
         drop(closed);
         let cell = CellClient::new(&[addr], Duration::from_millis(300)).expect("cell");
+        let upstream = Upstream::new(vec![cell]).expect("upstream");
+        let coalescer = crate::watch::coalescer::Coalescer::new(upstream.home().clone(), 8, 8);
         router(Arc::new(ProxyState {
-            upstream: Upstream::new(vec![cell]).expect("upstream"),
+            upstream,
+            coalescer,
             sessions: Arc::new(SessionTable::new()),
             request_timeout: Duration::from_millis(300),
             max_request_bytes: 1 << 20,

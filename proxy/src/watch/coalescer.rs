@@ -258,16 +258,22 @@ impl Coalescer {
     /// meets the shared one, then from the shared one: every revision from
     /// the start once, in order. Items go to `tx`; the subscription ends
     /// (and leaves the shared watch) when `tx`'s receiver is dropped or
-    /// the watch ends.
+    /// the watch ends. Returns the first revision the subscription
+    /// delivers (the start, or the next revision for a start of 0).
     pub async fn subscribe(
         self: &Arc<Self>,
         key: WatchKey,
         start_revision: i64,
         tx: mpsc::Sender<Item>,
-    ) -> Result<(), ApiError> {
+    ) -> Result<i64, ApiError> {
         let (join, ticket) = self.join(key.clone(), start_revision).await?;
         match join {
-            Join::Joined { backlog, items, .. } => {
+            Join::Joined {
+                backlog,
+                items,
+                from,
+                ..
+            } => {
                 let this = self.clone();
                 tokio::spawn(async move {
                     forward(backlog, items, &tx).await;
@@ -275,15 +281,16 @@ impl Coalescer {
                         this.leave(ticket);
                     }
                 });
+                Ok(from)
             }
             Join::CatchUp { join_at } => {
                 let this = self.clone();
                 tokio::spawn(async move {
                     this.catch_up(key, start_revision, join_at, tx).await;
                 });
+                Ok(start_revision)
             }
         }
-        Ok(())
     }
 
     /// A private watch from `start` until it meets the shared watch at

@@ -68,6 +68,9 @@ pub enum Join {
         backlog: Vec<Revision>,
         items: mpsc::Receiver<Item>,
         id: u64,
+        /// The first revision this subscriber is given (its start, or the
+        /// next revision for a start of 0).
+        from: i64,
     },
     /// The history does not reach back to the start revision: catch up on
     /// a watch of your own, then join at `join_at`.
@@ -163,6 +166,7 @@ impl SharedWatch {
                 backlog: Vec::new(),
                 items,
                 id: u64::MAX,
+                from,
             };
         }
         let backlog: Vec<Revision> = inner
@@ -174,7 +178,12 @@ impl SharedWatch {
         let id = inner.next_id;
         inner.next_id += 1;
         inner.subscribers.push(Subscriber { id, from, tx });
-        Join::Joined { backlog, items, id }
+        Join::Joined {
+            backlog,
+            items,
+            id,
+            from,
+        }
     }
 
     /// A client watch ends (the client cancelled it or went away).
