@@ -8,10 +8,13 @@
 //! A client watch dropped for reading too slowly is cancelled with a
 //! reason naming the revision to resume from.
 
+use crate::grpc::maintenance::STATUS;
 use crate::state::ProxyState;
+use crate::upstream::{Kind, Route};
 use crate::watch::{Cancel, Item, WatchKey};
 use latchkey_shared::etcdpb::{
-    PbResponseHeader, PbWatchRequest, PbWatchRequestUnion, PbWatchResponse, PbWatchService,
+    PbResponseHeader, PbStatusRequest, PbStatusResponse, PbWatchRequest, PbWatchRequestUnion,
+    PbWatchResponse, PbWatchService,
 };
 use latchkey_shared::ErrorCode;
 use std::collections::HashMap;
@@ -26,6 +29,10 @@ pub const WATCH: &str = "/etcdserverpb.Watch/Watch";
 
 /// Responses queued per client stream before its tasks wait for the client.
 const OUTBOUND_QUEUE: usize = 256;
+
+/// How often a progress request asks the members again while the
+/// stream's watches have not reached the revision it waits for.
+const PROGRESS_POLL: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// Items queued per client watch before it counts as slow.
 const WATCH_QUEUE: usize = 1024;
@@ -93,6 +100,39 @@ impl ClientStream {
         header
     }
 
+    /// The revision a progress answer may name: every watch of this stream
+    /// has been sent everything up to it. It is at least the leader's
+    /// revision when asked (a client that wrote and then asks for progress
+    /// learns that its write has passed), unless that takes longer than
+    /// the request timeout; then it is what the watches have reached.
+    async fn progress(&self) -> i64 {
+        let reached = || {
+            self.watches
+                .values()
+                .map(|w| w.sent_through.load(Ordering::Relaxed))
+                .min()
+        };
+        let cell = self.state.upstream.home();
+        let target = cell
+            .call::<_, PbStatusResponse>(Route::Leader, Kind::Read, STATUS, PbStatusRequest {})
+            .await
+            .ok()
+            .and_then(|s| s.header)
+            .map(|h| h.revision);
+        let (Some(target), Some(_)) = (target, reached()) else {
+            return reached().unwrap_or_else(|| cell.last_header().revision);
+        };
+        let deadline = tokio::time::Instant::now() + self.state.request_timeout;
+        loop {
+            let now = reached().unwrap_or(target);
+            if now >= target || tokio::time::Instant::now() >= deadline {
+                return now;
+            }
+            self.state.coalescer.request_progress().await;
+            tokio::time::sleep(PROGRESS_POLL).await;
+        }
+    }
+
     async fn send(&self, response: PbWatchResponse) -> Result<(), ()> {
         self.out.send(Ok(response)).await.map_err(|_| ())
     }
@@ -108,41 +148,53 @@ impl ClientStream {
                     }
                     self.next_id
                 };
-                let refuse = |reason: String, compact_revision: i64| PbWatchResponse {
+                let refuse = |reason: String| PbWatchResponse {
                     header: Some(self.header(self.state.upstream.home().last_header().revision)),
                     watch_id: id,
                     created: true,
                     canceled: true,
                     cancel_reason: reason,
-                    compact_revision,
                     ..Default::default()
                 };
                 if self.watches.contains_key(&id) {
                     let reason = latchkey_shared::ApiError::watch_id_exists()
                         .grpc_message()
                         .to_string();
-                    return self.send(refuse(reason, 0)).await;
+                    return self.send(refuse(reason)).await;
                 }
                 // etcd reads an empty key as "\0".
                 let key = if c.key.is_empty() { vec![0] } else { c.key };
                 let watch_key = match WatchKey::new(key, c.range_end, &c.filters, c.prev_kv) {
                     Ok(k) => k,
-                    Err(e) => return self.send(refuse(e.message, 0)).await,
+                    Err(e) => return self.send(refuse(e.message)).await,
                 };
                 let (tx, rx) = mpsc::channel(WATCH_QUEUE);
                 let coalescer = self.state.coalescer.clone();
                 let from = match coalescer.subscribe(watch_key, c.start_revision, tx).await {
                     Ok(from) => from,
-                    Err(e) => {
-                        let compact = if e.code == ErrorCode::Compacted {
-                            e.compact_revision().unwrap_or(0)
-                        } else {
-                            0
-                        };
+                    // As etcd: the watch is created, then cancelled with the
+                    // compact revision (etcd clients read a create refused
+                    // with a reason as a failed stream, not as compaction).
+                    Err(e) if e.code == ErrorCode::Compacted => {
+                        let revision = self.state.upstream.home().last_header().revision;
+                        self.send(PbWatchResponse {
+                            header: Some(self.header(revision)),
+                            watch_id: id,
+                            created: true,
+                            ..Default::default()
+                        })
+                        .await?;
                         return self
-                            .send(refuse(e.grpc_message().to_string(), compact))
+                            .send(PbWatchResponse {
+                                header: Some(self.header(revision)),
+                                watch_id: id,
+                                canceled: true,
+                                compact_revision: e.compact_revision().unwrap_or(0),
+                                ..Default::default()
+                            })
                             .await;
                     }
+                    Err(e) => return self.send(refuse(e.grpc_message().to_string())).await,
                 };
                 let created = PbWatchResponse {
                     header: Some(self.header(from - 1)),
@@ -187,14 +239,7 @@ impl ClientStream {
                 Ok(())
             }
             Some(PbWatchRequestUnion::ProgressRequest(_)) => {
-                // Every watch of this stream has been sent everything up to
-                // the least of what each has been sent.
-                let revision = self
-                    .watches
-                    .values()
-                    .map(|w| w.sent_through.load(Ordering::Relaxed))
-                    .min()
-                    .unwrap_or_else(|| self.state.upstream.home().last_header().revision);
+                let revision = self.progress().await;
                 self.send(PbWatchResponse {
                     header: Some(self.header(revision)),
                     watch_id: -1,
@@ -243,6 +288,13 @@ async fn forward(
                     ..Default::default()
                 }
             }
+            Some(Item::Cancelled(Cancel::Compacted { compact_revision })) => PbWatchResponse {
+                header: at(sent_through.load(Ordering::Relaxed)),
+                watch_id: id,
+                canceled: true,
+                compact_revision,
+                ..Default::default()
+            },
             Some(Item::Cancelled(Cancel::Ended { reason })) => PbWatchResponse {
                 header: at(sent_through.load(Ordering::Relaxed)),
                 watch_id: id,

@@ -63,6 +63,14 @@ impl Coalescer {
         self.watches.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Asks every member stream for a progress answer: each shared watch
+    /// then learns how far its member has come, and tells its subscribers.
+    pub async fn request_progress(&self) {
+        for stream in self.streams.lock().await.values() {
+            stream.progress();
+        }
+    }
+
     /// Upstream watches this proxy holds (one per distinct key).
     pub fn upstream_watches(&self) -> usize {
         self.map().len()
@@ -130,6 +138,21 @@ impl Coalescer {
         shared.leave(ticket.id);
         if shared.subscribers() == 0 {
             if let Some(entry) = map.remove(&ticket.key) {
+                entry.stop.cancel();
+            }
+        }
+    }
+
+    /// Removes the shared watch of `key` if nobody is on it (it was made
+    /// for a joiner that then failed).
+    fn drop_if_unused(&self, key: &WatchKey) {
+        let mut map = self.map();
+        let unused = map
+            .get(key)
+            .and_then(|e| e.watch.get())
+            .is_some_and(|w| w.subscribers() == 0);
+        if unused {
+            if let Some(entry) = map.remove(key) {
                 entry.stop.cancel();
             }
         }
@@ -284,9 +307,18 @@ impl Coalescer {
                 Ok(from)
             }
             Join::CatchUp { join_at } => {
+                // Opened here, so a compacted start is the caller's error.
+                let opened = match self.open(&key, start_revision, 0).await {
+                    Ok(opened) => opened,
+                    Err(e) => {
+                        self.drop_if_unused(&key);
+                        return Err(e);
+                    }
+                };
                 let this = self.clone();
                 tokio::spawn(async move {
-                    this.catch_up(key, start_revision, join_at, tx).await;
+                    this.catch_up(key, start_revision, join_at, opened, tx)
+                        .await;
                 });
                 Ok(start_revision)
             }
@@ -300,16 +332,16 @@ impl Coalescer {
         key: WatchKey,
         start: i64,
         mut join_at: i64,
+        opened: (
+            MemberStreamHandle,
+            i64,
+            mpsc::UnboundedReceiver<Answer>,
+            i64,
+        ),
         tx: mpsc::Sender<Item>,
     ) {
         let ended = |reason: String| Item::Cancelled(Cancel::Ended { reason });
-        let (stream, watch_id, mut answers, _) = match self.open(&key, start, 0).await {
-            Ok(opened) => opened,
-            Err(e) => {
-                let _ = tx.send(ended(e.to_string())).await;
-                return;
-            }
-        };
+        let (stream, watch_id, mut answers, _) = opened;
         metrics::counter!("latchkey_proxy_watch_catch_ups_total").increment(1);
         // The first revision the client has not been given.
         let mut next = start;
@@ -353,7 +385,7 @@ impl Coalescer {
                     compact_revision, ..
                 })) => {
                     let _ = tx
-                        .send(ended(ApiError::compacted(compact_revision).to_string()))
+                        .send(Item::Cancelled(Cancel::Compacted { compact_revision }))
                         .await;
                     return;
                 }

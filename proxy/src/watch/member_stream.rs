@@ -117,7 +117,7 @@ async fn run(
     mut answers: tonic::Streaming<PbWatchResponse>,
     mut inbox: mpsc::UnboundedReceiver<Command>,
 ) {
-    let mut watches: HashMap<i64, mpsc::UnboundedSender<Answer>> = HashMap::new();
+    let mut watches: HashMap<i64, Watch> = HashMap::new();
     let mut next_id: i64 = 1;
     metrics::gauge!("latchkey_proxy_upstream_watch_streams").increment(1.0);
     loop {
@@ -140,7 +140,7 @@ async fn run(
                     if requests.send(request).is_err() {
                         break;
                     }
-                    watches.insert(watch_id, sink);
+                    watches.insert(watch_id, Watch { sink, created: false });
                     let _ = id.send(watch_id);
                 }
                 Some(Command::Cancel { watch_id }) => {
@@ -184,7 +184,16 @@ async fn run(
     // Dropping `watches` closes every watch's channel: they resume elsewhere.
 }
 
-fn route(watches: &mut HashMap<i64, mpsc::UnboundedSender<Answer>>, answer: Answer) {
+/// One watch on the stream.
+struct Watch {
+    sink: mpsc::UnboundedSender<Answer>,
+    /// The member answered its create. A stream-wide progress answer
+    /// speaks only for created watches: one still being created hears
+    /// `Created` first.
+    created: bool,
+}
+
+fn route(watches: &mut HashMap<i64, Watch>, answer: Answer) {
     let watch_id = match &answer {
         Answer::Created { watch_id, .. }
         | Answer::Revisions { watch_id, .. }
@@ -194,8 +203,8 @@ fn route(watches: &mut HashMap<i64, mpsc::UnboundedSender<Answer>>, answer: Answ
     };
     if watch_id == STREAM_WIDE {
         if let Answer::Progress { revision, .. } = answer {
-            for (id, sink) in watches.iter() {
-                let _ = sink.send(Answer::Progress {
+            for (id, watch) in watches.iter().filter(|(_, w)| w.created) {
+                let _ = watch.sink.send(Answer::Progress {
                     watch_id: *id,
                     revision,
                 });
@@ -204,8 +213,9 @@ fn route(watches: &mut HashMap<i64, mpsc::UnboundedSender<Answer>>, answer: Answ
         return;
     }
     let ends = matches!(answer, Answer::Compacted { .. } | Answer::Cancelled { .. });
-    if let Some(sink) = watches.get(&watch_id) {
-        let _ = sink.send(answer);
+    if let Some(watch) = watches.get_mut(&watch_id) {
+        watch.created |= matches!(answer, Answer::Created { .. });
+        let _ = watch.sink.send(answer);
     }
     if ends {
         watches.remove(&watch_id);

@@ -44,9 +44,10 @@ pub enum Cancel {
     /// revision it has not been given (the reader knows it: one past the
     /// last revision it read).
     Slow { resume_from: i64 },
-    /// The shared watch ended (its upstream watch failed for good, or
-    /// history it needed was compacted).
+    /// The shared watch ended (its upstream watch failed for good).
     Ended { reason: String },
+    /// History the watch needed was compacted away.
+    Compacted { compact_revision: i64 },
 }
 
 /// What a subscriber receives, in order.

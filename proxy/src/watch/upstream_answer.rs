@@ -44,19 +44,20 @@ pub enum Answer {
 pub fn read(resp: PbWatchResponse, received: Instant) -> Vec<Answer> {
     let watch_id = resp.watch_id;
     let header_revision = resp.header.as_ref().map_or(0, |h| h.revision);
+    // A create whose start was compacted away is answered created and
+    // compacted at once: it is only compacted.
+    if resp.compact_revision > 0 {
+        return vec![Answer::Compacted {
+            watch_id,
+            compact_revision: resp.compact_revision,
+        }];
+    }
     let mut answers = Vec::new();
     if resp.created {
         answers.push(Answer::Created {
             watch_id,
             revision: header_revision,
         });
-    }
-    if resp.compact_revision > 0 {
-        answers.push(Answer::Compacted {
-            watch_id,
-            compact_revision: resp.compact_revision,
-        });
-        return answers;
     }
     if resp.canceled {
         answers.push(Answer::Cancelled {
@@ -179,16 +180,10 @@ mod tests {
         compacted.compact_revision = 12;
         assert_eq!(
             read(compacted, now),
-            vec![
-                Answer::Created {
-                    watch_id: 2,
-                    revision: 30
-                },
-                Answer::Compacted {
-                    watch_id: 2,
-                    compact_revision: 12
-                }
-            ]
+            vec![Answer::Compacted {
+                watch_id: 2,
+                compact_revision: 12
+            }]
         );
         let mut cancelled = answer(4, 30);
         cancelled.canceled = true;
