@@ -15,6 +15,11 @@
 //!   members, the leader tracker, and the one call path that routes,
 //!   times and retries (by retry class only).
 //! - [`session`]: the session table and the keep-alive batcher.
+//! - [`watch`]: watch coalescing: one shared upstream watch per distinct
+//!   client watch, on one multiplexed stream per member, resumed on
+//!   another member when its member fails (issue 12, in progress: the
+//!   gRPC Watch uses it; SSE, jittered fan-out and the read cache do not
+//!   yet).
 //! - [`grpc`]: the etcd v3 services; [`http`]: the `/v1` JSON API, its
 //!   Server-Sent Events watch and its OpenAPI document; [`admin`]:
 //!   `/metrics`, `/healthz`, `/readyz`.
