@@ -259,17 +259,22 @@ impl SessionTable {
     /// Drops sessions nobody refreshed whose confirmed time ran out more
     /// than `grace` ago: the cell has expired them (or another proxy keeps
     /// them, and adopts them back here if their client returns).
+    /// Returns how many it dropped (counted as it goes: keep-alives add
+    /// entries while it runs, so the table's size before and after says
+    /// nothing).
     pub fn sweep(&self, now: Instant, grace: Duration) -> usize {
-        let before = self.entries.len();
+        let mut dropped = 0;
         self.entries.retain(|_, entry| {
             entry.waiters.retain(|w| !w.is_closed());
-            match entry.confirmed {
+            let keep = match entry.confirmed {
                 // Never confirmed: kept while a keep-alive still waits.
                 None => !entry.waiters.is_empty(),
                 Some(c) => entry.refreshed || c.deadline() + grace > now,
-            }
+            };
+            dropped += usize::from(!keep);
+            keep
         });
-        before - self.entries.len()
+        dropped
     }
 }
 
