@@ -90,17 +90,6 @@ fn rss_mib(pid: u32) -> f64 {
         .map_or(0.0, |kib| kib / 1024.0)
 }
 
-async fn cell_batches(cluster: &Cluster) -> f64 {
-    let mut sum = 0.0;
-    for id in cluster.running() {
-        sum += cluster
-            .metric(id, "latchkey_refresh_batches_total")
-            .await
-            .unwrap_or(0.0);
-    }
-    sum
-}
-
 async fn http_create(http: &reqwest::Client, base: &str, n: usize, ttl: u64) -> Vec<i64> {
     futures::stream::iter(0..n)
         .map(|_| async move {
@@ -183,7 +172,7 @@ async fn main() -> anyhow::Result<()> {
 
     let tally = Arc::new(Tally::default());
     let (cpu_proxy0, cpu_leader0) = (cpu_seconds(&[proxy.pid()]), cpu_seconds(&[leader_pid]));
-    let batches0 = cell_batches(&cluster).await;
+    let batches0 = cluster.metric_sum("latchkey_refresh_batches_total").await;
     let started = Instant::now();
     let end = started + Duration::from_secs(args.duration);
     let mut tasks = Vec::new();
@@ -268,7 +257,7 @@ async fn main() -> anyhow::Result<()> {
     let elapsed = started.elapsed().as_secs_f64();
     let proxy_cpu = (cpu_seconds(&[proxy.pid()]) - cpu_proxy0) / elapsed * 100.0;
     let leader_cpu = (cpu_seconds(&[leader_pid]) - cpu_leader0) / elapsed * 100.0;
-    let batches = (cell_batches(&cluster).await - batches0) / elapsed;
+    let batches = (cluster.metric_sum("latchkey_refresh_batches_total").await - batches0) / elapsed;
     let proxy_rss = rss_mib(proxy.pid());
 
     // Every session must still be alive on the cell itself.

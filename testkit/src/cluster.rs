@@ -409,6 +409,16 @@ impl Cluster {
     pub async fn metric(&self, id: u64, series: &str) -> Option<f64> {
         metric_value(&self.metrics(id).await, series)
     }
+
+    /// One series summed over the members that run (a member without it
+    /// counts 0): what the cell as a whole has counted.
+    pub async fn metric_sum(&self, series: &str) -> f64 {
+        let mut sum = 0.0;
+        for id in self.running() {
+            sum += self.metric(id, series).await.unwrap_or(0.0);
+        }
+        sum
+    }
 }
 
 impl Drop for Cluster {

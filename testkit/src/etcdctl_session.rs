@@ -149,10 +149,7 @@ pub async fn scripted_session(t: &mut Target<'_>) {
 /// writes it must see).
 async fn wait_watchers(cluster: &Cluster, n: usize) {
     eventually(Duration::from_secs(15), async || {
-        let mut sum = 0.0;
-        for id in cluster.running() {
-            sum += cluster.metric(id, "latchkey_watchers").await.unwrap_or(0.0);
-        }
+        let sum = cluster.metric_sum("latchkey_watchers").await;
         if sum >= n as f64 {
             Ok(())
         } else {

@@ -32,19 +32,10 @@ const EXPIRY_SLACK: Duration = Duration::from_secs(2);
 /// The cell's refresh batches and single keep-alives, summed over the
 /// members that run.
 async fn cell_counters(cluster: &Cluster) -> (f64, f64) {
-    let mut batches = 0.0;
-    let mut single = 0.0;
-    for id in cluster.running() {
-        batches += cluster
-            .metric(id, "latchkey_refresh_batches_total")
-            .await
-            .unwrap_or(0.0);
-        single += cluster
-            .metric(id, "latchkey_lease_refreshes_total")
-            .await
-            .unwrap_or(0.0);
-    }
-    (batches, single)
+    (
+        cluster.metric_sum("latchkey_refresh_batches_total").await,
+        cluster.metric_sum("latchkey_lease_refreshes_total").await,
+    )
 }
 
 async fn http_grant(http: &reqwest::Client, proxy: &str, n: usize) -> Vec<i64> {
