@@ -4,7 +4,7 @@
 //! batch per tick instead of a message per lease.
 
 use super::{forward, record};
-use crate::session;
+use crate::session::{self, KeepAlive};
 use crate::state::ProxyState;
 use crate::upstream::{Kind, Route};
 use futures::stream::FuturesUnordered;
@@ -137,9 +137,10 @@ impl PbLeaseService for LeaseService {
     }
 }
 
-/// One client's keep-alive stream: each request answered as soon as the
-/// table (or, for a lease it must confirm first, the cell) allows, in
-/// whatever order that is, as etcd's clients match answers by lease id.
+/// One client's keep-alive stream: a keep-alive the session table answers
+/// (nearly all of them) is answered at once; one that must wait for the
+/// cell waits beside the others, and is answered when the cell has spoken,
+/// in whatever order that is, as etcd's clients match answers by lease id.
 async fn serve_keep_alives(
     state: Arc<ProxyState>,
     mut inbound: Streaming<PbLeaseKeepAliveRequest>,
@@ -148,20 +149,24 @@ async fn serve_keep_alives(
     let mut waiting = FuturesUnordered::new();
     let mut open = true;
     while open || !waiting.is_empty() {
-        let answer = tokio::select! {
+        let (id, ttl, started) = tokio::select! {
             request = inbound.next(), if open && waiting.len() < WAITING_PER_STREAM => match request {
                 Some(Ok(request)) => {
                     let id = LeaseId::from(request.id);
-                    let state = state.clone();
-                    waiting.push(async move {
-                        let started = Instant::now();
-                        metrics::counter!("latchkey_proxy_keepalives_total", "api" => "grpc")
-                            .increment(1);
-                        let ttl = session::keep_alive(&state.sessions, id, state.request_timeout).await;
-                        record("grpc", KEEP_ALIVE, started, ttl.as_ref().err());
-                        (id, ttl)
-                    });
-                    continue;
+                    let started = Instant::now();
+                    metrics::counter!("latchkey_proxy_keepalives_total", "api" => "grpc")
+                        .increment(1);
+                    match state.sessions.keep_alive(id, started) {
+                        Ok(KeepAlive::Ttl(ttl)) => (id, Ok(ttl), started),
+                        Ok(KeepAlive::Wait(answer)) => {
+                            let timeout = state.request_timeout;
+                            waiting.push(async move {
+                                (id, session::wait_for_cell(id, answer, timeout).await, started)
+                            });
+                            continue;
+                        }
+                        Err(e) => (id, Err(e), started),
+                    }
                 }
                 // The client closed its side, or the stream broke: answer
                 // what is waiting, then end.
@@ -172,7 +177,7 @@ async fn serve_keep_alives(
             },
             Some(done) = waiting.next() => done,
         };
-        let (id, ttl) = answer;
+        record("grpc", KEEP_ALIVE, started, ttl.as_ref().err());
         let reply = match ttl {
             Ok(ttl) => keep_alive_response(&state, id, ttl),
             // etcd answers a keep-alive for a lease that is gone with a TTL

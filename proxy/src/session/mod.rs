@@ -31,12 +31,22 @@ pub async fn keep_alive(
 ) -> Result<i64, ApiError> {
     match table.keep_alive(id, Instant::now())? {
         KeepAlive::Ttl(ttl) => Ok(ttl),
-        KeepAlive::Wait(answer) => match tokio::time::timeout(timeout, answer).await {
-            Ok(Ok(answer)) => answer,
-            Ok(Err(_)) => Err(ApiError::unavailable("the proxy is stopping")),
-            Err(_) => Err(ApiError::unavailable(format!(
-                "the cell did not confirm lease {id} within {timeout:?}"
-            ))),
-        },
+        KeepAlive::Wait(answer) => wait_for_cell(id, answer, timeout).await,
+    }
+}
+
+/// A keep-alive the table could not answer by itself: the cell's verdict
+/// on `id`, waited for up to `timeout`.
+pub async fn wait_for_cell(
+    id: LeaseId,
+    answer: tokio::sync::oneshot::Receiver<Result<i64, ApiError>>,
+    timeout: Duration,
+) -> Result<i64, ApiError> {
+    match tokio::time::timeout(timeout, answer).await {
+        Ok(Ok(answer)) => answer,
+        Ok(Err(_)) => Err(ApiError::unavailable("the proxy is stopping")),
+        Err(_) => Err(ApiError::unavailable(format!(
+            "the cell did not confirm lease {id} within {timeout:?}"
+        ))),
     }
 }

@@ -134,12 +134,19 @@ impl SessionTable {
 
     /// A client refreshed `id` at `now`.
     pub fn keep_alive(&self, id: LeaseId, now: Instant) -> Result<KeepAlive, ApiError> {
-        if self.entries.len() >= MAX_SESSIONS && !self.entries.contains_key(&id) {
-            return Err(ApiError::unavailable(format!(
-                "this proxy holds {MAX_SESSIONS} sessions; use another"
-            )));
-        }
-        let mut entry = self.entries.entry(id).or_insert_with(Entry::new);
+        // A known lease touches one shard; only a new one counts the table
+        // (`len` visits every shard).
+        let mut entry = match self.entries.get_mut(&id) {
+            Some(entry) => entry,
+            None => {
+                if self.entries.len() >= MAX_SESSIONS {
+                    return Err(ApiError::unavailable(format!(
+                        "this proxy holds {MAX_SESSIONS} sessions; use another"
+                    )));
+                }
+                self.entries.entry(id).or_insert_with(Entry::new)
+            }
+        };
         if !entry.refreshed {
             entry.refreshed = true;
             self.push_due(id);
