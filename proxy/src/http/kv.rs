@@ -64,15 +64,16 @@ pub struct DeleteParams {
     pub prefix: Option<Flag>,
 }
 
-/// The etcd key and range_end of a path key, alone or as a prefix.
-pub fn key_range(key: &str, prefix: bool) -> Result<KeyRange, ApiError> {
+/// The etcd key and range_end of a key (from a path or a txn operation),
+/// alone or as a prefix; an empty key is `key_not_provided`.
+pub fn key_range(key: &[u8], prefix: bool) -> Result<KeyRange, ApiError> {
     if key.is_empty() {
         return Err(ApiError::key_not_provided());
     }
     Ok(if prefix {
-        KeyRange::prefix(key.as_bytes())
+        KeyRange::prefix(key)
     } else {
-        KeyRange::single(key.as_bytes().to_vec())
+        KeyRange::single(key.to_vec())
     })
 }
 
@@ -95,7 +96,7 @@ pub async fn get_kv(
     Path(key): Path<String>,
     Query(params): Query<GetParams>,
 ) -> Answer<RangeAnswer> {
-    let range = key_range(&key, on(params.prefix))?;
+    let range = key_range(key.as_bytes(), on(params.prefix))?;
     let keys_only = on(params.keys_only);
     let request = PbRangeRequest {
         key: range.start,
@@ -125,7 +126,7 @@ pub async fn put_kv(
     Query(params): Query<PutParams>,
     Body(value): Body,
 ) -> Answer<PutAnswer> {
-    key_range(&key, false)?;
+    key_range(key.as_bytes(), false)?;
     let lease = match &params.session {
         Some(id) => parse_session(id)?.get(),
         None => 0,
@@ -228,7 +229,7 @@ pub async fn delete_kv(
     Path(key): Path<String>,
     Query(params): Query<DeleteParams>,
 ) -> Answer<DeleteAnswer> {
-    let range = key_range(&key, on(params.prefix))?;
+    let range = key_range(key.as_bytes(), on(params.prefix))?;
     let request = PbDeleteRequest {
         key: range.start,
         range_end: range.end,

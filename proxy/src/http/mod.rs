@@ -150,17 +150,16 @@ async fn wrong_method(method: Method, uri: Uri) -> ApiError {
 /// not the key, so a million keys are one series).
 async fn track(request: Request, next: Next) -> Response {
     let started = Instant::now();
-    let route = request
+    let path = request
         .extensions()
         .get::<MatchedPath>()
-        .map(|p| p.as_str().to_string())
-        .unwrap_or_else(|| "unrouted".to_string());
-    let method = request.method().as_str().to_string();
+        .map_or("unrouted", |p| p.as_str());
+    let route = format!("{} {path}", request.method());
     let response = next.run(request).await;
     let status = response.status().as_u16().to_string();
-    metrics::histogram!("latchkey_proxy_request_seconds", "api" => "http", "route" => format!("{method} {route}"))
+    metrics::histogram!("latchkey_proxy_request_seconds", "api" => "http", "route" => route.clone())
         .record(started.elapsed().as_secs_f64());
-    metrics::counter!("latchkey_proxy_http_responses_total", "route" => format!("{method} {route}"), "status" => status)
+    metrics::counter!("latchkey_proxy_http_responses_total", "route" => route, "status" => status)
         .increment(1);
     response.into_response()
 }

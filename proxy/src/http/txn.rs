@@ -7,6 +7,7 @@ use super::model::{
 };
 use super::{answer, Answer};
 use crate::grpc::kv::TXN;
+use crate::http::kv::key_range;
 use crate::state::ProxyState;
 use crate::upstream::{Kind, Route};
 use axum::extract::State;
@@ -120,21 +121,11 @@ pub struct TxnAnswer {
     pub responses: Vec<OpAnswer>,
 }
 
-fn key_bytes(key: &str, encoding: Encoding) -> Result<Vec<u8>, ApiError> {
-    let bytes = decode(key, encoding, "key")?;
-    if bytes.is_empty() {
-        return Err(ApiError::key_not_provided());
-    }
-    Ok(bytes)
-}
-
-fn range_of(key: Vec<u8>, prefix: bool) -> (Vec<u8>, Vec<u8>) {
-    let range = if prefix {
-        latchkey_shared::KeyRange::prefix(&key)
-    } else {
-        latchkey_shared::KeyRange::single(key)
-    };
-    (range.start, range.end)
+/// A txn key decoded by its encoding, alone or as a prefix, as etcd's
+/// `key` and `range_end`.
+fn range_of(key: &str, encoding: Encoding, prefix: bool) -> Result<(Vec<u8>, Vec<u8>), ApiError> {
+    let range = key_range(&decode(key, encoding, "key")?, prefix)?;
+    Ok((range.start, range.end))
 }
 
 fn integer(value: &serde_json::Value, what: &str) -> Result<i64, ApiError> {
@@ -146,8 +137,7 @@ fn integer(value: &serde_json::Value, what: &str) -> Result<i64, ApiError> {
 }
 
 fn compare_pb(c: Compare) -> Result<PbCompare, ApiError> {
-    let key = key_bytes(&c.key, c.key_encoding)?;
-    let (key, range_end) = range_of(key, c.prefix);
+    let (key, range_end) = range_of(&c.key, c.key_encoding, c.prefix)?;
     let (target, union) = match c.target {
         Target::Value => {
             let text = c.value.as_str().ok_or_else(|| {
@@ -204,7 +194,7 @@ fn compare_pb(c: Compare) -> Result<PbCompare, ApiError> {
 fn op_pb(op: Op) -> Result<PbTxnRequestOp, ApiError> {
     let request = match op {
         Op::Put(p) => PbTxnOpRequest::RequestPut(PbPutRequest {
-            key: key_bytes(&p.key, p.key_encoding)?,
+            key: range_of(&p.key, p.key_encoding, false)?.0,
             value: decode(&p.value, p.value_encoding, "value")?,
             lease: match &p.session {
                 Some(id) => parse_session(id)?.get(),
@@ -213,7 +203,7 @@ fn op_pb(op: Op) -> Result<PbTxnRequestOp, ApiError> {
             ..Default::default()
         }),
         Op::Delete(d) => {
-            let (key, range_end) = range_of(key_bytes(&d.key, d.key_encoding)?, d.prefix);
+            let (key, range_end) = range_of(&d.key, d.key_encoding, d.prefix)?;
             PbTxnOpRequest::RequestDeleteRange(PbDeleteRequest {
                 key,
                 range_end,
@@ -221,7 +211,7 @@ fn op_pb(op: Op) -> Result<PbTxnRequestOp, ApiError> {
             })
         }
         Op::Get(g) => {
-            let (key, range_end) = range_of(key_bytes(&g.key, g.key_encoding)?, g.prefix);
+            let (key, range_end) = range_of(&g.key, g.key_encoding, g.prefix)?;
             PbTxnOpRequest::RequestRange(PbRangeRequest {
                 key,
                 range_end,

@@ -85,7 +85,7 @@ pub async fn watch(
     Query(params): Query<WatchParams>,
     headers: HeaderMap,
 ) -> Result<Sse<impl Stream<Item = Result<Event, std::convert::Infallible>>>, ApiError> {
-    let range = key_range(&key, on(params.prefix))?;
+    let range = key_range(key.as_bytes(), on(params.prefix))?;
     let resume = match headers.get("last-event-id") {
         None => None,
         Some(v) => Some(
