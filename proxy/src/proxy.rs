@@ -84,23 +84,22 @@ impl Proxy {
 
         let mut servers = Vec::new();
         let token = lifecycle.token();
-        let stop = move |t: tokio_util::sync::CancellationToken| async move { t.cancelled().await };
         servers.push(tokio::spawn(grpc::serve(
             state.clone(),
             grpc_listener,
-            stop(token.clone()),
+            token.clone().cancelled_owned(),
         )));
         let api = http::router(state.clone());
         servers.push(tokio::spawn(serve_http(
             api,
             http_listener,
-            stop(token.clone()),
+            token.clone().cancelled_owned(),
         )));
         let admin = admin::router(state.clone(), prometheus);
         servers.push(tokio::spawn(serve_http(
             admin,
             metrics_listener,
-            stop(token),
+            token.cancelled_owned(),
         )));
         tracing::info!(%http_addr, %grpc_addr, %metrics_addr, cells = ?cfg.cells, "proxy listening");
         Ok(ProxyHandle {

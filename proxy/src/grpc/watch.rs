@@ -303,7 +303,7 @@ async fn forward(
                 ..Default::default()
             },
             // Closed without a cancel: dropped for reading too slowly.
-            Some(Item::Cancelled(Cancel::Slow { .. })) | None => {
+            None => {
                 let resume_from = sent_through.load(Ordering::Relaxed) + 1;
                 metrics::counter!("latchkey_proxy_slow_clients_cancelled_total").increment(1);
                 let _ = out

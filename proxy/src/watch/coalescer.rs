@@ -10,6 +10,7 @@
 //! creation.
 
 use super::member_stream::{CreateWatch, MemberStream, MemberStreamHandle};
+use super::pump::{Pump, Upstream};
 use super::shared_watch::{Cancel, Item, Join, Revision, SharedWatch};
 use super::upstream_answer::Answer;
 use super::watch_key::WatchKey;
@@ -17,12 +18,8 @@ use crate::upstream::{Cell, Route};
 use latchkey_shared::ApiError;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 use tokio::sync::{mpsc, OnceCell};
 use tokio_util::sync::CancellationToken;
-
-/// Pause between attempts to resume a shared watch on another member.
-const RESUME_BACKOFF: Duration = Duration::from_millis(200);
 
 struct Entry {
     watch: Arc<OnceCell<Arc<SharedWatch>>>,
@@ -143,6 +140,12 @@ impl Coalescer {
         }
     }
 
+    /// Removes the shared watch of `key` (it has ended); the next joiner
+    /// creates a new one.
+    pub(super) fn remove(&self, key: &WatchKey) {
+        self.map().remove(key);
+    }
+
     /// Removes the shared watch of `key` if nobody is on it (it was made
     /// for a joiner that then failed).
     fn drop_if_unused(&self, key: &WatchKey) {
@@ -186,52 +189,32 @@ impl Coalescer {
         key: WatchKey,
         stop: CancellationToken,
     ) -> Result<Arc<SharedWatch>, ApiError> {
-        let (stream, watch_id, mut answers, revision) = self.open(&key, 0, 0).await?;
+        let (stream, watch_id, answers, revision) = self.open(&key, 0, 0).await?;
         let shared = Arc::new(SharedWatch::new(
             revision + 1,
             self.history_len,
             self.queue_len,
         ));
-        metrics::gauge!("latchkey_proxy_upstream_watches").increment(1.0);
         let pump = Pump {
             coalescer: self.clone(),
             key,
             shared: shared.clone(),
         };
-        tokio::spawn(async move {
-            let mut current = (stream, watch_id);
-            loop {
-                tokio::select! {
-                    _ = stop.cancelled() => {
-                        current.0.cancel(current.1);
-                        break;
-                    }
-                    answer = answers.recv() => match answer {
-                        Some(answer) => {
-                            if !pump.apply(answer) {
-                                break;
-                            }
-                        }
-                        // The member's stream failed: resume elsewhere.
-                        None => match pump.resume(&stop).await {
-                            Some((stream, id, rx)) => {
-                                current = (stream, id);
-                                answers = rx;
-                            }
-                            None => break,
-                        },
-                    },
-                }
-            }
-            metrics::gauge!("latchkey_proxy_upstream_watches").decrement(1.0);
-        });
+        tokio::spawn(pump.run(
+            Upstream {
+                stream,
+                watch_id,
+                answers,
+            },
+            stop,
+        ));
         Ok(shared)
     }
 
     /// Creates `key` upstream from `start_revision` on some member; returns
     /// the stream, the watch id, its answers and the revision it was
     /// created at.
-    async fn open(
+    pub(super) async fn open(
         &self,
         key: &WatchKey,
         start_revision: i64,
@@ -424,104 +407,14 @@ async fn forward(backlog: Vec<Revision>, mut items: mpsc::Receiver<Item>, tx: &m
     }
 }
 
-/// Moves one shared watch's upstream answers into it.
-struct Pump {
-    coalescer: Arc<Coalescer>,
-    key: WatchKey,
-    shared: Arc<SharedWatch>,
-}
-
-impl Pump {
-    /// Applies one answer; false when the shared watch has ended.
-    fn apply(&self, answer: Answer) -> bool {
-        match answer {
-            Answer::Revisions { revisions, .. } => {
-                for revision in revisions {
-                    self.shared.publish(revision);
-                }
-                true
-            }
-            Answer::Progress { revision, .. } => {
-                self.shared.progress(revision);
-                true
-            }
-            Answer::Created { .. } => true,
-            Answer::Compacted {
-                compact_revision, ..
-            } => {
-                self.end(&format!("compacted at revision {compact_revision}"));
-                false
-            }
-            Answer::Cancelled { reason, .. } => {
-                self.end(&reason);
-                false
-            }
-        }
-    }
-
-    fn end(&self, reason: &str) {
-        self.shared.end(reason);
-        let mut map = self.coalescer.map();
-        map.remove(&self.key);
-    }
-
-    /// Re-creates the watch on another member from the first revision not
-    /// published; `None` when it cannot be resumed (compacted) or nobody
-    /// wants it any more.
-    async fn resume(
-        &self,
-        stop: &CancellationToken,
-    ) -> Option<(MemberStreamHandle, i64, mpsc::UnboundedReceiver<Answer>)> {
-        let mut attempt = 1;
-        loop {
-            if stop.is_cancelled() {
-                return None;
-            }
-            let from = self.shared.resume_from();
-            match self.coalescer.open(&self.key, from, attempt).await {
-                Ok((stream, id, answers, _)) => {
-                    tracing::info!(revision = from, "shared watch resumed on another member");
-                    return Some((stream, id, answers));
-                }
-                Err(e) if e.code == latchkey_shared::ErrorCode::Compacted => {
-                    self.end(&e.message);
-                    return None;
-                }
-                Err(e) => {
-                    tracing::debug!(error = %e, "resuming a shared watch failed; trying again");
-                    attempt += 1;
-                    tokio::select! {
-                        _ = stop.cancelled() => return None,
-                        _ = tokio::time::sleep(RESUME_BACKOFF) => {}
-                    }
-                }
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::upstream::CellClient;
     use crate::watch::shared_watch::Item;
-    use latchkey_shared::client::call;
+    use crate::watch::test_cell::TestCell;
     use latchkey_shared::etcdpb::{PbPutRequest, PbPutResponse};
-
-    async fn put(cell: &Cell, key: &str) -> i64 {
-        let resp: PbPutResponse = call::unary(
-            cell.members[0].channel.clone(),
-            "/etcdserverpb.KV/Put",
-            tonic::Request::new(PbPutRequest {
-                key: key.as_bytes().to_vec(),
-                value: b"v".to_vec(),
-                ..Default::default()
-            }),
-        )
-        .await
-        .expect("put");
-        resp.header.expect("header").revision
-    }
+    use std::time::Duration;
 
     fn key(k: &str) -> WatchKey {
         WatchKey::new(k.as_bytes().to_vec(), vec![], &[], false).expect("key")
@@ -550,26 +443,17 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_joiner_older_than_the_history_catches_up_and_joins_without_gap_or_repeat() {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let cell_handle = crate::dev::start_cell(dir.path(), None)
-            .await
-            .expect("cell");
-        let cell: Cell = Arc::new(
-            CellClient::new(
-                &[cell_handle.client_addr.to_string()],
-                Duration::from_secs(5),
-            )
-            .expect("client"),
-        );
+        let test_cell = TestCell::start().await;
+        let cell = test_cell.cell.clone();
         // A history of 2 revisions: most joiners must catch up.
         let coalescer = Coalescer::new(cell.clone(), 2, 1024);
-        let first = put(&cell, "k").await;
+        let first = test_cell.put("k").await;
         let (live, ticket) = coalescer.join(key("k"), 0).await.expect("join");
         let (_, _live) = joined(live);
         let mut written = vec![first];
         for _ in 0..10 {
-            written.push(put(&cell, "k").await);
-            put(&cell, "elsewhere").await;
+            written.push(test_cell.put("k").await);
+            test_cell.put("elsewhere").await;
         }
         // Joiners from every revision written so far, while writes go on.
         let mut joiners = Vec::new();
@@ -582,7 +466,7 @@ mod tests {
             joiners.push((start, rx));
         }
         for _ in 0..10 {
-            written.push(put(&cell, "k").await);
+            written.push(test_cell.put("k").await);
         }
         for (start, mut rx) in joiners {
             let want: Vec<i64> = written.iter().copied().filter(|r| *r >= start).collect();
@@ -596,7 +480,7 @@ mod tests {
             );
         }
         coalescer.leave(ticket.expect("ticket"));
-        cell_handle.shutdown().await.expect("shutdown");
+        test_cell.handle.shutdown().await.expect("shutdown");
     }
 
     /// The shared watch's member is SIGKILLed while writes go on: the
@@ -671,17 +555,8 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn identical_watches_share_one_upstream_watch_which_ends_with_the_last() {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let cell_handle = crate::dev::start_cell(dir.path(), None)
-            .await
-            .expect("cell");
-        let cell: Cell = Arc::new(
-            CellClient::new(
-                &[cell_handle.client_addr.to_string()],
-                Duration::from_secs(5),
-            )
-            .expect("client"),
-        );
+        let test_cell = TestCell::start().await;
+        let cell = test_cell.cell.clone();
         let coalescer = Coalescer::new(cell.clone(), 64, 64);
         let (one, t1) = coalescer.join(key("k"), 0).await.expect("join");
         let (two, t2) = coalescer.join(key("k"), 0).await.expect("join");
@@ -690,9 +565,9 @@ mod tests {
         let (_, mut one) = joined(one);
         let (_, mut two) = joined(two);
         let (_, mut other) = joined(other);
-        let r1 = put(&cell, "k").await;
-        let r2 = put(&cell, "other").await;
-        let r3 = put(&cell, "k").await;
+        let r1 = test_cell.put("k").await;
+        let r2 = test_cell.put("other").await;
+        let r3 = test_cell.put("k").await;
         assert_eq!(revisions(&mut one, 2).await, vec![r1, r3]);
         assert_eq!(revisions(&mut two, 2).await, vec![r1, r3]);
         assert_eq!(revisions(&mut other, 1).await, vec![r2]);
@@ -710,6 +585,6 @@ mod tests {
         );
         coalescer.leave(t3.expect("ticket"));
         assert_eq!(coalescer.upstream_watches(), 0);
-        cell_handle.shutdown().await.expect("shutdown");
+        test_cell.handle.shutdown().await.expect("shutdown");
     }
 }

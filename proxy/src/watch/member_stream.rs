@@ -225,35 +225,7 @@ fn route(watches: &mut HashMap<i64, Watch>, answer: Answer) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use latchkey_shared::etcdpb::{PbPutRequest, PbPutResponse};
-
-    /// A one-member cell in this process, on free ports, and a channel to
-    /// its client address.
-    async fn cell() -> (latchkey_cell::cell::CellHandle, tempfile::TempDir, Channel) {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let cell = crate::dev::start_cell(dir.path(), None)
-            .await
-            .expect("a cell");
-        let channel = latchkey_shared::client::connect(&cell.client_addr.to_string())
-            .await
-            .expect("connect");
-        (cell, dir, channel)
-    }
-
-    async fn put(channel: &Channel, key: &str) -> i64 {
-        let resp: PbPutResponse = call::unary(
-            channel.clone(),
-            "/etcdserverpb.KV/Put",
-            tonic::Request::new(PbPutRequest {
-                key: key.as_bytes().to_vec(),
-                value: b"v".to_vec(),
-                ..Default::default()
-            }),
-        )
-        .await
-        .expect("put");
-        resp.header.expect("header").revision
-    }
+    use crate::watch::test_cell::TestCell;
 
     async fn next(rx: &mut mpsc::UnboundedReceiver<Answer>) -> Answer {
         tokio::time::timeout(std::time::Duration::from_secs(10), rx.recv())
@@ -264,8 +236,8 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn many_watches_share_one_stream_and_each_gets_its_own_answers() {
-        let (cell, _dir, channel) = cell().await;
-        let stream = MemberStream::open(channel.clone()).await.expect("stream");
+        let cell = TestCell::start().await;
+        let stream = MemberStream::open(cell.channel()).await.expect("stream");
         let watch = |key: &str| CreateWatch {
             key: key.as_bytes().to_vec(),
             range_end: vec![],
@@ -278,8 +250,8 @@ mod tests {
         assert_ne!(a_id, b_id);
         assert!(matches!(next(&mut a).await, Answer::Created { .. }));
         assert!(matches!(next(&mut b).await, Answer::Created { .. }));
-        let rev_b = put(&channel, "b").await;
-        let rev_a = put(&channel, "a").await;
+        let rev_b = cell.put("b").await;
+        let rev_a = cell.put("a").await;
         match next(&mut a).await {
             Answer::Revisions { revisions, .. } => {
                 assert_eq!(
@@ -307,7 +279,7 @@ mod tests {
             }
         }
         // The member goes away: every watch's channel closes.
-        cell.shutdown().await.expect("shutdown");
+        cell.handle.shutdown().await.expect("shutdown");
         for rx in [&mut a, &mut b] {
             let end = tokio::time::timeout(std::time::Duration::from_secs(10), async {
                 while rx.recv().await.is_some() {}

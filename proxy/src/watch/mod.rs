@@ -14,6 +14,8 @@
 //! - [`coalescer`]: [`coalescer::Coalescer`], one shared watch per
 //!   [`WatchKey`] on a member stream, resumed on another member when that
 //!   stream fails.
+//! - [`pump`]: [`pump::Pump`], the task that feeds one shared watch from
+//!   its upstream watch and resumes it elsewhere.
 //!
 //!   `Coalescer::subscribe` serves a start older than the history from a
 //!   private upstream watch until it meets the shared one.
@@ -29,7 +31,10 @@
 pub mod coalescer;
 pub mod fanout;
 pub mod member_stream;
+pub mod pump;
 pub mod shared_watch;
+#[cfg(test)]
+mod test_cell;
 pub mod upstream_answer;
 pub mod watch_key;
 

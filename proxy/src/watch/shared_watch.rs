@@ -16,8 +16,8 @@
 //! A subscriber's queue is bounded. A subscriber whose queue is full is
 //! dropped at once: its channel closes after the items already queued,
 //! with no [`Item::Cancelled`] (there is no room for one). The reader
-//! takes a close without a cancel as [`Cancel::Slow`] and tells its client
-//! to resume after the last revision it got. A slow subscriber never holds
+//! takes a close without a cancel as "too slow" and tells its client to
+//! resume after the last revision it got. A slow subscriber never holds
 //! up the others or the upstream stream.
 //!
 //! The state is behind a std mutex: every critical section is a few
@@ -37,13 +37,10 @@ pub struct Revision {
     pub received: tokio::time::Instant,
 }
 
-/// Why a subscriber was dropped.
+/// Why a subscriber was cancelled (a slow one gets no cancel: its channel
+/// just closes, see the module doc).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Cancel {
-    /// Its queue was full: it read too slowly. `resume_from` is the first
-    /// revision it has not been given (the reader knows it: one past the
-    /// last revision it read).
-    Slow { resume_from: i64 },
     /// The shared watch ended (its upstream watch failed for good).
     Ended { reason: String },
     /// History the watch needed was compacted away.

@@ -1,0 +1,130 @@
+//! [`Pump`]: the task that feeds one shared watch: it moves its upstream
+//! watch's answers into the [`SharedWatch`], ends it when the member says
+//! the watch is over (compacted, cancelled), and when the member's stream
+//! fails re-creates the upstream watch on another member from the first
+//! revision not yet published, so subscribers see no gap and no repeat.
+
+use super::coalescer::Coalescer;
+use super::member_stream::MemberStreamHandle;
+use super::shared_watch::SharedWatch;
+use super::upstream_answer::Answer;
+use super::watch_key::WatchKey;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// Pause between attempts to resume a shared watch on another member.
+const RESUME_BACKOFF: Duration = Duration::from_millis(200);
+
+/// A shared watch's upstream watch: the member stream it is on, its id
+/// there and its answers.
+pub struct Upstream {
+    pub stream: MemberStreamHandle,
+    pub watch_id: i64,
+    pub answers: mpsc::UnboundedReceiver<Answer>,
+}
+
+/// Moves one shared watch's upstream answers into it.
+pub struct Pump {
+    pub coalescer: Arc<Coalescer>,
+    pub key: WatchKey,
+    pub shared: Arc<SharedWatch>,
+}
+
+impl Pump {
+    /// Feeds the shared watch from `upstream` until the watch ends or
+    /// `stop` (nobody watches any more) is cancelled; when the member's
+    /// stream fails, resumes on another member.
+    pub async fn run(self, mut upstream: Upstream, stop: CancellationToken) {
+        metrics::gauge!("latchkey_proxy_upstream_watches").increment(1.0);
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => {
+                    upstream.stream.cancel(upstream.watch_id);
+                    break;
+                }
+                answer = upstream.answers.recv() => match answer {
+                    Some(answer) => {
+                        if !self.apply(answer) {
+                            break;
+                        }
+                    }
+                    // The member's stream failed: resume elsewhere.
+                    None => match self.resume(&stop).await {
+                        Some(resumed) => upstream = resumed,
+                        None => break,
+                    },
+                },
+            }
+        }
+        metrics::gauge!("latchkey_proxy_upstream_watches").decrement(1.0);
+    }
+
+    /// Applies one answer; false when the shared watch has ended.
+    fn apply(&self, answer: Answer) -> bool {
+        match answer {
+            Answer::Revisions { revisions, .. } => {
+                for revision in revisions {
+                    self.shared.publish(revision);
+                }
+                true
+            }
+            Answer::Progress { revision, .. } => {
+                self.shared.progress(revision);
+                true
+            }
+            Answer::Created { .. } => true,
+            Answer::Compacted {
+                compact_revision, ..
+            } => {
+                self.end(&format!("compacted at revision {compact_revision}"));
+                false
+            }
+            Answer::Cancelled { reason, .. } => {
+                self.end(&reason);
+                false
+            }
+        }
+    }
+
+    fn end(&self, reason: &str) {
+        self.shared.end(reason);
+        self.coalescer.remove(&self.key);
+    }
+
+    /// Re-creates the watch on another member from the first revision not
+    /// published; `None` when it cannot be resumed (compacted) or nobody
+    /// wants it any more.
+    async fn resume(&self, stop: &CancellationToken) -> Option<Upstream> {
+        let mut attempt = 1;
+        loop {
+            if stop.is_cancelled() {
+                return None;
+            }
+            let from = self.shared.resume_from();
+            match self.coalescer.open(&self.key, from, attempt).await {
+                Ok((stream, id, answers, _)) => {
+                    tracing::info!(revision = from, "shared watch resumed on another member");
+                    return Some(Upstream {
+                        stream,
+                        watch_id: id,
+                        answers,
+                    });
+                }
+                Err(e) if e.code == latchkey_shared::ErrorCode::Compacted => {
+                    self.end(&e.message);
+                    return None;
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "resuming a shared watch failed; trying again");
+                    attempt += 1;
+                    tokio::select! {
+                        _ = stop.cancelled() => return None,
+                        _ = tokio::time::sleep(RESUME_BACKOFF) => {}
+                    }
+                }
+            }
+        }
+    }
+}
