@@ -41,6 +41,12 @@ pub struct Config {
     #[arg(long, env = "LATCHKEY_REQUEST_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
     pub request_timeout: Duration,
 
+    /// Each watch event reaches the clients watching its key spread over
+    /// this window (each client at its own fixed offset inside it), so
+    /// that many clients do not re-read at once; "0" sends at once.
+    #[arg(long, env = "LATCHKEY_FANOUT_JITTER", default_value = "100ms", value_parser = humantime::parse_duration)]
+    pub fanout_jitter: Duration,
+
     /// Largest HTTP request body accepted, in bytes (the cell's request
     /// limit by default; a value over the cell's value limit is refused by
     /// the cell).

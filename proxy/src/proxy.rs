@@ -67,6 +67,7 @@ impl Proxy {
             upstream,
             sessions: sessions.clone(),
             coalescer,
+            fanout: crate::watch::fanout::Fanout::new(cfg.fanout_jitter),
             request_timeout: cfg.request_timeout,
             max_request_bytes: cfg.max_request_bytes,
             lifecycle: lifecycle.clone(),

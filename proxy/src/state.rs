@@ -3,6 +3,7 @@
 use crate::session::SessionTable;
 use crate::upstream::Upstream;
 use crate::watch::coalescer::Coalescer;
+use crate::watch::fanout::Fanout;
 use latchkey_shared::lifecycle::Lifecycle;
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,6 +13,8 @@ pub struct ProxyState {
     pub sessions: Arc<SessionTable>,
     /// One shared upstream watch per distinct client watch.
     pub coalescer: Arc<Coalescer>,
+    /// Each client watch's offset inside `--fanout-jitter`.
+    pub fanout: Fanout,
     /// How long a client request may take, retries included.
     pub request_timeout: Duration,
     /// Largest HTTP request body accepted.

@@ -11,12 +11,13 @@
 use crate::grpc::maintenance::STATUS;
 use crate::state::ProxyState;
 use crate::upstream::{Kind, Route};
+use crate::watch::fanout::Paced;
 use crate::watch::{Cancel, Item, WatchKey};
 use latchkey_shared::etcdpb::{
     PbResponseHeader, PbStatusRequest, PbStatusResponse, PbWatchRequest, PbWatchRequestUnion,
     PbWatchResponse, PbWatchService,
 };
-use latchkey_shared::ErrorCode;
+use latchkey_shared::{ApiError, ErrorCode};
 use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -90,6 +91,7 @@ impl ClientStream {
         }
         for (_, watch) in self.watches.drain() {
             watch.forwarder.abort();
+            metrics::gauge!("latchkey_proxy_client_watches", "api" => "grpc").decrement(1.0);
         }
         metrics::gauge!("latchkey_proxy_watch_streams").decrement(1.0);
     }
@@ -204,9 +206,10 @@ impl ClientStream {
                 };
                 self.send(created).await?;
                 let sent_through = Arc::new(AtomicI64::new(from - 1));
+                let paced = Paced::new(rx, self.state.fanout.next_offset());
                 let forwarder = tokio::spawn(forward(
                     id,
-                    rx,
+                    paced,
                     self.out.clone(),
                     sent_through.clone(),
                     c.progress_notify,
@@ -220,13 +223,14 @@ impl ClientStream {
                         sent_through,
                     },
                 );
-                metrics::gauge!("latchkey_proxy_client_watches").increment(1.0);
+                metrics::gauge!("latchkey_proxy_client_watches", "api" => "grpc").increment(1.0);
                 Ok(())
             }
             Some(PbWatchRequestUnion::CancelRequest(c)) => {
                 if let Some(watch) = self.watches.remove(&c.watch_id) {
                     watch.forwarder.abort();
-                    metrics::gauge!("latchkey_proxy_client_watches").decrement(1.0);
+                    metrics::gauge!("latchkey_proxy_client_watches", "api" => "grpc")
+                        .decrement(1.0);
                     let revision = watch.sent_through.load(Ordering::Relaxed);
                     self.send(PbWatchResponse {
                         header: Some(self.header(revision)),
@@ -255,7 +259,7 @@ impl ClientStream {
 /// Turns one client watch's items into responses.
 async fn forward(
     id: i64,
-    mut items: mpsc::Receiver<Item>,
+    mut items: Paced,
     out: Out,
     sent_through: Arc<AtomicI64>,
     progress_notify: bool,
@@ -267,7 +271,7 @@ async fn forward(
         Some(h)
     };
     loop {
-        let response = match items.recv().await {
+        let response = match items.next().await {
             Some(Item::Events(r)) => {
                 sent_through.store(r.revision, Ordering::Relaxed);
                 PbWatchResponse {
@@ -311,9 +315,7 @@ async fn forward(
                         header: at(resume_from - 1),
                         watch_id: id,
                         canceled: true,
-                        cancel_reason: format!(
-                            "watcher too slow: it fell behind and was dropped; watch again from revision {resume_from}"
-                        ),
+                        cancel_reason: ApiError::watch_too_slow(resume_from).message,
                         ..Default::default()
                     }))
                     .await;

@@ -187,6 +187,7 @@ mod tests {
         router(Arc::new(ProxyState {
             upstream,
             coalescer,
+            fanout: crate::watch::fanout::Fanout::new(std::time::Duration::ZERO),
             sessions: Arc::new(SessionTable::new()),
             request_timeout: Duration::from_millis(300),
             max_request_bytes: 1 << 20,

@@ -1,29 +1,40 @@
 //! `GET /v1/watch/{key}`: changes to a key or prefix as Server-Sent
-//! Events. The last event of each revision has the revision as its `id`,
-//! so a client that reconnects with `Last-Event-ID` resumes right after
-//! the last whole revision it saw; a start
-//! revision that was compacted away gets one `error` event naming the
-//! compact revision, and the stream ends.
+//! Events, through the coalescer: every client watching the same range
+//! (with the same `prev_kv`) shares ONE upstream watch per proxy, and gets
+//! each revision at its own offset inside `--fanout-jitter`.
+//!
+//! The last event of each revision has the revision as its `id`, so a
+//! client that reconnects with `Last-Event-ID` resumes right after the
+//! last whole revision it saw. The stream ends with one `error` event
+//! when the watch cannot go on: a start revision compacted away
+//! (`compacted`, naming the compact revision), a client too slow to keep
+//! up with its bounded buffer (`watch_too_slow`, naming the revision to
+//! resume from), or an upstream watch that ended.
 
 use super::extract::{on, Flag, Path, Query};
 use super::model::{ErrorBody, KeyValue};
-use crate::grpc::watch::WATCH;
 use crate::http::kv::key_range;
 use crate::state::ProxyState;
-use crate::upstream::Route;
+use crate::watch::fanout::Paced;
+use crate::watch::{Cancel, Item, WatchKey};
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
 use futures::Stream;
 use futures::StreamExt;
-use latchkey_shared::client::call;
 use latchkey_shared::etcd_enums::EventType;
-use latchkey_shared::etcdpb::{PbWatchRequest, PbWatchRequestUnion, PbWatchResponse};
-use latchkey_shared::{classify_call_failure, ApiError};
+use latchkey_shared::etcdpb::PbEvent;
+use latchkey_shared::{ApiError, ErrorCode};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::mpsc;
 use utoipa::{IntoParams, ToSchema};
+
+/// Items queued for one SSE client beyond what the shared watch queues
+/// for it: together they bound what a client that stopped reading holds.
+const CLIENT_QUEUE: usize = 256;
 
 /// A comment line this often keeps idle connections (and the proxies in
 /// between) from timing the stream out.
@@ -84,7 +95,7 @@ pub async fn watch(
     Path(key): Path<String>,
     Query(params): Query<WatchParams>,
     headers: HeaderMap,
-) -> Result<Sse<impl Stream<Item = Result<Event, std::convert::Infallible>>>, ApiError> {
+) -> Result<Response, ApiError> {
     let range = key_range(key.as_bytes(), on(params.prefix))?;
     let resume = match headers.get("last-event-id") {
         None => None,
@@ -109,110 +120,117 @@ pub async fn watch(
         (None, None) => 0,
     };
     let with_prev = on(params.prev_kv);
-    let mut create = PbWatchRequest {
-        request_union: Some(PbWatchRequestUnion::CreateRequest(Default::default())),
-    };
-    if let Some(PbWatchRequestUnion::CreateRequest(c)) = &mut create.request_union {
-        c.key = range.start;
-        c.range_end = range.end;
-        c.start_revision = start_revision;
-        c.prev_kv = with_prev;
-    }
-    let cell = state.upstream.cell_for(key.as_bytes()).clone();
-    let member = cell.pick(Route::Any, 0);
-    let channel = cell.members[member].channel.clone();
-    // The upstream request stream stays open exactly as long as the
-    // client's SSE stream: when that is dropped (the client went away),
-    // `stop` is dropped with it, the request stream ends, and the member
-    // ends the watch. (Dropping the answers alone does not: the HTTP/2
-    // request body lives on in the transport.)
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let requests = futures::stream::iter([create])
-        .chain(futures::stream::once(stopped).filter_map(|_| futures::future::ready(None)));
-    let mut answers =
-        call::streaming::<PbWatchRequest, PbWatchResponse, _>(channel, WATCH, requests).await?;
-    // The first answer says whether the watch was created.
-    let first = tokio::time::timeout(state.request_timeout, answers.next())
+    let watch_key = WatchKey::new(range.start, range.end, &[], with_prev)?;
+    let (tx, rx) = mpsc::channel(CLIENT_QUEUE);
+    let from = match state
+        .coalescer
+        .subscribe(watch_key, start_revision, tx)
         .await
-        .map_err(|_| ApiError::unavailable("the member did not create the watch in time"))?;
-    let created = match first {
-        Some(Ok(resp)) => resp,
-        Some(Err(status)) => return Err(classify_call_failure(&status)),
-        None => return Err(ApiError::unavailable("the member ended the watch at once")),
+    {
+        Ok(from) => from,
+        // The stream opens and says why it ends, as it would for a
+        // compaction met later.
+        Err(e) if e.code == ErrorCode::Compacted => {
+            let only = futures::stream::iter([Ok::<_, std::convert::Infallible>(error_event(&e))]);
+            return Ok(Sse::new(only).into_response());
+        }
+        Err(e) => return Err(e),
     };
-    metrics::gauge!("latchkey_proxy_sse_watches").increment(1.0);
-    let guard = SseGauge { _stop: stop };
-    let events = async_stream(answers, with_prev, created, guard);
-    Ok(Sse::new(events).keep_alive(KeepAlive::new().interval(SSE_KEEP_ALIVE)))
+    let paced = Paced::new(rx, state.fanout.next_offset());
+    let events = sse_events(paced, from - 1, with_prev, ClientWatchGauge::new());
+    Ok(Sse::new(events)
+        .keep_alive(KeepAlive::new().interval(SSE_KEEP_ALIVE))
+        .into_response())
 }
 
-/// The error a watch response reports (compacted, canceled), if any.
-fn watch_failure(resp: &PbWatchResponse) -> Option<ApiError> {
-    if resp.compact_revision > 0 {
-        return Some(ApiError::compacted(resp.compact_revision));
+/// Counts an SSE client watch while its stream lives.
+struct ClientWatchGauge;
+
+impl ClientWatchGauge {
+    fn new() -> ClientWatchGauge {
+        metrics::gauge!("latchkey_proxy_client_watches", "api" => "sse").increment(1.0);
+        ClientWatchGauge
     }
-    if resp.canceled {
-        return Some(ApiError::unavailable(format!(
-            "the watch was canceled: {}",
-            resp.cancel_reason
-        )));
-    }
-    None
 }
 
-/// Lives as long as the client's SSE stream: decrements the gauge and ends
-/// the upstream watch when dropped.
-struct SseGauge {
-    _stop: tokio::sync::oneshot::Sender<()>,
-}
-
-impl Drop for SseGauge {
+impl Drop for ClientWatchGauge {
     fn drop(&mut self) {
-        metrics::gauge!("latchkey_proxy_sse_watches").decrement(1.0);
+        metrics::gauge!("latchkey_proxy_client_watches", "api" => "sse").decrement(1.0);
     }
 }
 
-/// The SSE events of a watch's responses; an error event ends it.
-fn async_stream(
-    answers: tonic::Streaming<PbWatchResponse>,
+/// What is left of one client's SSE stream.
+struct Feed {
+    items: Paced,
+    /// The last revision sent.
+    sent_through: i64,
     with_prev: bool,
-    created: PbWatchResponse,
-    guard: SseGauge,
+    ended: bool,
+    _gauge: ClientWatchGauge,
+}
+
+/// The SSE events of a client watch's items; an error event ends it.
+fn sse_events(
+    items: Paced,
+    sent_through: i64,
+    with_prev: bool,
+    gauge: ClientWatchGauge,
 ) -> impl Stream<Item = Result<Event, std::convert::Infallible>> {
-    let rest = futures::stream::iter([Ok(created)])
-        .chain(answers)
-        .map(move |answer| match answer {
-            Ok(resp) => match watch_failure(&resp) {
-                Some(e) => vec![Err(error_event(&e))],
-                None => events_of(resp, with_prev),
-            },
-            Err(status) => vec![Err(error_event(&classify_call_failure(&status)))],
-        })
-        .flat_map(futures::stream::iter);
-    let mut ended = false;
-    rest.take_while(move |item| {
-        // Let the error event through, then stop.
-        let go = !ended;
-        ended |= item.is_err();
-        futures::future::ready(go)
+    let feed = Feed {
+        items,
+        sent_through,
+        with_prev,
+        ended: false,
+        _gauge: gauge,
+    };
+    futures::stream::unfold(feed, |mut feed| async move {
+        if feed.ended {
+            return None;
+        }
+        loop {
+            let events = match feed.items.next().await {
+                Some(Item::Events(revision)) => {
+                    feed.sent_through = revision.revision;
+                    events_of(&revision.events, feed.with_prev)
+                }
+                Some(Item::Progress(_)) => continue,
+                Some(Item::Cancelled(Cancel::Compacted { compact_revision })) => {
+                    feed.ended = true;
+                    vec![error_event(&ApiError::compacted(compact_revision))]
+                }
+                Some(Item::Cancelled(Cancel::Ended { reason })) => {
+                    feed.ended = true;
+                    vec![error_event(&ApiError::unavailable(format!(
+                        "the watch was canceled: {reason}; watch again from revision {}",
+                        feed.sent_through + 1
+                    )))]
+                }
+                // Closed without a cancel: dropped for reading too slowly.
+                None => {
+                    feed.ended = true;
+                    metrics::counter!("latchkey_proxy_slow_clients_cancelled_total").increment(1);
+                    vec![error_event(&ApiError::watch_too_slow(
+                        feed.sent_through + 1,
+                    ))]
+                }
+            };
+            let batch = futures::stream::iter(events.into_iter().map(Ok));
+            return Some((batch, feed));
+        }
     })
-    .map(move |item| {
-        let _ = &guard;
-        Ok(item.unwrap_or_else(|e| e))
-    })
+    .flatten()
 }
 
 /// The events of one watch response. Only the last event of a revision
 /// carries the SSE `id`, so a client that resumes with `Last-Event-ID`
 /// after a break never skips the rest of a revision it saw part of.
-fn events_of(resp: PbWatchResponse, with_prev: bool) -> Vec<Result<Event, Event>> {
-    let revisions: Vec<i64> = resp
-        .events
+fn events_of(events: &[PbEvent], with_prev: bool) -> Vec<Event> {
+    let revisions: Vec<i64> = events
         .iter()
         .map(|e| e.kv.as_ref().map_or(0, |kv| kv.mod_revision))
         .collect();
-    resp.events
-        .into_iter()
+    events
+        .iter()
         .enumerate()
         .map(|(i, e)| {
             let last_of_revision = revisions.get(i + 1) != revisions.get(i);
@@ -220,23 +238,23 @@ fn events_of(resp: PbWatchResponse, with_prev: bool) -> Vec<Result<Event, Event>
                 Ok(EventType::Delete) => "delete",
                 _ => "put",
             };
-            let kv = e.kv.unwrap_or_default();
+            let kv = e.kv.clone().unwrap_or_default();
             let revision = kv.mod_revision;
             let body = WatchEvent {
                 kind: kind.to_string(),
                 revision,
                 kv: KeyValue::from_pb(&kv, false),
                 prev_kv: if with_prev {
-                    e.prev_kv.map(|p| KeyValue::from_pb(&p, false))
+                    e.prev_kv.as_ref().map(|p| KeyValue::from_pb(p, false))
                 } else {
                     None
                 },
             };
-            Ok(event_of(
+            event_of(
                 kind,
                 last_of_revision.then_some(revision),
                 serde_json::to_value(body).unwrap_or_default(),
-            ))
+            )
         })
         .collect()
 }

@@ -349,7 +349,13 @@ impl Coalescer {
                     }
                 }
             }
-            let answer = tokio::time::timeout(self.cell.request_timeout, answers.recv()).await;
+            let answer = tokio::select! {
+                answer = tokio::time::timeout(self.cell.request_timeout, answers.recv()) => answer,
+                _ = tx.closed() => {
+                    stream.cancel(watch_id);
+                    return;
+                }
+            };
             match answer {
                 Ok(Some(Answer::Revisions { revisions, .. })) => {
                     for revision in revisions {
@@ -400,9 +406,19 @@ async fn forward(backlog: Vec<Revision>, mut items: mpsc::Receiver<Item>, tx: &m
             return;
         }
     }
-    while let Some(item) = items.recv().await {
-        if tx.send(item).await.is_err() {
-            return;
+    loop {
+        tokio::select! {
+            item = items.recv() => match item {
+                Some(item) => {
+                    if tx.send(item).await.is_err() {
+                        return;
+                    }
+                }
+                None => return,
+            },
+            // The client went away while nothing happened: leave now, not
+            // at the next event.
+            _ = tx.closed() => return,
         }
     }
 }

@@ -7,9 +7,30 @@
 //! it is derived from the subscriber's id (a hash), so it needs no random
 //! source and a test can predict it.
 
-use std::future::Future;
+use super::shared_watch::Item;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
-use tokio::time::Instant;
+use tokio::sync::mpsc;
+
+/// Hands out the offsets of `--fanout-jitter`, one per client watch.
+pub struct Fanout {
+    jitter: Duration,
+    next: AtomicU64,
+}
+
+impl Fanout {
+    pub fn new(jitter: Duration) -> Fanout {
+        Fanout {
+            jitter,
+            next: AtomicU64::new(0),
+        }
+    }
+
+    /// The offset of the next client watch.
+    pub fn next_offset(&self) -> Duration {
+        offset(self.jitter, self.next.fetch_add(1, Ordering::Relaxed))
+    }
+}
 
 /// A subscriber's delay in `[0, jitter)`, spread evenly over the ids.
 pub fn offset(jitter: Duration, subscriber: u64) -> Duration {
@@ -25,18 +46,35 @@ pub fn offset(jitter: Duration, subscriber: u64) -> Duration {
     Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
 }
 
-/// Hands `item` to `send` once `received + offset` has come; returns what
-/// `send` returns (false: the client is gone).
-pub async fn deliver_at<T, F, Fut>(item: T, received: Instant, offset: Duration, send: F) -> bool
-where
-    F: FnOnce(T) -> Fut,
-    Fut: Future<Output = bool>,
-{
-    tokio::time::sleep_until(received + offset).await;
-    let sent = send(item).await;
-    metrics::histogram!("latchkey_proxy_fanout_delay_seconds")
-        .record(received.elapsed().as_secs_f64());
-    sent
+/// One client watch's items, each revision handed out no earlier than its
+/// arrival at the proxy plus the client's offset. Progress and cancel
+/// items are not held back: they carry no news a herd would re-read.
+pub struct Paced {
+    items: mpsc::Receiver<Item>,
+    offset: Duration,
+}
+
+impl Paced {
+    pub fn new(items: mpsc::Receiver<Item>, offset: Duration) -> Paced {
+        Paced { items, offset }
+    }
+
+    /// The next item when it is due; `None` when the subscription closed
+    /// (with no cancel item before it: dropped as too slow).
+    pub async fn next(&mut self) -> Option<Item> {
+        let item = self.items.recv().await?;
+        if let Item::Events(revision) = &item {
+            let due = revision.received + self.offset;
+            if due > tokio::time::Instant::now() {
+                tokio::time::sleep_until(due).await;
+            }
+            metrics::histogram!("latchkey_proxy_fanout_delay_seconds")
+                .record(revision.received.elapsed().as_secs_f64());
+            metrics::counter!("latchkey_proxy_watch_events_out_total")
+                .increment(revision.events.len() as u64);
+        }
+        Some(item)
+    }
 }
 
 #[cfg(test)]
@@ -65,19 +103,46 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn an_item_goes_out_at_its_arrival_plus_the_offset_never_before() {
-        let received = Instant::now();
+    async fn a_revision_goes_out_at_its_arrival_plus_the_offset_never_before_and_in_order() {
+        use crate::watch::Revision;
+        use std::sync::Arc;
+        use tokio::time::Instant;
+        let start = Instant::now();
+        let (tx, rx) = mpsc::channel(8);
         let offset = Duration::from_millis(150);
-        let sent_at = std::sync::Arc::new(std::sync::Mutex::new(None));
-        let seen = sent_at.clone();
-        let ok = deliver_at(7, received, offset, |item| async move {
-            *seen.lock().expect("lock") = Some((item, Instant::now()));
-            true
-        })
-        .await;
-        assert!(ok);
-        let (item, at) = sent_at.lock().expect("lock").expect("sent");
-        assert_eq!(item, 7);
-        assert_eq!(at - received, offset);
+        let mut paced = Paced::new(rx, offset);
+        for (revision, after) in [(5, 0), (6, 40)] {
+            tx.send(Item::Events(Revision {
+                revision,
+                events: Arc::from(vec![]),
+                received: start + Duration::from_millis(after),
+            }))
+            .await
+            .expect("send");
+        }
+        tx.send(Item::Progress(6)).await.expect("send");
+        drop(tx);
+        let mut got = Vec::new();
+        while let Some(item) = paced.next().await {
+            got.push((item, Instant::now() - start));
+        }
+        let shape: Vec<(String, u128)> = got
+            .iter()
+            .map(|(item, at)| {
+                let what = match item {
+                    Item::Events(r) => format!("rev {}", r.revision),
+                    other => format!("{other:?}"),
+                };
+                (what, at.as_millis())
+            })
+            .collect();
+        assert_eq!(
+            shape,
+            vec![
+                ("rev 5".to_string(), 150),
+                ("rev 6".to_string(), 190),
+                ("Progress(6)".to_string(), 190)
+            ]
+        );
     }
 }

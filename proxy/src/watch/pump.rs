@@ -65,6 +65,8 @@ impl Pump {
     fn apply(&self, answer: Answer) -> bool {
         match answer {
             Answer::Revisions { revisions, .. } => {
+                let events: usize = revisions.iter().map(|r| r.events.len()).sum();
+                metrics::counter!("latchkey_proxy_watch_events_in_total").increment(events as u64);
                 for revision in revisions {
                     self.shared.publish(revision);
                 }

@@ -156,6 +156,9 @@ error_table! {
     WatchIdExists => "watch_id_exists", 409, FailedPrecondition,
         Some("mvcc: duplicate watch ID provided"), Never;
     InvalidArgument => "invalid_argument", 400, InvalidArgument, None, Never;
+    /// A watcher fell behind its bounded buffer and was dropped so that it
+    /// slows nobody else; it resumes from the revision the message names.
+    WatchTooSlow => "watch_too_slow", 503, ResourceExhausted, None, Safe;
 
     // --- membership ---
     MemberNotFound => "member_not_found", 404, NotFound,

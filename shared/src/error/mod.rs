@@ -391,6 +391,17 @@ impl ApiError {
         )
     }
 
+    /// A watcher dropped for falling behind; `resume_from` is the first
+    /// revision it has not been sent.
+    pub fn watch_too_slow(resume_from: i64) -> Self {
+        ApiError::new(
+            ErrorCode::WatchTooSlow,
+            format!(
+                "watcher too slow: it fell behind and was dropped; watch again from revision {resume_from}"
+            ),
+        )
+    }
+
     pub fn route_not_found(method: &str, path: &str) -> Self {
         ApiError::new(
             ErrorCode::RouteNotFound,
@@ -443,6 +454,7 @@ mod tests {
                 ErrorCode::DuplicateKey => ApiError::duplicate_key(),
                 ErrorCode::WatchIdExists => ApiError::watch_id_exists(),
                 ErrorCode::InvalidArgument => ApiError::invalid("limit must not be negative"),
+                ErrorCode::WatchTooSlow => ApiError::watch_too_slow(12),
                 ErrorCode::MemberNotFound => ApiError::member_not_found(MemberId(0xa)),
                 ErrorCode::MemberExists => ApiError::member_exists(MemberId(0xa)),
                 ErrorCode::PeerUrlExists => ApiError::peer_url_exists("http://a:7901"),
