@@ -47,6 +47,12 @@ pub struct Config {
     #[arg(long, env = "LATCHKEY_FANOUT_JITTER", default_value = "100ms", value_parser = humantime::parse_duration)]
     pub fanout_jitter: Duration,
 
+    /// Memory for the serializable read cache, in bytes: ranges read
+    /// often (or watched) are kept current by the proxy's watches and
+    /// answered from here; least recently used out first. 0 turns it off.
+    #[arg(long, env = "LATCHKEY_CACHE_BYTES", default_value_t = 64 << 20)]
+    pub cache_bytes: usize,
+
     /// Largest HTTP request body accepted, in bytes (the cell's request
     /// limit by default; a value over the cell's value limit is refused by
     /// the cell).

@@ -16,10 +16,11 @@
 //!   times and retries (by retry class only).
 //! - [`session`]: the session table and the keep-alive batcher.
 //! - [`watch`]: watch coalescing: one shared upstream watch per distinct
-//!   client watch, on one multiplexed stream per member, resumed on
-//!   another member when its member fails (issue 12, in progress: the
-//!   gRPC Watch uses it; SSE, jittered fan-out and the read cache do not
-//!   yet).
+//!   client watch (gRPC and SSE alike), on one multiplexed stream per
+//!   member, resumed on another member when its member fails; each client
+//!   paced by its offset inside `--fanout-jitter`.
+//! - [`cache`]: serializable reads from ranges kept current by the
+//!   proxy's own watches; no client's revision goes backwards.
 //! - [`grpc`]: the etcd v3 services; [`http`]: the `/v1` JSON API, its
 //!   Server-Sent Events watch and its OpenAPI document; [`admin`]:
 //!   `/metrics`, `/healthz`, `/readyz`.
@@ -31,6 +32,7 @@
 //! carries it to the cell on the next tick.
 
 pub mod admin;
+pub mod cache;
 pub mod config;
 pub mod dev;
 pub mod grpc;

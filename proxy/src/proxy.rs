@@ -3,6 +3,7 @@
 //! keep-alive batcher under one [`Lifecycle`]; [`ProxyHandle::shutdown`]
 //! stops them all.
 
+use crate::cache::ReadCache;
 use crate::config::Config;
 use crate::session::{KeepAliveBatcher, SessionTable};
 use crate::state::ProxyState;
@@ -63,11 +64,14 @@ impl Proxy {
         let upstream = Upstream::new(vec![cell])?;
         let sessions = Arc::new(SessionTable::new());
         let coalescer = Coalescer::new(upstream.home().clone(), WATCH_HISTORY, WATCH_QUEUE);
+        let cache = ReadCache::new(coalescer.clone(), upstream.home().clone(), cfg.cache_bytes);
         let state = Arc::new(ProxyState {
             upstream,
             sessions: sessions.clone(),
             coalescer,
             fanout: crate::watch::fanout::Fanout::new(cfg.fanout_jitter),
+            cache: cache.clone(),
+            floors: Default::default(),
             request_timeout: cfg.request_timeout,
             max_request_bytes: cfg.max_request_bytes,
             lifecycle: lifecycle.clone(),
@@ -82,6 +86,14 @@ impl Proxy {
             tick: cfg.refresh_tick,
         };
         lifecycle.spawn_owned(|token| batcher.run(token));
+        lifecycle.spawn_owned(|token| cache.keep_fresh(token));
+        let sweeper = state.clone();
+        lifecycle.spawn_owned(|token| async move {
+            let mut tick = tokio::time::interval(crate::cache::client_floor::IDLE_FORGET / 10);
+            while token.run_until_cancelled(tick.tick()).await.is_some() {
+                sweeper.floors.sweep();
+            }
+        });
 
         let mut servers = Vec::new();
         let token = lifecycle.token();
@@ -124,7 +136,8 @@ async fn serve_http(
             tracing::debug!(error = %e, "TCP_NODELAY not set");
         }
     });
-    axum::serve(listener, router)
+    let service = router.into_make_service_with_connect_info::<SocketAddr>();
+    axum::serve(listener, service)
         .with_graceful_shutdown(shutdown)
         .await?;
     Ok(())

@@ -1,5 +1,6 @@
 //! [`ProxyState`]: what every request handler of both APIs shares.
 
+use crate::cache::{ClientFloors, ReadCache};
 use crate::session::SessionTable;
 use crate::upstream::Upstream;
 use crate::watch::coalescer::Coalescer;
@@ -15,6 +16,10 @@ pub struct ProxyState {
     pub coalescer: Arc<Coalescer>,
     /// Each client watch's offset inside `--fanout-jitter`.
     pub fanout: Fanout,
+    /// Serializable reads answered from ranges the proxy watches.
+    pub cache: Arc<ReadCache>,
+    /// The revision each client was last answered at.
+    pub floors: ClientFloors,
     /// How long a client request may take, retries included.
     pub request_timeout: Duration,
     /// Largest HTTP request body accepted.

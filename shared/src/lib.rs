@@ -38,6 +38,8 @@
 //!   per process by a binary's `main`.
 //! - [`limits`]: default limits shared by cells and proxies.
 //! - [`net`]: accepted sockets with `TCP_NODELAY`, for every server.
+//! - [`range_select`]: which key-values an etcd Range returns (filters,
+//!   sort, limit, count), for the cell's keyspace and the proxy's cache.
 
 pub mod client;
 pub mod error;
@@ -48,6 +50,7 @@ pub mod lifecycle;
 pub mod limits;
 pub mod member_id;
 pub mod net;
+pub mod range_select;
 pub mod revision;
 pub mod telemetry;
 

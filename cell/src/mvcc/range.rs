@@ -3,8 +3,8 @@
 //! write).
 
 use super::keyspace::{KeyRange, KeySpace, KeyValue};
-use latchkey_shared::etcd_enums::{EtcdEnum, SortOrder, SortTarget};
 use latchkey_shared::etcdpb::{PbKeyValue, PbRangeRequest, PbRangeResponse};
+use latchkey_shared::range_select::{RangeItem, Selection};
 use latchkey_shared::ApiError;
 
 /// A key-value as etcd's protocol carries it.
@@ -26,75 +26,46 @@ pub fn to_pb(kv: &KeyValue, keys_only: bool) -> PbKeyValue {
 /// Everything that makes a Range request fail, checked before it runs: a
 /// txn checks every range of its branch this way before its first write,
 /// so no range can fail after a write of the same txn was made. Returns the
-/// revision to read and the sort.
-pub(crate) fn check_range(
-    keys: &KeySpace,
-    req: &PbRangeRequest,
-) -> Result<(i64, SortOrder, SortTarget), ApiError> {
+/// revision to read.
+pub(crate) fn check_range(keys: &KeySpace, req: &PbRangeRequest) -> Result<i64, ApiError> {
     if req.key.is_empty() {
         return Err(ApiError::key_not_provided());
     }
-    let sort_order = SortOrder::decode(req.sort_order)?;
-    let sort_target = SortTarget::decode(req.sort_target)?;
-    let rev = keys.check_readable(req.revision)?;
-    Ok((rev, sort_order, sort_target))
+    Selection::<KeyValue>::new(req)?;
+    keys.check_readable(req.revision)
 }
 
 /// A Range request against the keyspace (read-only).
 pub fn range(keys: &KeySpace, req: &PbRangeRequest) -> Result<PbRangeResponse, ApiError> {
-    let (rev, sort_order, sort_target) = check_range(keys, req)?;
+    let rev = check_range(keys, req)?;
     let range = KeyRange::new(req.key.clone(), req.range_end.clone());
-    let filtered = |kv: &KeyValue| {
-        (req.min_mod_revision == 0 || kv.mod_revision >= req.min_mod_revision)
-            && (req.max_mod_revision == 0 || kv.mod_revision <= req.max_mod_revision)
-            && (req.min_create_revision == 0 || kv.create_revision >= req.min_create_revision)
-            && (req.max_create_revision == 0 || kv.create_revision <= req.max_create_revision)
-    };
-    // Key order is the store's order, so an ascending key sort (or none)
-    // can stop at the limit; any other sort needs every match first.
-    let key_ordered = sort_target == SortTarget::Key && sort_order != SortOrder::Descend;
-    // A limit of 0 or less is no limit (etcd reads a negative one so too).
-    let limit = if req.limit > 0 {
-        req.limit as usize
-    } else {
-        usize::MAX
-    };
-    let mut count: i64 = 0;
-    let mut matched: Vec<&KeyValue> = Vec::new();
+    let mut selection = Selection::new(req)?;
     keys.scan(&range, rev, |kv| {
-        if filtered(kv) {
-            count += 1;
-            if !req.count_only && (!key_ordered || matched.len() < limit) {
-                matched.push(kv);
-            }
-        }
+        selection.offer(kv);
         true
     });
-    if !key_ordered {
-        matched.sort_by(|a, b| {
-            let ord = match sort_target {
-                SortTarget::Key => a.key.cmp(&b.key),
-                SortTarget::Version => a.version.cmp(&b.version),
-                SortTarget::Create => a.create_revision.cmp(&b.create_revision),
-                SortTarget::Mod => a.mod_revision.cmp(&b.mod_revision),
-                SortTarget::Value => a.value.cmp(&b.value),
-            };
-            // No order given sorts ascending, as in etcd.
-            if sort_order == SortOrder::Descend {
-                ord.reverse()
-            } else {
-                ord
-            }
-        });
-        matched.truncate(limit);
+    Ok(selection.finish())
+}
+
+impl RangeItem for KeyValue {
+    fn key(&self) -> &[u8] {
+        &self.key
     }
-    let kvs: Vec<PbKeyValue> = matched.iter().map(|kv| to_pb(kv, req.keys_only)).collect();
-    Ok(PbRangeResponse {
-        header: None,
-        more: !req.count_only && (kvs.len() as i64) < count,
-        count,
-        kvs,
-    })
+    fn value(&self) -> &[u8] {
+        &self.value
+    }
+    fn create_revision(&self) -> i64 {
+        self.create_revision
+    }
+    fn mod_revision(&self) -> i64 {
+        self.mod_revision
+    }
+    fn version(&self) -> i64 {
+        self.version
+    }
+    fn to_pb(&self, keys_only: bool) -> PbKeyValue {
+        to_pb(self, keys_only)
+    }
 }
 
 #[cfg(test)]
@@ -103,6 +74,7 @@ mod tests {
     use crate::mvcc::lease_table::LeaseTable;
     use crate::mvcc::txn::tests::put_req;
     use crate::mvcc::txn::{put, Kv};
+    use latchkey_shared::etcd_enums::{SortOrder, SortTarget};
 
     #[test]
     fn range_sorts_limits_and_counts() {

@@ -42,9 +42,11 @@ impl PbKvService for KvService {
         &self,
         request: Request<PbRangeRequest>,
     ) -> Result<Response<PbRangeResponse>, Status> {
-        let cell = self.state.upstream.cell_for(&request.get_ref().key).clone();
-        let route = range_route(request.get_ref());
-        forward(&cell, route, Kind::Read, RANGE, request).await
+        let started = tokio::time::Instant::now();
+        let client = request.remote_addr();
+        let result = crate::cache::range(&self.state, client, request.into_inner()).await;
+        super::record("grpc", RANGE, started, result.as_ref().err());
+        result.map(Response::new).map_err(Into::into)
     }
 
     type RangeStreamStream =

@@ -1,10 +1,10 @@
 //! `/v1/kv/{key}`: read, write and delete keys. The key is the rest of the
 //! path (slashes included, percent-decoded); the value is the raw body.
 
-use super::extract::{on, Body, Flag, Path, Query};
+use super::extract::{on, Body, Client, Flag, Path, Query};
 use super::model::{parse_session, session_gone, DeleteAnswer, ErrorBody, PutAnswer, RangeAnswer};
 use super::{answer, Answer};
-use crate::grpc::kv::{range_route, DELETE_RANGE, PUT, RANGE, TXN};
+use crate::grpc::kv::{DELETE_RANGE, PUT, TXN};
 use crate::state::ProxyState;
 use crate::upstream::Kind;
 use crate::upstream::Route;
@@ -95,6 +95,7 @@ pub async fn get_kv(
     State(state): State<Arc<ProxyState>>,
     Path(key): Path<String>,
     Query(params): Query<GetParams>,
+    Client(client): Client,
 ) -> Answer<RangeAnswer> {
     let range = key_range(key.as_bytes(), on(params.prefix))?;
     let keys_only = on(params.keys_only);
@@ -107,10 +108,7 @@ pub async fn get_kv(
         serializable: on(params.serializable),
         ..Default::default()
     };
-    let cell = state.upstream.cell_for(key.as_bytes());
-    let resp = cell
-        .call(range_route(&request), Kind::Read, RANGE, request)
-        .await?;
+    let resp = crate::cache::range(&state, client, request).await?;
     answer(RangeAnswer::from_pb(&resp, keys_only))
 }
 

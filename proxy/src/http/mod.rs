@@ -184,10 +184,13 @@ mod tests {
         let cell = CellClient::new(&[addr], Duration::from_millis(300)).expect("cell");
         let upstream = Upstream::new(vec![cell]).expect("upstream");
         let coalescer = crate::watch::coalescer::Coalescer::new(upstream.home().clone(), 8, 8);
+        let cache = crate::cache::ReadCache::new(coalescer.clone(), upstream.home().clone(), 0);
         router(Arc::new(ProxyState {
             upstream,
             coalescer,
             fanout: crate::watch::fanout::Fanout::new(std::time::Duration::ZERO),
+            cache,
+            floors: Default::default(),
             sessions: Arc::new(SessionTable::new()),
             request_timeout: Duration::from_millis(300),
             max_request_bytes: 1 << 20,

@@ -68,6 +68,11 @@ impl Coalescer {
         }
     }
 
+    /// Whether a shared watch of `key` exists (clients watch it).
+    pub fn is_watched(&self, key: &WatchKey) -> bool {
+        self.map().contains_key(key)
+    }
+
     /// Upstream watches this proxy holds (one per distinct key).
     pub fn upstream_watches(&self) -> usize {
         self.map().len()

@@ -8,6 +8,7 @@ mod t20_etcdctl;
 mod t30_sessions;
 mod t40_bad_input;
 mod t50_watch_sse;
+mod t70_read_cache;
 
 use std::path::Path;
 

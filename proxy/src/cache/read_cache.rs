@@ -1,0 +1,326 @@
+//! [`ReadCache`]: serializable reads answered from ranges the proxy keeps
+//! current with its own watches (DESIGN section 4), bounded by
+//! `--cache-bytes` with least-recently-used eviction.
+//!
+//! - A range is cached after its second serializable miss, or its first
+//!   when clients already watch it (its shared watch exists anyway).
+//! - Filling: one serializable read of the whole range at revision R,
+//!   then a subscription to the coalescer from R + 1. The coalescer hands
+//!   over every revision after R once, in order, whatever member serves
+//!   it, so the cached range is the range as of its revision.
+//! - The subscription's progress items move the revision on while nothing
+//!   changes; [`ReadCache::keep_fresh`] asks the members for progress so a
+//!   quiet range stays current. A range not confirmed for [`STALE_AFTER`]
+//!   (its upstream watch is lost, its member is cut off) answers nothing
+//!   until the watch confirms it again; a range whose watch ends is
+//!   dropped and filled afresh on a later miss.
+//! - An answer is only given at or above the client's floor; otherwise
+//!   the read goes to the cell (the caller's part, see `cache::serve`).
+
+use super::cached_range::CachedRange;
+use crate::grpc::kv::RANGE;
+use crate::upstream::{Cell, Kind, Route};
+use crate::watch::coalescer::Coalescer;
+use crate::watch::{Item, WatchKey};
+use latchkey_shared::etcdpb::{PbRangeRequest, PbRangeResponse};
+use latchkey_shared::KeyRange;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// A cached range not confirmed by its watch for this long answers
+/// nothing.
+pub const STALE_AFTER: Duration = Duration::from_secs(1);
+
+/// How often the members are asked how far every watch has come.
+pub const PROGRESS_EVERY: Duration = Duration::from_millis(200);
+
+/// Most ranges cached at once (each holds one subscription).
+const MAX_RANGES: usize = 4096;
+
+/// Ranges remembered as missed once; past this the memory is cleared.
+const MAX_SEEN: usize = 4 * MAX_RANGES;
+
+/// Revisions queued for a cached range's feed.
+const FEED_QUEUE: usize = 1024;
+
+struct Filled {
+    data: CachedRange,
+    confirmed: Instant,
+}
+
+/// One cached range: filling (no data yet) or filled.
+struct Slot {
+    range: KeyRange,
+    state: Mutex<Option<Filled>>,
+    last_used: AtomicU64,
+    /// Ends the range's feed (eviction).
+    stop: CancellationToken,
+}
+
+impl Slot {
+    fn state(&self) -> MutexGuard<'_, Option<Filled>> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[derive(Default)]
+struct Slots {
+    by_range: HashMap<KeyRange, Arc<Slot>>,
+    /// Ranges missed once.
+    seen: HashSet<KeyRange>,
+}
+
+pub struct ReadCache {
+    coalescer: Arc<Coalescer>,
+    cell: Cell,
+    /// `--cache-bytes`; 0 turns the cache off.
+    budget: usize,
+    slots: Mutex<Slots>,
+    bytes: AtomicI64,
+    clock: AtomicU64,
+}
+
+/// Whether the cache may answer `req`: a serializable read of the
+/// current revision.
+fn cacheable(req: &PbRangeRequest) -> bool {
+    req.serializable && req.revision == 0 && !req.key.is_empty()
+}
+
+impl ReadCache {
+    pub fn new(coalescer: Arc<Coalescer>, cell: Cell, budget: usize) -> Arc<ReadCache> {
+        Arc::new(ReadCache {
+            coalescer,
+            cell,
+            budget,
+            slots: Mutex::new(Slots::default()),
+            bytes: AtomicI64::new(0),
+            clock: AtomicU64::new(0),
+        })
+    }
+
+    fn slots(&self) -> MutexGuard<'_, Slots> {
+        self.slots.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Bytes the cached ranges hold.
+    pub fn bytes(&self) -> i64 {
+        self.bytes.load(Ordering::Relaxed)
+    }
+
+    /// Ranges cached or being filled.
+    pub fn ranges(&self) -> usize {
+        self.slots().by_range.len()
+    }
+
+    /// The answer to `req` from the cache, at a revision of at least
+    /// `floor`, if the cache holds its range confirmed and current enough.
+    pub fn answer(&self, req: &PbRangeRequest, floor: i64) -> Option<PbRangeResponse> {
+        if self.budget == 0 || !cacheable(req) {
+            return None;
+        }
+        let range = KeyRange::new(req.key.clone(), req.range_end.clone());
+        let slot = self.slots().by_range.get(&range).cloned()?;
+        slot.last_used.store(
+            self.clock.fetch_add(1, Ordering::Relaxed),
+            Ordering::Relaxed,
+        );
+        let state = slot.state();
+        let filled = state.as_ref()?;
+        let revision = filled.data.revision();
+        if filled.confirmed.elapsed() > STALE_AFTER || revision < floor {
+            return None;
+        }
+        // A request the cell would refuse (a bad sort) goes to the cell.
+        let mut resp = filled.data.answer(req).ok()?;
+        drop(state);
+        let mut header = self.cell.last_header();
+        header.revision = revision;
+        resp.header = Some(header);
+        Some(resp)
+    }
+
+    /// A cacheable read missed: cache its range if it is read often enough
+    /// or watched anyway.
+    pub fn missed(self: &Arc<Self>, req: &PbRangeRequest) {
+        if self.budget == 0 || !cacheable(req) {
+            return;
+        }
+        let range = KeyRange::new(req.key.clone(), req.range_end.clone());
+        let slot = {
+            let mut slots = self.slots();
+            if slots.by_range.contains_key(&range) {
+                return;
+            }
+            let watched = [false, true].into_iter().any(|prev_kv| {
+                self.coalescer.is_watched(&WatchKey {
+                    range: range.clone(),
+                    filters: Vec::new(),
+                    prev_kv,
+                })
+            });
+            if !watched && !slots.seen.remove(&range) {
+                if slots.seen.len() >= MAX_SEEN {
+                    slots.seen.clear();
+                }
+                slots.seen.insert(range);
+                return;
+            }
+            if slots.by_range.len() >= MAX_RANGES {
+                self.evict_one(&mut slots);
+            }
+            let slot = Arc::new(Slot {
+                range: range.clone(),
+                state: Mutex::new(None),
+                last_used: AtomicU64::new(self.clock.fetch_add(1, Ordering::Relaxed)),
+                stop: CancellationToken::new(),
+            });
+            slots.by_range.insert(range, slot.clone());
+            slot
+        };
+        metrics::gauge!("latchkey_proxy_cache_ranges").set(self.ranges() as f64);
+        tokio::spawn(self.clone().feed(slot));
+    }
+
+    /// Fills `slot` and keeps it current until its watch ends or it is
+    /// evicted.
+    async fn feed(self: Arc<Self>, slot: Arc<Slot>) {
+        if let Some(mut items) = self.fill(&slot).await {
+            loop {
+                let item = tokio::select! {
+                    _ = slot.stop.cancelled() => break,
+                    item = items.recv() => item,
+                };
+                let grew = {
+                    let mut state = slot.state();
+                    let Some(filled) = state.as_mut() else { break };
+                    let before = filled.data.bytes() as i64;
+                    match item {
+                        Some(Item::Events(revision)) => filled.data.apply(&revision),
+                        Some(Item::Progress(revision)) => filled.data.advance(revision),
+                        // Cancelled or dropped: the range can no longer be
+                        // kept current.
+                        Some(Item::Cancelled(_)) | None => break,
+                    }
+                    filled.confirmed = Instant::now();
+                    filled.data.bytes() as i64 - before
+                };
+                self.add_bytes(grew);
+                if grew > 0 {
+                    self.evict_over_budget();
+                }
+            }
+        }
+        self.remove(&slot);
+    }
+
+    /// Reads the range whole and subscribes to its changes after that
+    /// read; `None` when either fails or the range is too large to cache.
+    async fn fill(&self, slot: &Slot) -> Option<mpsc::Receiver<Item>> {
+        let range = &slot.range;
+        let read = PbRangeRequest {
+            key: range.start.clone(),
+            range_end: range.end.clone(),
+            serializable: true,
+            ..Default::default()
+        };
+        let resp: PbRangeResponse = self
+            .cell
+            .call(Route::Any, Kind::Read, RANGE, read)
+            .await
+            .ok()?;
+        let revision = resp.header.map_or(0, |h| h.revision);
+        let data = CachedRange::new(resp.kvs, revision);
+        if data.bytes() > self.budget / 4 {
+            tracing::debug!(bytes = data.bytes(), "range too large to cache");
+            return None;
+        }
+        let (tx, items) = mpsc::channel(FEED_QUEUE);
+        let key = WatchKey {
+            range: range.clone(),
+            filters: Vec::new(),
+            prev_kv: false,
+        };
+        self.coalescer.subscribe(key, revision + 1, tx).await.ok()?;
+        self.add_bytes(data.bytes() as i64);
+        *slot.state() = Some(Filled {
+            data,
+            confirmed: Instant::now(),
+        });
+        self.evict_over_budget();
+        Some(items)
+    }
+
+    fn add_bytes(&self, delta: i64) {
+        let now = self.bytes.fetch_add(delta, Ordering::Relaxed) + delta;
+        metrics::gauge!("latchkey_proxy_cache_bytes").set(now as f64);
+    }
+
+    /// Drops `slot` from the cache (if still there) and its bytes.
+    fn remove(&self, slot: &Arc<Slot>) {
+        {
+            let mut slots = self.slots();
+            if slots
+                .by_range
+                .get(&slot.range)
+                .is_some_and(|s| Arc::ptr_eq(s, slot))
+            {
+                slots.by_range.remove(&slot.range);
+            }
+        }
+        self.discard(slot);
+        metrics::gauge!("latchkey_proxy_cache_ranges").set(self.ranges() as f64);
+    }
+
+    /// Ends `slot`'s feed and gives back its bytes (once).
+    fn discard(&self, slot: &Slot) {
+        slot.stop.cancel();
+        let freed = slot.state().take().map_or(0, |f| f.data.bytes() as i64);
+        self.add_bytes(-freed);
+    }
+
+    /// Evicts the least recently used range.
+    fn evict_one(&self, slots: &mut Slots) {
+        let oldest = slots
+            .by_range
+            .values()
+            .min_by_key(|s| s.last_used.load(Ordering::Relaxed))
+            .cloned();
+        if let Some(slot) = oldest {
+            slots.by_range.remove(&slot.range);
+            self.discard(&slot);
+            metrics::counter!("latchkey_proxy_cache_evictions_total").increment(1);
+        }
+    }
+
+    /// Evicts least recently used ranges until the cache fits its budget.
+    fn evict_over_budget(&self) {
+        while self.bytes() > self.budget as i64 {
+            let mut slots = self.slots();
+            if slots.by_range.is_empty() {
+                return;
+            }
+            self.evict_one(&mut slots);
+        }
+    }
+
+    /// Asks the members for progress every [`PROGRESS_EVERY`] while ranges
+    /// are cached, so quiet ones stay confirmed; ends with `stop`.
+    pub async fn keep_fresh(self: Arc<Self>, stop: CancellationToken) {
+        let mut tick = tokio::time::interval(PROGRESS_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            if self.ranges() > 0 {
+                self.coalescer.request_progress().await;
+            }
+        }
+    }
+}
