@@ -20,33 +20,44 @@ pub trait RangeItem {
     fn to_pb(&self, keys_only: bool) -> PbKeyValue;
 }
 
-impl RangeItem for PbKeyValue {
-    fn key(&self) -> &[u8] {
-        &self.key
-    }
-    fn value(&self) -> &[u8] {
-        &self.value
-    }
-    fn create_revision(&self) -> i64 {
-        self.create_revision
-    }
-    fn mod_revision(&self) -> i64 {
-        self.mod_revision
-    }
-    fn version(&self) -> i64 {
-        self.version
-    }
-    fn to_pb(&self, keys_only: bool) -> PbKeyValue {
-        PbKeyValue {
-            value: if keys_only {
-                Vec::new()
-            } else {
-                self.value.clone()
-            },
-            ..self.clone()
+/// Implements [`RangeItem`] for a key-value type with etcd's field names
+/// (`key`, `value`, `create_revision`, `mod_revision`, `version`), given
+/// how it becomes a `PbKeyValue`.
+#[macro_export]
+macro_rules! impl_range_item {
+    ($ty:ty, $to_pb:expr) => {
+        impl $crate::range_select::RangeItem for $ty {
+            fn key(&self) -> &[u8] {
+                &self.key
+            }
+            fn value(&self) -> &[u8] {
+                &self.value
+            }
+            fn create_revision(&self) -> i64 {
+                self.create_revision
+            }
+            fn mod_revision(&self) -> i64 {
+                self.mod_revision
+            }
+            fn version(&self) -> i64 {
+                self.version
+            }
+            fn to_pb(&self, keys_only: bool) -> $crate::etcdpb::PbKeyValue {
+                let to_pb: fn(&$ty, bool) -> $crate::etcdpb::PbKeyValue = $to_pb;
+                to_pb(self, keys_only)
+            }
         }
-    }
+    };
 }
+
+impl_range_item!(PbKeyValue, |kv, keys_only| PbKeyValue {
+    value: if keys_only {
+        Vec::new()
+    } else {
+        kv.value.clone()
+    },
+    ..kv.clone()
+});
 
 /// One Range request's answer, built by [`Selection::offer`]ing every live
 /// key of the range in key order, then [`Selection::finish`].

@@ -4,7 +4,7 @@
 
 use super::keyspace::{KeyRange, KeySpace, KeyValue};
 use latchkey_shared::etcdpb::{PbKeyValue, PbRangeRequest, PbRangeResponse};
-use latchkey_shared::range_select::{RangeItem, Selection};
+use latchkey_shared::range_select::Selection;
 use latchkey_shared::ApiError;
 
 /// A key-value as etcd's protocol carries it.
@@ -47,26 +47,7 @@ pub fn range(keys: &KeySpace, req: &PbRangeRequest) -> Result<PbRangeResponse, A
     Ok(selection.finish())
 }
 
-impl RangeItem for KeyValue {
-    fn key(&self) -> &[u8] {
-        &self.key
-    }
-    fn value(&self) -> &[u8] {
-        &self.value
-    }
-    fn create_revision(&self) -> i64 {
-        self.create_revision
-    }
-    fn mod_revision(&self) -> i64 {
-        self.mod_revision
-    }
-    fn version(&self) -> i64 {
-        self.version
-    }
-    fn to_pb(&self, keys_only: bool) -> PbKeyValue {
-        to_pb(self, keys_only)
-    }
-}
+latchkey_shared::impl_range_item!(KeyValue, to_pb);
 
 #[cfg(test)]
 mod tests {
