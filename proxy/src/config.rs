@@ -47,6 +47,12 @@ pub struct Config {
     #[arg(long, env = "LATCHKEY_FANOUT_JITTER", default_value = "100ms", value_parser = humantime::parse_duration)]
     pub fanout_jitter: Duration,
 
+    /// Revisions queued for one client watch. A client that falls this
+    /// far behind is cancelled (gRPC cancel reason, SSE error event,
+    /// both naming the revision to resume from) so it slows nobody else.
+    #[arg(long, env = "LATCHKEY_WATCH_BUFFER", default_value_t = 1024)]
+    pub watch_buffer: usize,
+
     /// Memory for the serializable read cache, in bytes: ranges read
     /// often (or watched) are kept current by the proxy's watches and
     /// answered from here; least recently used out first. 0 turns it off.
@@ -89,6 +95,9 @@ impl Config {
         }
         if self.refresh_tick < MIN_TICK {
             bail!("--refresh-tick must be at least {MIN_TICK:?}");
+        }
+        if self.watch_buffer == 0 {
+            bail!("--watch-buffer must be at least 1");
         }
         if self.request_timeout.is_zero() {
             bail!("--request-timeout must be more than 0");

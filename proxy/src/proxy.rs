@@ -24,9 +24,6 @@ use tokio::task::JoinHandle;
 /// watch of its own.
 const WATCH_HISTORY: usize = 1024;
 
-/// Items queued per subscriber of a shared watch before it counts as slow.
-const WATCH_QUEUE: usize = 1024;
-
 /// How long shutdown waits for tasks to end.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
@@ -63,7 +60,7 @@ impl Proxy {
         let cell = CellClient::new(&cfg.cells, cfg.request_timeout)?;
         let upstream = Upstream::new(vec![cell])?;
         let sessions = Arc::new(SessionTable::new());
-        let coalescer = Coalescer::new(upstream.home().clone(), WATCH_HISTORY, WATCH_QUEUE);
+        let coalescer = Coalescer::new(upstream.home().clone(), WATCH_HISTORY, cfg.watch_buffer);
         let cache = ReadCache::new(coalescer.clone(), upstream.home().clone(), cfg.cache_bytes);
         let state = Arc::new(ProxyState {
             upstream,

@@ -35,9 +35,6 @@ const OUTBOUND_QUEUE: usize = 256;
 /// stream's watches have not reached the revision it waits for.
 const PROGRESS_POLL: std::time::Duration = std::time::Duration::from_millis(20);
 
-/// Items queued per client watch before it counts as slow.
-const WATCH_QUEUE: usize = 1024;
-
 pub struct WatchService {
     pub state: Arc<ProxyState>,
 }
@@ -170,7 +167,7 @@ impl ClientStream {
                     Ok(k) => k,
                     Err(e) => return self.send(refuse(e.message)).await,
                 };
-                let (tx, rx) = mpsc::channel(WATCH_QUEUE);
+                let (tx, rx) = mpsc::channel(crate::watch::RELAY_QUEUE);
                 let coalescer = self.state.coalescer.clone();
                 let from = match coalescer.subscribe(watch_key, c.start_revision, tx).await {
                     Ok(from) => from,

@@ -32,10 +32,6 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use utoipa::{IntoParams, ToSchema};
 
-/// Items queued for one SSE client beyond what the shared watch queues
-/// for it: together they bound what a client that stopped reading holds.
-const CLIENT_QUEUE: usize = 256;
-
 /// A comment line this often keeps idle connections (and the proxies in
 /// between) from timing the stream out.
 const SSE_KEEP_ALIVE: Duration = Duration::from_secs(15);
@@ -121,7 +117,7 @@ pub async fn watch(
     };
     let with_prev = on(params.prev_kv);
     let watch_key = WatchKey::new(range.start, range.end, &[], with_prev)?;
-    let (tx, rx) = mpsc::channel(CLIENT_QUEUE);
+    let (tx, rx) = mpsc::channel(crate::watch::RELAY_QUEUE);
     let from = match state
         .coalescer
         .subscribe(watch_key, start_revision, tx)

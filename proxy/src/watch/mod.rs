@@ -39,4 +39,9 @@ pub mod upstream_answer;
 pub mod watch_key;
 
 pub use shared_watch::{Cancel, Item, Join, Revision, SharedWatch};
+
+/// Items queued on a client watch's own channel. It only relays what the
+/// shared watch queued for the client (whose bound, `--watch-buffer`, is
+/// what makes a client slow), so it is short.
+pub const RELAY_QUEUE: usize = 16;
 pub use watch_key::WatchKey;

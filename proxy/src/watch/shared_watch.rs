@@ -37,6 +37,26 @@ pub struct Revision {
     pub received: tokio::time::Instant,
 }
 
+/// Most bytes of events a shared watch keeps as history, whatever its
+/// revision count: a busy key with large values keeps fewer revisions.
+pub const HISTORY_BYTES: usize = 8 << 20;
+
+impl Revision {
+    /// About what its events hold (keys and values, with previous ones).
+    pub fn bytes(&self) -> usize {
+        self.events
+            .iter()
+            .map(|e| {
+                let kv = |kv: &Option<latchkey_shared::etcdpb::PbKeyValue>| {
+                    kv.as_ref()
+                        .map_or(0, |kv| kv.key.len() + kv.value.len() + 48)
+                };
+                kv(&e.kv) + kv(&e.prev_kv)
+            })
+            .sum()
+    }
+}
+
 /// Why a subscriber was cancelled (a slow one gets no cancel: its channel
 /// just closes, see the module doc).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -85,6 +105,8 @@ struct Subscriber {
 struct Inner {
     /// The newest revisions published, oldest first.
     history: VecDeque<Revision>,
+    /// What `history` holds, in [`Revision::bytes`].
+    history_bytes: usize,
     /// Every revision from here on that touched the range is in `history`
     /// or not published yet: the oldest start revision a joiner can be
     /// served from.
@@ -112,6 +134,7 @@ impl SharedWatch {
         SharedWatch {
             inner: Mutex::new(Inner {
                 history: VecDeque::new(),
+                history_bytes: 0,
                 complete_from: start_revision,
                 published_below: start_revision,
                 subscribers: Vec::new(),
@@ -198,9 +221,13 @@ impl SharedWatch {
             return;
         }
         inner.published_below = revision.revision + 1;
+        inner.history_bytes += revision.bytes();
         inner.history.push_back(revision.clone());
-        while inner.history.len() > self.history_len {
+        while inner.history.len() > self.history_len
+            || (inner.history_bytes > HISTORY_BYTES && inner.history.len() > 1)
+        {
             if let Some(dropped) = inner.history.pop_front() {
+                inner.history_bytes -= dropped.bytes();
                 inner.complete_from = dropped.revision + 1;
             }
         }
@@ -328,6 +355,32 @@ mod tests {
         }
         let (backlog, mut items) = joined(watch.join(5));
         assert_eq!(revisions(&backlog, &mut items), vec![5, 7]);
+    }
+
+    #[test]
+    fn history_is_bounded_by_bytes_as_well_as_by_revisions() {
+        use latchkey_shared::etcdpb::PbKeyValue;
+        let watch = SharedWatch::new(1, 1000, 100);
+        let big = |revision: i64| Revision {
+            revision,
+            events: Arc::from(vec![PbEvent {
+                kv: Some(PbKeyValue {
+                    value: vec![0; 1 << 20],
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }]),
+            received: tokio::time::Instant::now(),
+        };
+        for r in 1..=20 {
+            watch.publish(big(r));
+        }
+        // Seven revisions of just over 1 MiB fit in 8 MiB: a joiner from
+        // before them must catch up.
+        match watch.join(1) {
+            Join::CatchUp { join_at } => assert_eq!(join_at, 14),
+            Join::Joined { .. } => panic!("20 MiB of history kept"),
+        }
     }
 
     #[test]

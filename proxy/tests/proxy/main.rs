@@ -8,6 +8,8 @@ mod t20_etcdctl;
 mod t30_sessions;
 mod t40_bad_input;
 mod t50_watch_sse;
+mod t60_fanout;
+mod t62_slow_watcher;
 mod t70_read_cache;
 
 use std::path::Path;
