@@ -47,6 +47,12 @@ pub struct Config {
     #[arg(long, env = "LATCHKEY_FANOUT_JITTER", default_value = "100ms", value_parser = humantime::parse_duration)]
     pub fanout_jitter: Duration,
 
+    /// Revisions each shared watch keeps (up to 8 MiB) for clients that
+    /// start from an older revision: a client that reconnects within a few
+    /// seconds of a busy key joins without an upstream watch of its own.
+    #[arg(long, env = "LATCHKEY_WATCH_HISTORY", default_value_t = 1024)]
+    pub watch_history: usize,
+
     /// Revisions queued for one client watch. A client that falls this
     /// far behind is cancelled (gRPC cancel reason, SSE error event,
     /// both naming the revision to resume from) so it slows nobody else.

@@ -19,11 +19,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinHandle;
 
-/// Revisions a shared watch keeps for late joiners: a client that
-/// reconnects within a few seconds of a busy key joins without a catch-up
-/// watch of its own.
-const WATCH_HISTORY: usize = 1024;
-
 /// How long shutdown waits for tasks to end.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
@@ -60,7 +55,8 @@ impl Proxy {
         let cell = CellClient::new(&cfg.cells, cfg.request_timeout)?;
         let upstream = Upstream::new(vec![cell])?;
         let sessions = Arc::new(SessionTable::new());
-        let coalescer = Coalescer::new(upstream.home().clone(), WATCH_HISTORY, cfg.watch_buffer);
+        let coalescer =
+            Coalescer::new(upstream.home().clone(), cfg.watch_history, cfg.watch_buffer);
         let cache = ReadCache::new(coalescer.clone(), upstream.home().clone(), cfg.cache_bytes);
         let state = Arc::new(ProxyState {
             upstream,

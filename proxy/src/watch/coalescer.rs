@@ -15,11 +15,14 @@ use super::shared_watch::{Cancel, Item, Join, Revision, SharedWatch};
 use super::upstream_answer::Answer;
 use super::watch_key::WatchKey;
 use crate::upstream::{Cell, Route};
-use latchkey_shared::ApiError;
+use latchkey_shared::{ApiError, Retry};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, OnceCell};
 use tokio_util::sync::CancellationToken;
+
+/// Pause after every member refused to open a watch, before the next round.
+const OPEN_BACKOFF: std::time::Duration = std::time::Duration::from_millis(100);
 
 struct Entry {
     watch: Arc<OnceCell<Arc<SharedWatch>>>,
@@ -183,7 +186,9 @@ impl Coalescer {
                 return Ok(stream.clone());
             }
         }
-        let stream = MemberStream::open(self.cell.members[member].channel.clone()).await?;
+        let stream = MemberStream::open(self.cell.members[member].channel.clone())
+            .await
+            .inspect_err(|_| self.cell.members[member].failed())?;
         streams.insert(member, stream.clone());
         Ok(stream)
     }
@@ -194,7 +199,7 @@ impl Coalescer {
         key: WatchKey,
         stop: CancellationToken,
     ) -> Result<Arc<SharedWatch>, ApiError> {
-        let (stream, watch_id, answers, revision) = self.open(&key, 0, 0).await?;
+        let (stream, watch_id, answers, revision) = self.open(&key, 0).await?;
         let shared = Arc::new(SharedWatch::new(
             revision + 1,
             self.history_len,
@@ -216,10 +221,42 @@ impl Coalescer {
         Ok(shared)
     }
 
-    /// Creates `key` upstream from `start_revision` on some member; returns
-    /// the stream, the watch id, its answers and the revision it was
-    /// created at.
+    /// Creates `key` upstream from `start_revision` on a member that is
+    /// up, trying the members in turn while they refuse with nothing done
+    /// (retry class `Safe`), for up to the request timeout; returns the
+    /// stream, the watch id, its answers and the revision it was created
+    /// at.
     pub(super) async fn open(
+        &self,
+        key: &WatchKey,
+        start_revision: i64,
+    ) -> Result<
+        (
+            MemberStreamHandle,
+            i64,
+            mpsc::UnboundedReceiver<Answer>,
+            i64,
+        ),
+        ApiError,
+    > {
+        let deadline = tokio::time::Instant::now() + self.cell.request_timeout;
+        let mut attempt = 0;
+        loop {
+            match self.open_on(key, start_revision, attempt).await {
+                Err(e) if e.retry() == Retry::Safe && tokio::time::Instant::now() < deadline => {
+                    tracing::debug!(error = %e, "opening a watch failed; trying another member");
+                    attempt += 1;
+                    if attempt % self.cell.members.len().max(1) == 0 {
+                        tokio::time::sleep(OPEN_BACKOFF).await;
+                    }
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// One attempt of [`Coalescer::open`].
+    async fn open_on(
         &self,
         key: &WatchKey,
         start_revision: i64,
@@ -296,7 +333,7 @@ impl Coalescer {
             }
             Join::CatchUp { join_at } => {
                 // Opened here, so a compacted start is the caller's error.
-                let opened = match self.open(&key, start_revision, 0).await {
+                let opened = match self.open(&key, start_revision).await {
                     Ok(opened) => opened,
                     Err(e) => {
                         self.drop_if_unused(&key);

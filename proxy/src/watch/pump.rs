@@ -99,13 +99,12 @@ impl Pump {
     /// published; `None` when it cannot be resumed (compacted) or nobody
     /// wants it any more.
     async fn resume(&self, stop: &CancellationToken) -> Option<Upstream> {
-        let mut attempt = 1;
         loop {
             if stop.is_cancelled() {
                 return None;
             }
             let from = self.shared.resume_from();
-            match self.coalescer.open(&self.key, from, attempt).await {
+            match self.coalescer.open(&self.key, from).await {
                 Ok((stream, id, answers, _)) => {
                     tracing::info!(revision = from, "shared watch resumed on another member");
                     return Some(Upstream {
@@ -120,7 +119,6 @@ impl Pump {
                 }
                 Err(e) => {
                     tracing::debug!(error = %e, "resuming a shared watch failed; trying again");
-                    attempt += 1;
                     tokio::select! {
                         _ = stop.cancelled() => return None,
                         _ = tokio::time::sleep(RESUME_BACKOFF) => {}

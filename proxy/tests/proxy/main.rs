@@ -9,9 +9,11 @@ mod t30_sessions;
 mod t40_bad_input;
 mod t50_watch_sse;
 mod t60_fanout;
+mod t61_late_joiners;
 mod t62_slow_watcher;
 mod t70_read_cache;
 
+use latchkey_shared::etcdpb::{PbWatchRequest, PbWatchRequestUnion, PbWatchResponse};
 use std::path::Path;
 
 /// The binary under test; cargo builds it for this test binary.
@@ -24,4 +26,49 @@ pub fn proxy_bin() -> &'static Path {
 /// The client addresses of a cluster's members.
 pub fn member_addrs(cluster: &latchkey_testkit::Cluster) -> Vec<String> {
     cluster.members.iter().map(|m| m.client.clone()).collect()
+}
+
+/// A raw etcd Watch stream on `channel` carrying `watches` watches of
+/// `key` from `start_revision` (0: from the next one), returned once all
+/// are created. The stream stays open while the returned sender lives.
+pub async fn raw_watch_stream(
+    channel: tonic::transport::Channel,
+    key: &str,
+    start_revision: i64,
+    watches: usize,
+) -> (
+    tokio::sync::mpsc::UnboundedSender<PbWatchRequest>,
+    tonic::Streaming<PbWatchResponse>,
+) {
+    use futures::StreamExt;
+    let (requests, up) = tokio::sync::mpsc::unbounded_channel();
+    for _ in 0..watches {
+        let mut create = PbWatchRequest {
+            request_union: Some(PbWatchRequestUnion::CreateRequest(Default::default())),
+        };
+        if let Some(PbWatchRequestUnion::CreateRequest(c)) = &mut create.request_union {
+            c.key = key.as_bytes().to_vec();
+            c.start_revision = start_revision;
+        }
+        requests.send(create).expect("queue a create");
+    }
+    let mut answers =
+        latchkey_shared::client::call::streaming::<PbWatchRequest, PbWatchResponse, _>(
+            channel,
+            "/etcdserverpb.Watch/Watch",
+            tokio_stream::wrappers::UnboundedReceiverStream::new(up),
+        )
+        .await
+        .expect("open a watch stream");
+    let mut created = 0;
+    while created < watches {
+        let resp = answers
+            .next()
+            .await
+            .expect("the stream stays open")
+            .expect("an answer");
+        assert!(!resp.canceled, "a watch was refused: {resp:?}");
+        created += usize::from(resp.created);
+    }
+    (requests, answers)
 }

@@ -5,14 +5,11 @@
 //! over the window with 200 ms. The spread is a property of the fan-out,
 //! asserted with generous bounds, not a speed figure.
 
-use crate::{member_addrs, proxy_bin};
+use crate::{member_addrs, proxy_bin, raw_watch_stream};
 use futures::StreamExt;
-use latchkey_shared::client::call;
-use latchkey_shared::etcdpb::{PbWatchRequest, PbWatchRequestUnion, PbWatchResponse};
 use latchkey_testkit::{cell_binary, eventually, Cluster, ProxyProcess};
 use std::collections::HashMap;
 use std::time::Duration;
-use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 const GRPC_STREAMS: usize = 45;
@@ -31,33 +28,7 @@ async fn grpc_stream(
     channel: tonic::transport::Channel,
     key: &str,
 ) -> tokio::task::JoinHandle<Vec<Received>> {
-    let (requests, up) = mpsc::unbounded_channel();
-    for _ in 0..WATCHES_PER_STREAM {
-        let mut create = PbWatchRequest {
-            request_union: Some(PbWatchRequestUnion::CreateRequest(Default::default())),
-        };
-        if let Some(PbWatchRequestUnion::CreateRequest(c)) = &mut create.request_union {
-            c.key = key.as_bytes().to_vec();
-        }
-        requests.send(create).expect("queue a create");
-    }
-    let mut answers = call::streaming::<PbWatchRequest, PbWatchResponse, _>(
-        channel,
-        "/etcdserverpb.Watch/Watch",
-        tokio_stream::wrappers::UnboundedReceiverStream::new(up),
-    )
-    .await
-    .expect("open a watch stream");
-    let mut created = 0;
-    while created < WATCHES_PER_STREAM {
-        let resp = answers
-            .next()
-            .await
-            .expect("the stream stays open")
-            .expect("an answer");
-        assert!(!resp.canceled, "a watch was refused: {resp:?}");
-        created += usize::from(resp.created);
-    }
+    let (requests, mut answers) = raw_watch_stream(channel, key, 0, WATCHES_PER_STREAM).await;
     tokio::spawn(async move {
         // Ends with the task: the request stream stays open until then.
         let _requests = requests;

@@ -4,10 +4,8 @@
 //! shared watch get every event; and the proxy's memory stops growing
 //! with the writes that follow.
 
-use crate::{member_addrs, proxy_bin};
+use crate::{member_addrs, proxy_bin, raw_watch_stream};
 use futures::StreamExt;
-use latchkey_shared::client::call;
-use latchkey_shared::etcdpb::{PbWatchRequest, PbWatchRequestUnion, PbWatchResponse};
 use latchkey_testkit::{cell_binary, Cluster, ProxyProcess};
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -45,26 +43,10 @@ async fn a_client_that_stops_reading_is_cancelled_and_slows_nobody_else() {
     )
     .await;
     // The slow client: a watch it never reads past "created".
-    let (requests, up) = mpsc::unbounded_channel();
-    let mut create = PbWatchRequest {
-        request_union: Some(PbWatchRequestUnion::CreateRequest(Default::default())),
-    };
-    if let Some(PbWatchRequestUnion::CreateRequest(c)) = &mut create.request_union {
-        c.key = KEY.as_bytes().to_vec();
-    }
-    requests.send(create).expect("queue the create");
     let channel = latchkey_shared::client::connect(&proxy.grpc)
         .await
         .expect("connect");
-    let mut slow = call::streaming::<PbWatchRequest, PbWatchResponse, _>(
-        channel,
-        "/etcdserverpb.Watch/Watch",
-        tokio_stream::wrappers::UnboundedReceiverStream::new(up),
-    )
-    .await
-    .expect("open the slow stream");
-    let created = slow.next().await.expect("an answer").expect("created");
-    assert!(created.created && !created.canceled);
+    let (requests, mut slow) = raw_watch_stream(channel, KEY, 0, 1).await;
 
     // Five clients that keep reading, each on its own connection.
     let mut readers = Vec::new();
