@@ -42,6 +42,15 @@ pub struct Coalescer {
     queue_len: usize,
 }
 
+/// An upstream watch just created on a member.
+pub(super) struct Opened {
+    pub stream: MemberStreamHandle,
+    pub watch_id: i64,
+    pub answers: mpsc::UnboundedReceiver<Answer>,
+    /// It reports every revision after this one.
+    pub revision: i64,
+}
+
 /// A client's place on a shared watch; [`Coalescer::leave`] ends it.
 pub struct Ticket {
     pub key: WatchKey,
@@ -199,7 +208,12 @@ impl Coalescer {
         key: WatchKey,
         stop: CancellationToken,
     ) -> Result<Arc<SharedWatch>, ApiError> {
-        let (stream, watch_id, answers, revision) = self.open(&key, 0).await?;
+        let Opened {
+            stream,
+            watch_id,
+            answers,
+            revision,
+        } = self.open(&key, 0).await?;
         let shared = Arc::new(SharedWatch::new(
             revision + 1,
             self.history_len,
@@ -230,15 +244,7 @@ impl Coalescer {
         &self,
         key: &WatchKey,
         start_revision: i64,
-    ) -> Result<
-        (
-            MemberStreamHandle,
-            i64,
-            mpsc::UnboundedReceiver<Answer>,
-            i64,
-        ),
-        ApiError,
-    > {
+    ) -> Result<Opened, ApiError> {
         let deadline = tokio::time::Instant::now() + self.cell.request_timeout;
         let mut attempt = 0;
         loop {
@@ -261,15 +267,7 @@ impl Coalescer {
         key: &WatchKey,
         start_revision: i64,
         attempt: usize,
-    ) -> Result<
-        (
-            MemberStreamHandle,
-            i64,
-            mpsc::UnboundedReceiver<Answer>,
-            i64,
-        ),
-        ApiError,
-    > {
+    ) -> Result<Opened, ApiError> {
         let stream = self.stream(attempt).await?;
         let (watch_id, mut answers) = stream
             .create(CreateWatch {
@@ -281,7 +279,12 @@ impl Coalescer {
             })
             .await?;
         match tokio::time::timeout(self.cell.request_timeout, answers.recv()).await {
-            Ok(Some(Answer::Created { revision, .. })) => Ok((stream, watch_id, answers, revision)),
+            Ok(Some(Answer::Created { revision, .. })) => Ok(Opened {
+                stream,
+                watch_id,
+                answers,
+                revision,
+            }),
             Ok(Some(Answer::Compacted {
                 compact_revision, ..
             })) => Err(ApiError::compacted(compact_revision)),
@@ -357,16 +360,16 @@ impl Coalescer {
         key: WatchKey,
         start: i64,
         mut join_at: i64,
-        opened: (
-            MemberStreamHandle,
-            i64,
-            mpsc::UnboundedReceiver<Answer>,
-            i64,
-        ),
+        opened: Opened,
         tx: mpsc::Sender<Item>,
     ) {
         let ended = |reason: String| Item::Cancelled(Cancel::Ended { reason });
-        let (stream, watch_id, mut answers, _) = opened;
+        let Opened {
+            stream,
+            watch_id,
+            mut answers,
+            ..
+        } = opened;
         metrics::counter!("latchkey_proxy_watch_catch_ups_total").increment(1);
         // The first revision the client has not been given.
         let mut next = start;

@@ -105,12 +105,12 @@ impl Pump {
             }
             let from = self.shared.resume_from();
             match self.coalescer.open(&self.key, from).await {
-                Ok((stream, id, answers, _)) => {
+                Ok(opened) => {
                     tracing::info!(revision = from, "shared watch resumed on another member");
                     return Some(Upstream {
-                        stream,
-                        watch_id: id,
-                        answers,
+                        stream: opened.stream,
+                        watch_id: opened.watch_id,
+                        answers: opened.answers,
                     });
                 }
                 Err(e) if e.code == latchkey_shared::ErrorCode::Compacted => {
