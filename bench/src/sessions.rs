@@ -9,9 +9,11 @@
 //! `scripts/bench-sessions.sh` builds it (release) and runs it. A
 //! benchmark, not a test.
 
+mod binaries;
 #[allow(dead_code)] // the closed loop and the rest are latchkey-bench's
 mod stats;
 
+use binaries::binary;
 use clap::Parser;
 use futures::StreamExt;
 use latchkey_shared::client::{KeepAliveStream, RefreshStream};
@@ -80,14 +82,7 @@ impl Tally {
 }
 
 fn rss_mib(pid: u32) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
-        })
-        .map_or(0.0, |kib| kib / 1024.0)
+    latchkey_testkit::process::rss_bytes(pid).map_or(0.0, |b| b as f64 / (1 << 20) as f64)
 }
 
 async fn http_create(http: &reqwest::Client, base: &str, n: usize, ttl: u64) -> Vec<i64> {
@@ -133,22 +128,8 @@ where
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let beside = |name: &str| std::env::current_exe().map(|exe| exe.with_file_name(name));
-    let cell_bin = match args.cell_bin.clone() {
-        Some(bin) => bin,
-        None => beside("latchkey-cell")?,
-    };
-    let proxy_bin = match args.proxy_bin.clone() {
-        Some(bin) => bin,
-        None => beside("latchkey-proxy")?,
-    };
-    for bin in [&cell_bin, &proxy_bin] {
-        anyhow::ensure!(
-            bin.is_file(),
-            "no {} (build it, or name it with --cell-bin/--proxy-bin)",
-            bin.display()
-        );
-    }
+    let cell_bin = binary(args.cell_bin.clone(), "latchkey-cell", "--cell-bin")?;
+    let proxy_bin = binary(args.proxy_bin.clone(), "latchkey-proxy", "--proxy-bin")?;
     let mut cluster = Cluster::start(cell_bin, 3, &[]).await;
     let cells: Vec<String> = cluster.members.iter().map(|m| m.client.clone()).collect();
     let proxy =

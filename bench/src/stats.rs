@@ -2,6 +2,7 @@
 //! workloads run.
 
 use etcd_client::Client;
+pub use latchkey_testkit::process::cpu_seconds;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
@@ -148,20 +149,4 @@ where
     }
     all.elapsed = started.elapsed();
     all
-}
-
-/// CPU seconds (user + system) the processes `pids` have used so far.
-pub fn cpu_seconds(pids: &[u32]) -> f64 {
-    pids.iter()
-        .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok())
-        .filter_map(|stat| {
-            // Fields after the parenthesised command name; utime and stime
-            // are the 14th and 15th fields of the whole line.
-            let rest = stat.rsplit_once(") ")?.1;
-            let fields: Vec<&str> = rest.split_whitespace().collect();
-            let utime: f64 = fields.get(11)?.parse().ok()?;
-            let stime: f64 = fields.get(12)?.parse().ok()?;
-            Some((utime + stime) / 100.0)
-        })
-        .sum()
 }

@@ -11,6 +11,7 @@
 //!   crate's tests can start one ([`cell_binary`] finds it outside the cell
 //!   crate).
 //! - [`ports`]: [`free_port`], ports no other test of this process holds.
+//! - [`process`]: a process's resident memory and CPU time, from `/proc`.
 //! - [`eventually`]: [`eventually()`](eventually::eventually), the one
 //!   poll-until-deadline loop every wait is built on.
 //! - [`metrics`]: [`http_get`] for `/metrics` and `/healthz`, and
@@ -48,6 +49,7 @@ pub mod etcdctl_session;
 pub mod eventually;
 pub mod metrics;
 pub mod ports;
+pub mod process;
 pub mod proxy;
 
 /// How much earlier than "last refresh + TTL" a test may see a lease gone

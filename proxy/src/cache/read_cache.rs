@@ -20,7 +20,7 @@
 use super::cached_range::CachedRange;
 use crate::grpc::kv::RANGE;
 use crate::upstream::{Cell, Kind, Route};
-use crate::watch::coalescer::Coalescer;
+use crate::watch::coalescer::{Coalescer, Subscription};
 use crate::watch::{Item, WatchKey};
 use latchkey_shared::etcdpb::{PbRangeRequest, PbRangeResponse};
 use latchkey_shared::KeyRange;
@@ -28,7 +28,6 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
-use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -44,9 +43,6 @@ const MAX_RANGES: usize = 4096;
 
 /// Ranges remembered as missed once; past this the memory is cleared.
 const MAX_SEEN: usize = 4 * MAX_RANGES;
-
-/// Revisions queued for a cached range's feed.
-const FEED_QUEUE: usize = 1024;
 
 struct Filled {
     data: CachedRange,
@@ -220,7 +216,7 @@ impl ReadCache {
 
     /// Reads the range whole and subscribes to its changes after that
     /// read; `None` when either fails or the range is too large to cache.
-    async fn fill(&self, slot: &Slot) -> Option<mpsc::Receiver<Item>> {
+    async fn fill(&self, slot: &Slot) -> Option<Subscription> {
         let range = &slot.range;
         let read = PbRangeRequest {
             key: range.start.clone(),
@@ -239,13 +235,12 @@ impl ReadCache {
             tracing::debug!(bytes = data.bytes(), "range too large to cache");
             return None;
         }
-        let (tx, items) = mpsc::channel(FEED_QUEUE);
         let key = WatchKey {
             range: range.clone(),
             filters: Vec::new(),
             prev_kv: false,
         };
-        self.coalescer.subscribe(key, revision + 1, tx).await.ok()?;
+        let items = self.coalescer.subscribe(key, revision + 1).await.ok()?;
         self.add_bytes(data.bytes() as i64);
         *slot.state() = Some(Filled {
             data,

@@ -1,5 +1,6 @@
-//! etcd v3 `KV`, passed through: reads to the leader unless serializable,
-//! writes to the leader, never resent once their outcome is unknown.
+//! etcd v3 `KV`: writes to the leader, never resent once their outcome is
+//! unknown; ranges through `cache::range` (linearizable ones to the
+//! leader, serializable ones from the read cache or any member).
 
 use super::forward;
 use crate::state::ProxyState;

@@ -5,8 +5,9 @@
 //! proxy picks the member (the leader for writes and linearizable reads,
 //! any member for serializable ones) and retries by the error's retry
 //! class. What the proxy answers itself: lease keep-alives (from the
-//! session table, `lease.rs`). Watch streams pass through, one upstream
-//! stream per client stream (`watch.rs`).
+//! session table, `lease.rs`), serializable ranges it holds in its read
+//! cache (`kv.rs`, through `cache::range`), and watches, coalesced into
+//! one upstream watch per distinct watch (`watch.rs`).
 
 pub mod cluster;
 pub mod kv;

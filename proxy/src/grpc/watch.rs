@@ -167,10 +167,9 @@ impl ClientStream {
                     Ok(k) => k,
                     Err(e) => return self.send(refuse(e.message)).await,
                 };
-                let (tx, rx) = mpsc::channel(crate::watch::RELAY_QUEUE);
                 let coalescer = self.state.coalescer.clone();
-                let from = match coalescer.subscribe(watch_key, c.start_revision, tx).await {
-                    Ok(from) => from,
+                let subscription = match coalescer.subscribe(watch_key, c.start_revision).await {
+                    Ok(subscription) => subscription,
                     // As etcd: the watch is created, then cancelled with the
                     // compact revision (etcd clients read a create refused
                     // with a reason as a failed stream, not as compaction).
@@ -195,6 +194,7 @@ impl ClientStream {
                     }
                     Err(e) => return self.send(refuse(e.grpc_message().to_string())).await,
                 };
+                let from = subscription.from;
                 let created = PbWatchResponse {
                     header: Some(self.header(from - 1)),
                     watch_id: id,
@@ -203,7 +203,7 @@ impl ClientStream {
                 };
                 self.send(created).await?;
                 let sent_through = Arc::new(AtomicI64::new(from - 1));
-                let paced = Paced::new(rx, self.state.fanout.next_offset());
+                let paced = Paced::new(subscription, self.state.fanout.next_offset());
                 let forwarder = tokio::spawn(forward(
                     id,
                     paced,

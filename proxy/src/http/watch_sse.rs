@@ -29,7 +29,6 @@ use latchkey_shared::{ApiError, ErrorCode};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::mpsc;
 use utoipa::{IntoParams, ToSchema};
 
 /// A comment line this often keeps idle connections (and the proxies in
@@ -117,13 +116,8 @@ pub async fn watch(
     };
     let with_prev = on(params.prev_kv);
     let watch_key = WatchKey::new(range.start, range.end, &[], with_prev)?;
-    let (tx, rx) = mpsc::channel(crate::watch::RELAY_QUEUE);
-    let from = match state
-        .coalescer
-        .subscribe(watch_key, start_revision, tx)
-        .await
-    {
-        Ok(from) => from,
+    let subscription = match state.coalescer.subscribe(watch_key, start_revision).await {
+        Ok(subscription) => subscription,
         // The stream opens and says why it ends, as it would for a
         // compaction met later.
         Err(e) if e.code == ErrorCode::Compacted => {
@@ -132,7 +126,8 @@ pub async fn watch(
         }
         Err(e) => return Err(e),
     };
-    let paced = Paced::new(rx, state.fanout.next_offset());
+    let from = subscription.from;
+    let paced = Paced::new(subscription, state.fanout.next_offset());
     let events = sse_events(paced, from - 1, with_prev, ClientWatchGauge::new());
     Ok(Sse::new(events)
         .keep_alive(KeepAlive::new().interval(SSE_KEEP_ALIVE))

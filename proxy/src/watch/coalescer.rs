@@ -16,7 +16,7 @@ use super::upstream_answer::Answer;
 use super::watch_key::WatchKey;
 use crate::upstream::{Cell, Route};
 use latchkey_shared::{ApiError, Retry};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, OnceCell};
 use tokio_util::sync::CancellationToken;
@@ -49,6 +49,51 @@ pub(super) struct Opened {
     pub answers: mpsc::UnboundedReceiver<Answer>,
     /// It reports every revision after this one.
     pub revision: i64,
+}
+
+/// One client watch: its items in order, the shared watch's history
+/// backlog first. Dropping it leaves the shared watch.
+pub struct Subscription {
+    /// The first revision it delivers (the start, or the next revision
+    /// for a start of 0).
+    pub from: i64,
+    backlog: VecDeque<Revision>,
+    items: mpsc::Receiver<Item>,
+    _place: Option<Place>,
+}
+
+impl Subscription {
+    /// The next item; `None` when the subscription closed without a
+    /// cancel item: it was dropped for falling behind.
+    pub async fn recv(&mut self) -> Option<Item> {
+        match self.backlog.pop_front() {
+            Some(revision) => Some(Item::Events(revision)),
+            None => self.items.recv().await,
+        }
+    }
+
+    /// A subscription fed by `items` alone (tests of what consumes one).
+    #[cfg(test)]
+    pub fn of(items: mpsc::Receiver<Item>) -> Subscription {
+        Subscription {
+            from: 0,
+            backlog: VecDeque::new(),
+            items,
+            _place: None,
+        }
+    }
+}
+
+/// A subscriber's place on a shared watch, left when dropped.
+struct Place {
+    coalescer: Arc<Coalescer>,
+    ticket: Ticket,
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.coalescer.leave(&self.ticket);
+    }
 }
 
 /// A client's place on a shared watch; [`Coalescer::leave`] ends it.
@@ -141,7 +186,7 @@ impl Coalescer {
     }
 
     /// A client watch ends; the last one out removes the shared watch.
-    pub fn leave(&self, ticket: Ticket) {
+    pub fn leave(&self, ticket: &Ticket) {
         let mut map = self.map();
         let Some(entry) = map.get(&ticket.key) else {
             return;
@@ -307,33 +352,31 @@ impl Coalescer {
     /// revision), whatever the shared watch's history holds. A start older
     /// than the history is served by a private upstream watch until it
     /// meets the shared one, then from the shared one: every revision from
-    /// the start once, in order. Items go to `tx`; the subscription ends
-    /// (and leaves the shared watch) when `tx`'s receiver is dropped or
-    /// the watch ends. Returns the first revision the subscription
-    /// delivers (the start, or the next revision for a start of 0).
+    /// the start once, in order. The subscription leaves the shared watch
+    /// when dropped.
     pub async fn subscribe(
         self: &Arc<Self>,
         key: WatchKey,
         start_revision: i64,
-        tx: mpsc::Sender<Item>,
-    ) -> Result<i64, ApiError> {
+    ) -> Result<Subscription, ApiError> {
         let (join, ticket) = self.join(key.clone(), start_revision).await?;
         match join {
+            // The common case: the shared watch's own queue for this
+            // client, nothing in between.
             Join::Joined {
                 backlog,
                 items,
                 from,
                 ..
-            } => {
-                let this = self.clone();
-                tokio::spawn(async move {
-                    forward(backlog, items, &tx).await;
-                    if let Some(ticket) = ticket {
-                        this.leave(ticket);
-                    }
-                });
-                Ok(from)
-            }
+            } => Ok(Subscription {
+                from,
+                backlog: backlog.into(),
+                items,
+                _place: ticket.map(|ticket| Place {
+                    coalescer: self.clone(),
+                    ticket,
+                }),
+            }),
             Join::CatchUp { join_at } => {
                 // Opened here, so a compacted start is the caller's error.
                 let opened = match self.open(&key, start_revision).await {
@@ -343,12 +386,18 @@ impl Coalescer {
                         return Err(e);
                     }
                 };
+                let (tx, items) = mpsc::channel(self.queue_len);
                 let this = self.clone();
                 tokio::spawn(async move {
                     this.catch_up(key, start_revision, join_at, opened, tx)
                         .await;
                 });
-                Ok(start_revision)
+                Ok(Subscription {
+                    from: start_revision,
+                    backlog: VecDeque::new(),
+                    items,
+                    _place: None,
+                })
             }
         }
     }
@@ -379,10 +428,11 @@ impl Coalescer {
                 match self.join(key.clone(), next).await {
                     Ok((Join::Joined { backlog, items, .. }, ticket)) => {
                         stream.cancel(watch_id);
+                        let _place = ticket.map(|ticket| Place {
+                            coalescer: self.clone(),
+                            ticket,
+                        });
                         forward(backlog, items, &tx).await;
-                        if let Some(ticket) = ticket {
-                            self.leave(ticket);
-                        }
                         return;
                     }
                     // The shared history moved on: keep catching up.
@@ -406,7 +456,10 @@ impl Coalescer {
                     for revision in revisions {
                         if revision.revision >= next {
                             next = revision.revision + 1;
-                            if tx.send(Item::Events(revision)).await.is_err() {
+                            // Full: the client is too slow (its channel
+                            // closes without a cancel), as on the shared
+                            // watch.
+                            if tx.try_send(Item::Events(revision)).is_err() {
                                 stream.cancel(watch_id);
                                 return;
                             }
@@ -481,7 +534,7 @@ mod tests {
         WatchKey::new(k.as_bytes().to_vec(), vec![], &[], false).expect("key")
     }
 
-    async fn revisions(items: &mut mpsc::Receiver<Item>, n: usize) -> Vec<i64> {
+    async fn revisions(items: &mut Subscription, n: usize) -> Vec<i64> {
         let mut got = Vec::new();
         while got.len() < n {
             match tokio::time::timeout(Duration::from_secs(10), items.recv()).await {
@@ -493,11 +546,12 @@ mod tests {
         got
     }
 
-    fn joined(join: Join) -> (Vec<i64>, mpsc::Receiver<Item>) {
+    fn joined(join: Join) -> (Vec<i64>, Subscription) {
         match join {
-            Join::Joined { backlog, items, .. } => {
-                (backlog.iter().map(|r| r.revision).collect(), items)
-            }
+            Join::Joined { backlog, items, .. } => (
+                backlog.iter().map(|r| r.revision).collect(),
+                Subscription::of(items),
+            ),
             Join::CatchUp { join_at } => panic!("catch up to {join_at}"),
         }
     }
@@ -519,12 +573,11 @@ mod tests {
         // Joiners from every revision written so far, while writes go on.
         let mut joiners = Vec::new();
         for start in written.clone() {
-            let (tx, rx) = mpsc::channel(1024);
-            coalescer
-                .subscribe(key("k"), start, tx)
+            let subscription = coalescer
+                .subscribe(key("k"), start)
                 .await
                 .expect("subscribe");
-            joiners.push((start, rx));
+            joiners.push((start, subscription));
         }
         for _ in 0..10 {
             written.push(test_cell.put("k").await);
@@ -540,7 +593,7 @@ mod tests {
                 "a joiner from {start} got more: {extra:?}"
             );
         }
-        coalescer.leave(ticket.expect("ticket"));
+        coalescer.leave(&ticket.expect("ticket"));
         test_cell.handle.shutdown().await.expect("shutdown");
     }
 
@@ -555,11 +608,7 @@ mod tests {
         let addrs: Vec<String> = cluster.members.iter().map(|m| m.client.clone()).collect();
         let cell: Cell = Arc::new(CellClient::new(&addrs, Duration::from_secs(5)).expect("client"));
         let coalescer = Coalescer::new(cell.clone(), 1024, 1024);
-        let (tx, mut rx) = mpsc::channel(1024);
-        coalescer
-            .subscribe(key("k"), 0, tx)
-            .await
-            .expect("subscribe");
+        let mut rx = coalescer.subscribe(key("k"), 0).await.expect("subscribe");
         // The member serving the watch is the one with a watcher.
         let mut host = None;
         for id in cluster.running() {
@@ -637,14 +686,14 @@ mod tests {
         let (backlog, _late) = joined(late);
         assert_eq!(backlog, vec![r1, r3]);
         for ticket in [t1, t2, t4].into_iter().flatten() {
-            coalescer.leave(ticket);
+            coalescer.leave(&ticket);
         }
         assert_eq!(
             coalescer.upstream_watches(),
             1,
             "the last out of k removed it"
         );
-        coalescer.leave(t3.expect("ticket"));
+        coalescer.leave(&t3.expect("ticket"));
         assert_eq!(coalescer.upstream_watches(), 0);
         test_cell.handle.shutdown().await.expect("shutdown");
     }

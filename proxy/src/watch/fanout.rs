@@ -7,10 +7,10 @@
 //! it is derived from the subscriber's id (a hash), so it needs no random
 //! source and a test can predict it.
 
+use super::coalescer::Subscription;
 use super::shared_watch::Item;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
-use tokio::sync::mpsc;
 
 /// Hands out the offsets of `--fanout-jitter`, one per client watch.
 pub struct Fanout {
@@ -50,12 +50,12 @@ pub fn offset(jitter: Duration, subscriber: u64) -> Duration {
 /// arrival at the proxy plus the client's offset. Progress and cancel
 /// items are not held back: they carry no news a herd would re-read.
 pub struct Paced {
-    items: mpsc::Receiver<Item>,
+    items: Subscription,
     offset: Duration,
 }
 
 impl Paced {
-    pub fn new(items: mpsc::Receiver<Item>, offset: Duration) -> Paced {
+    pub fn new(items: Subscription, offset: Duration) -> Paced {
         Paced { items, offset }
     }
 
@@ -108,9 +108,9 @@ mod tests {
         use std::sync::Arc;
         use tokio::time::Instant;
         let start = Instant::now();
-        let (tx, rx) = mpsc::channel(8);
+        let (tx, rx) = tokio::sync::mpsc::channel(8);
         let offset = Duration::from_millis(150);
-        let mut paced = Paced::new(rx, offset);
+        let mut paced = Paced::new(Subscription::of(rx), offset);
         for (revision, after) in [(5, 0), (6, 40)] {
             tx.send(Item::Events(Revision {
                 revision,

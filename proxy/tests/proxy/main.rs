@@ -13,7 +13,7 @@ mod t61_late_joiners;
 mod t62_slow_watcher;
 mod t70_read_cache;
 
-use latchkey_shared::etcdpb::{PbWatchRequest, PbWatchRequestUnion, PbWatchResponse};
+use latchkey_shared::etcdpb::{PbWatchRequest, PbWatchResponse};
 use std::path::Path;
 
 /// The binary under test; cargo builds it for this test binary.
@@ -29,8 +29,7 @@ pub fn member_addrs(cluster: &latchkey_testkit::Cluster) -> Vec<String> {
 }
 
 /// A raw etcd Watch stream on `channel` carrying `watches` watches of
-/// `key` from `start_revision` (0: from the next one), returned once all
-/// are created. The stream stays open while the returned sender lives.
+/// `key` from `start_revision`, returned once all are created.
 pub async fn raw_watch_stream(
     channel: tonic::transport::Channel,
     key: &str,
@@ -40,35 +39,7 @@ pub async fn raw_watch_stream(
     tokio::sync::mpsc::UnboundedSender<PbWatchRequest>,
     tonic::Streaming<PbWatchResponse>,
 ) {
-    use futures::StreamExt;
-    let (requests, up) = tokio::sync::mpsc::unbounded_channel();
-    for _ in 0..watches {
-        let mut create = PbWatchRequest {
-            request_union: Some(PbWatchRequestUnion::CreateRequest(Default::default())),
-        };
-        if let Some(PbWatchRequestUnion::CreateRequest(c)) = &mut create.request_union {
-            c.key = key.as_bytes().to_vec();
-            c.start_revision = start_revision;
-        }
-        requests.send(create).expect("queue a create");
-    }
-    let mut answers =
-        latchkey_shared::client::call::streaming::<PbWatchRequest, PbWatchResponse, _>(
-            channel,
-            "/etcdserverpb.Watch/Watch",
-            tokio_stream::wrappers::UnboundedReceiverStream::new(up),
-        )
+    latchkey_shared::client::watches::open_watches(channel, key.as_bytes(), start_revision, watches)
         .await
-        .expect("open a watch stream");
-    let mut created = 0;
-    while created < watches {
-        let resp = answers
-            .next()
-            .await
-            .expect("the stream stays open")
-            .expect("an answer");
-        assert!(!resp.canceled, "a watch was refused: {resp:?}");
-        created += usize::from(resp.created);
-    }
-    (requests, answers)
+        .expect("open a watch stream")
 }

@@ -13,15 +13,9 @@ use tokio::sync::mpsc;
 const KEY: &str = "slow/k";
 const VALUE_BYTES: usize = 60 * 1024;
 
-/// The resident memory of process `pid`, in bytes.
+/// The proxy's resident memory, in bytes.
 fn rss(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
-    let kib: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS");
-    kib * 1024
+    latchkey_testkit::process::rss_bytes(pid).expect("the proxy is running")
 }
 
 async fn write(writer: &mut etcd_client::Client, n: usize, written: &mut Vec<i64>) {

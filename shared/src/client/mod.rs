@@ -18,6 +18,8 @@
 //!   use it against any etcd v3 server.
 //! - [`session`]: [`Session`], one lease granted and kept alive on a
 //!   [`RefreshStream`], observable as Alive / Jeopardy / Expired.
+//! - [`watches`]: [`watches::open_watches`], one raw Watch stream
+//!   carrying many watches of a key (fan-out tests and benchmarks).
 //!
 //! Data flows one way: a caller hands lease ids to a stream, the stream
 //! sends them on a channel from [`connect`] and hands back one TTL per id.
@@ -27,6 +29,7 @@ pub mod call;
 pub mod keepalive_stream;
 pub mod refresh_stream;
 pub mod session;
+pub mod watches;
 
 #[cfg(test)]
 mod fake_cell;
