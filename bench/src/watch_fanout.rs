@@ -243,7 +243,10 @@ async fn main() -> anyhow::Result<()> {
     let through_proxy = format!("http://{}", proxy.grpc);
     // Warm the cache: a range is cached after its second miss.
     reads(&through_proxy, 1, 1).await;
+    let cell_pids = cluster.pids();
+    let cpu0 = cpu_seconds(&cell_pids);
     let (proxy_rate, proxy_errors) = reads(&through_proxy, args.readers, args.read_seconds).await;
+    let cell_cpu_via_proxy = (cpu_seconds(&cell_pids) - cpu0) / args.read_seconds as f64 * 100.0;
     let hits = proxy
         .metric("latchkey_proxy_cache_hits_total")
         .await
@@ -252,7 +255,9 @@ async fn main() -> anyhow::Result<()> {
         "http://{}",
         cluster.member(cluster.follower_of(leader)).client
     );
+    let cpu0 = cpu_seconds(&cell_pids);
     let (cell_rate, cell_errors) = reads(&follower, args.readers, args.read_seconds).await;
+    let cell_cpu_direct = (cpu_seconds(&cell_pids) - cpu0) / args.read_seconds as f64 * 100.0;
     drop(proxy);
     cluster.stop_all().await;
 
@@ -268,6 +273,8 @@ async fn main() -> anyhow::Result<()> {
         "serializable_reads_per_second": {
             "through_proxy_cache": proxy_rate, "straight_to_a_follower": cell_rate,
             "cache_hits": hits, "errors": proxy_errors + cell_errors,
+            "cell_cpu_percent_through_proxy": cell_cpu_via_proxy,
+            "cell_cpu_percent_direct": cell_cpu_direct,
         },
     });
     println!("{result}");
@@ -291,11 +298,14 @@ async fn main() -> anyhow::Result<()> {
         );
     }
     println!(
-        "\nserializable reads, {} readers: through the proxy's cache {:.0}/s ({} hits), straight to a follower {:.0}/s ({:.2}x)",
+        "\nserializable reads, {} readers: through the proxy's cache {:.0}/s ({} hits, the cell's members at {:.0} % CPU), \
+         straight to a follower {:.0}/s (the members at {:.0} % CPU): {:.2}x",
         args.readers,
         proxy_rate,
         hits,
+        cell_cpu_via_proxy,
         cell_rate,
+        cell_cpu_direct,
         if cell_rate > 0.0 { proxy_rate / cell_rate } else { 0.0 }
     );
     Ok(())
