@@ -27,7 +27,7 @@ use latchkey_shared::client::watches::open_watches;
 use latchkey_testkit::process::rss_bytes;
 use latchkey_testkit::{Cluster, ProxyProcess};
 use stats::{cpu_seconds, percentile_ms};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -86,7 +86,7 @@ struct FanOut {
 /// Each stream's deliveries: (revision, when received).
 type Deliveries = Vec<(i64, Instant)>;
 
-async fn fan_out(args: &Args, cluster: &Cluster, proxy_bin: &PathBuf, jitter: &str) -> FanOut {
+async fn fan_out(args: &Args, cluster: &Cluster, proxy_bin: &Path, jitter: &str) -> FanOut {
     let cells: Vec<String> = cluster.members.iter().map(|m| m.client.clone()).collect();
     let proxy = ProxyProcess::start(proxy_bin, &cells, &["--fanout-jitter", jitter]).await;
     let setup = Instant::now();

@@ -21,8 +21,11 @@ impl Rng {
     }
 }
 
+/// One key-value as compared: key, value, create, mod revision, version.
+type Kv = (String, String, i64, i64, i64);
+
 /// What a read returned, comparable field by field.
-fn shape(resp: &GetResponse) -> (Vec<(String, String, i64, i64, i64)>, i64, bool) {
+fn shape(resp: &GetResponse) -> (Vec<Kv>, i64, bool) {
     let kvs = resp
         .kvs()
         .iter()
