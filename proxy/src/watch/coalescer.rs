@@ -100,6 +100,9 @@ impl Drop for Place {
 pub struct Ticket {
     pub key: WatchKey,
     pub id: u64,
+    /// The shared watch it is on: ids are per shared watch, and the key
+    /// may name a newer one by the time the ticket is handed back.
+    shared: Arc<SharedWatch>,
 }
 
 impl Coalescer {
@@ -170,6 +173,7 @@ impl Coalescer {
                         Join::Joined { id, .. } => Some(Ticket {
                             key: key.clone(),
                             id: *id,
+                            shared: shared.clone(),
                         }),
                         Join::CatchUp { .. } => None,
                     };
@@ -188,14 +192,14 @@ impl Coalescer {
     /// A client watch ends; the last one out removes the shared watch.
     pub fn leave(&self, ticket: &Ticket) {
         let mut map = self.map();
-        let Some(entry) = map.get(&ticket.key) else {
-            return;
-        };
-        let Some(shared) = entry.watch.get() else {
-            return;
-        };
-        shared.leave(ticket.id);
-        if shared.subscribers() == 0 {
+        ticket.shared.leave(ticket.id);
+        // Only the shared watch the ticket is on, if it is still the one
+        // for its key, is removed when left empty.
+        let current = map
+            .get(&ticket.key)
+            .and_then(|entry| entry.watch.get())
+            .is_some_and(|shared| Arc::ptr_eq(shared, &ticket.shared));
+        if current && ticket.shared.subscribers() == 0 {
             if let Some(entry) = map.remove(&ticket.key) {
                 entry.stop.cancel();
             }
@@ -661,6 +665,26 @@ mod tests {
             got.len(),
             acked.len()
         );
+    }
+
+    /// Subscriber ids are per shared watch: a client of a shared watch
+    /// that ended, leaving after a new one was made for its key, must not
+    /// take a subscriber of the new one with it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn leaving_an_ended_shared_watch_leaves_its_successor_alone() {
+        let test_cell = TestCell::start().await;
+        let coalescer = Coalescer::new(test_cell.cell.clone(), 64, 64);
+        let (_, old) = coalescer.join(key("k"), 0).await.expect("join");
+        coalescer.remove(&key("k")); // as its pump does when it ends
+        let (new, current) = coalescer.join(key("k"), 0).await.expect("join");
+        let (_, mut new) = joined(new);
+        coalescer.leave(&old.expect("ticket"));
+        assert_eq!(coalescer.upstream_watches(), 1, "the new one stays");
+        let r = test_cell.put("k").await;
+        assert_eq!(revisions(&mut new, 1).await, vec![r]);
+        coalescer.leave(&current.expect("ticket"));
+        assert_eq!(coalescer.upstream_watches(), 0);
+        test_cell.handle.shutdown().await.expect("shutdown");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
