@@ -19,6 +19,8 @@
 //!   client watch (gRPC and SSE alike), on one multiplexed stream per
 //!   member, resumed on another member when its member fails; each client
 //!   paced by its offset inside `--fanout-jitter`.
+//! - [`lock_backend`]: the shared lock recipe's backend over the cell
+//!   client and coalesced watches (`grpc/lock.rs` serves `v3lockpb.Lock`).
 //! - [`cache`]: serializable reads from ranges kept current by the
 //!   proxy's own watches; no client's revision goes backwards.
 //! - [`grpc`]: the etcd v3 services; [`http`]: the `/v1` JSON API, its
@@ -37,6 +39,7 @@ pub mod config;
 pub mod dev;
 pub mod grpc;
 pub mod http;
+pub mod lock_backend;
 pub mod proxy;
 pub mod session;
 pub mod state;

@@ -38,6 +38,8 @@
 //!   per process by a binary's `main`.
 //! - [`limits`]: default limits shared by cells and proxies.
 //! - [`net`]: accepted sockets with `TCP_NODELAY`, for every server.
+//! - [`lock`]: the lock recipe (fair FIFO queue, fencing tokens) over a
+//!   [`lock::LockBackend`], served by the cell and the proxy alike.
 //! - [`range_select`]: which key-values an etcd Range returns (filters,
 //!   sort, limit, count), for the cell's keyspace and the proxy's cache.
 
@@ -48,6 +50,7 @@ pub mod key_range;
 pub mod lease_id;
 pub mod lifecycle;
 pub mod limits;
+pub mod lock;
 pub mod member_id;
 pub mod net;
 pub mod range_select;
@@ -63,6 +66,17 @@ pub use etcd_client::proto as etcdpb;
 /// latchkey's internal cell-to-cell gRPC service.
 pub mod peer {
     tonic::include_proto!("latchkey.peer.v1");
+}
+
+/// etcd's v3 lock service (`v3lockpb.Lock`), from latchkey's own proto.
+pub mod v3lockpb {
+    tonic::include_proto!("v3lockpb");
+}
+
+/// etcd's v3 election service (`v3electionpb.Election`), from latchkey's
+/// own proto.
+pub mod v3electionpb {
+    tonic::include_proto!("v3electionpb");
 }
 
 /// latchkey's session extension service (batched lease refresh).

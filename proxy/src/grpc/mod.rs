@@ -12,6 +12,7 @@
 pub mod cluster;
 pub mod kv;
 pub mod lease;
+pub mod lock;
 pub mod maintenance;
 pub mod watch;
 
@@ -105,6 +106,11 @@ pub async fn serve(
             })
             .max_decoding_message_size(max),
         )
+        .add_service(latchkey_shared::v3lockpb::lock_server::LockServer::new(
+            lock::LockService {
+                state: state.clone(),
+            },
+        ))
         .add_service(PbClusterServer::new(cluster::ClusterService {
             state: state.clone(),
         }))

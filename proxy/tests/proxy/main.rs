@@ -12,6 +12,7 @@ mod t60_fanout;
 mod t61_late_joiners;
 mod t62_slow_watcher;
 mod t70_read_cache;
+mod t80_locks;
 
 use latchkey_shared::etcdpb::{PbWatchRequest, PbWatchResponse};
 use std::path::Path;

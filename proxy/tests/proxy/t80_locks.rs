@@ -1,0 +1,167 @@
+//! Locks through the proxy (issue 13): etcd's `v3lockpb.Lock` served by the
+//! shared lock recipe. The etcd-client crate's lock and unlock work; a
+//! queue of contenders is granted in the order it joined, with strictly
+//! increasing fencing tokens (the keys' create revisions); a contender
+//! whose deadline passes leaves the queue; a holder whose session ends
+//! hands the lock on.
+
+use crate::{member_addrs, proxy_bin};
+use etcd_client::{Client, GetOptions, LockOptions};
+use latchkey_shared::v3lockpb::lock_client::LockClient;
+use latchkey_shared::v3lockpb::LockRequest;
+use latchkey_testkit::{cell_binary, eventually, Cluster, ProxyProcess};
+use std::time::Duration;
+
+async fn lease(client: &mut Client, ttl: i64) -> i64 {
+    client.lease_grant(ttl, None).await.expect("grant").id()
+}
+
+/// The fencing token of a granted key: its create revision.
+async fn token(client: &mut Client, key: &[u8]) -> i64 {
+    let resp = client.get(key, None).await.expect("get the lock key");
+    resp.kvs()
+        .first()
+        .expect("the lock key exists")
+        .create_revision()
+}
+
+/// Keys queued on the lock `name`.
+async fn queued(client: &mut Client, name: &str) -> usize {
+    let prefix = format!("{name}/");
+    client
+        .get(
+            prefix.as_str(),
+            Some(GetOptions::new().with_prefix().with_count_only()),
+        )
+        .await
+        .expect("count the queue")
+        .count() as usize
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contenders_are_granted_in_queue_order_with_rising_tokens_and_leave_on_timeout() {
+    let cluster = Cluster::start(cell_binary(), 3, &[]).await;
+    let proxy = ProxyProcess::start(proxy_bin(), &member_addrs(&cluster), &[]).await;
+    let endpoint = format!("http://{}", proxy.grpc);
+    let mut client = Client::connect([endpoint.as_str()], None)
+        .await
+        .expect("connect");
+
+    // The first contender holds at once.
+    let first_lease = lease(&mut client, 30).await;
+    let held = client
+        .lock("jobs", Some(LockOptions::new().with_lease(first_lease)))
+        .await
+        .expect("lock");
+    assert_eq!(
+        held.key(),
+        format!("jobs/{first_lease:x}").as_bytes(),
+        "etcd's key: the name, a slash, the lease in hex"
+    );
+    let mut tokens = vec![token(&mut client, held.key()).await];
+
+    // Eight more queue up, one after another, and wait.
+    let (granted_tx, mut granted) = tokio::sync::mpsc::unbounded_channel();
+    for i in 0..8 {
+        let mut contender = Client::connect([endpoint.as_str()], None)
+            .await
+            .expect("connect");
+        let id = lease(&mut contender, 30).await;
+        let granted_tx = granted_tx.clone();
+        tokio::spawn(async move {
+            let resp = contender
+                .lock("jobs", Some(LockOptions::new().with_lease(id)))
+                .await
+                .expect("lock");
+            let _ = granted_tx.send((i, resp.key().to_vec(), contender));
+        });
+        let want = i + 2;
+        eventually(Duration::from_secs(10), async || {
+            match queued(&mut client, "jobs").await {
+                n if n == want => Ok(()),
+                n => Err(format!("{n} queued, not {want}")),
+            }
+        })
+        .await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        granted.try_recv().is_err(),
+        "granted while the lock was held"
+    );
+
+    // A contender with a short deadline gives up and leaves the queue.
+    let impatient_lease = lease(&mut client, 30).await;
+    let channel = latchkey_shared::client::connect(&proxy.grpc)
+        .await
+        .expect("connect");
+    let mut request = tonic::Request::new(LockRequest {
+        name: b"jobs".to_vec(),
+        lease: impatient_lease,
+    });
+    request.set_timeout(Duration::from_millis(500));
+    let refused = LockClient::new(channel).lock(request).await;
+    assert!(
+        refused.is_err(),
+        "granted while the lock was held: {refused:?}"
+    );
+    eventually(Duration::from_secs(10), async || {
+        match queued(&mut client, "jobs").await {
+            9 => Ok(()),
+            n => Err(format!("{n} queued after the impatient one left, not 9")),
+        }
+    })
+    .await;
+
+    // Each release wakes the next in queue order, and only it.
+    client.unlock(held.key()).await.expect("unlock");
+    for want in 0..8 {
+        let (i, key, mut holder) = tokio::time::timeout(Duration::from_secs(10), granted.recv())
+            .await
+            .expect("the next contender is granted")
+            .expect("granted");
+        assert_eq!(i, want, "granted out of queue order");
+        tokens.push(token(&mut client, &key).await);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(granted.try_recv().is_err(), "two holders after one release");
+        holder.unlock(key).await.expect("unlock");
+    }
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "fencing tokens do not rise: {tokens:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_whose_session_ends_hands_the_lock_to_the_next() {
+    let cluster = Cluster::start(cell_binary(), 3, &[]).await;
+    let proxy = ProxyProcess::start(proxy_bin(), &member_addrs(&cluster), &[]).await;
+    let endpoint = format!("http://{}", proxy.grpc);
+    let mut client = Client::connect([endpoint.as_str()], None)
+        .await
+        .expect("connect");
+    let holder = lease(&mut client, 30).await;
+    let held = client
+        .lock("leader", Some(LockOptions::new().with_lease(holder)))
+        .await
+        .expect("lock");
+    let held_token = token(&mut client, held.key()).await;
+    let mut next = client.clone();
+    let waiter = lease(&mut client, 30).await;
+    let waiting = tokio::spawn(async move {
+        next.lock("leader", Some(LockOptions::new().with_lease(waiter)))
+            .await
+            .expect("lock")
+            .key()
+            .to_vec()
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished());
+    client.lease_revoke(holder).await.expect("revoke");
+    let key = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the waiter is granted once the holder's session ends")
+        .expect("waiter");
+    assert_eq!(key, format!("leader/{waiter:x}").as_bytes());
+    assert!(token(&mut client, &key).await > held_token);
+}
