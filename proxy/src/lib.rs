@@ -20,7 +20,8 @@
 //!   member, resumed on another member when its member fails; each client
 //!   paced by its offset inside `--fanout-jitter`.
 //! - [`lock_backend`]: the shared lock recipe's backend over the cell
-//!   client and coalesced watches (`grpc/lock.rs` serves `v3lockpb.Lock`).
+//!   client and coalesced watches, behind the shared `v3lockpb.Lock`
+//!   service.
 //! - [`cache`]: serializable reads from ranges kept current by the
 //!   proxy's own watches; no client's revision goes backwards.
 //! - [`grpc`]: the etcd v3 services; [`http`]: the `/v1` JSON API, its

@@ -3,10 +3,13 @@
 //! Handlers validate input, hand the request to the [`CellNode`] (which
 //! decides where it is served) and fill the response header. Errors become
 //! gRPC statuses through the one table in `latchkey_shared::error`.
+//! `v3lockpb.Lock` is the shared lock recipe's service over
+//! [`lock::LocalLocks`].
 
 pub mod cluster;
 pub mod kv;
 pub mod lease;
+pub mod lock;
 pub mod maintenance;
 pub mod sessions;
 pub mod watch;
@@ -113,6 +116,9 @@ pub async fn serve(
     })
     .max_decoding_message_size(MAX_REFRESH_BATCH * 11 + 1024)
     .max_encoding_message_size(MAX_REFRESH_BATCH * 11 + 1024);
+    let locks = latchkey_shared::v3lockpb::lock_server::LockServer::new(
+        latchkey_shared::lock::LockService::new(Arc::new(lock::LocalLocks::new(node.clone()))),
+    );
     let cluster = PbClusterServer::new(cluster::ClusterService { node });
     tonic::transport::Server::builder()
         .add_service(kv)
@@ -121,6 +127,7 @@ pub async fn serve(
         .add_service(cluster)
         .add_service(watch)
         .add_service(sessions)
+        .add_service(locks)
         .serve_with_incoming_shutdown(nodelay_incoming(listener), shutdown)
         .await?;
     Ok(())

@@ -12,10 +12,10 @@
 pub mod cluster;
 pub mod kv;
 pub mod lease;
-pub mod lock;
 pub mod maintenance;
 pub mod watch;
 
+use crate::lock_backend::UpstreamLocks;
 use crate::state::ProxyState;
 use crate::upstream::cell_client::HasHeader;
 use crate::upstream::{Kind, Route};
@@ -107,9 +107,9 @@ pub async fn serve(
             .max_decoding_message_size(max),
         )
         .add_service(latchkey_shared::v3lockpb::lock_server::LockServer::new(
-            lock::LockService {
+            latchkey_shared::lock::LockService::new(Arc::new(UpstreamLocks {
                 state: state.clone(),
-            },
+            })),
         ))
         .add_service(PbClusterServer::new(cluster::ClusterService {
             state: state.clone(),

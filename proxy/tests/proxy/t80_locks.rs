@@ -1,5 +1,5 @@
-//! Locks through the proxy (issue 13): etcd's `v3lockpb.Lock` served by the
-//! shared lock recipe. The etcd-client crate's lock and unlock work; a
+//! Locks (issue 13): etcd's `v3lockpb.Lock` served by the shared lock
+//! recipe, through a proxy and by a cell member alike. The etcd-client crate's lock and unlock work; a
 //! queue of contenders is granted in the order it joined, with strictly
 //! increasing fencing tokens (the keys' create revisions); a contender
 //! whose deadline passes leaves the queue; a holder whose session ends
@@ -39,10 +39,23 @@ async fn queued(client: &mut Client, name: &str) -> usize {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn contenders_are_granted_in_queue_order_with_rising_tokens_and_leave_on_timeout() {
+async fn through_a_proxy_contenders_are_granted_in_queue_order_and_leave_on_timeout() {
     let cluster = Cluster::start(cell_binary(), 3, &[]).await;
     let proxy = ProxyProcess::start(proxy_bin(), &member_addrs(&cluster), &[]).await;
-    let endpoint = format!("http://{}", proxy.grpc);
+    contenders(&proxy.grpc).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cell_follower_contenders_are_granted_in_queue_order_and_leave_on_timeout() {
+    let cluster = Cluster::start(cell_binary(), 3, &[]).await;
+    let leader = cluster.wait_leader(Duration::from_secs(20)).await;
+    let follower = cluster.member(cluster.follower_of(leader)).client.clone();
+    contenders(&follower).await;
+}
+
+/// Contenders on one lock at `addr` (a proxy's or a member's gRPC address).
+async fn contenders(addr: &str) {
+    let endpoint = format!("http://{addr}");
     let mut client = Client::connect([endpoint.as_str()], None)
         .await
         .expect("connect");
@@ -92,7 +105,7 @@ async fn contenders_are_granted_in_queue_order_with_rising_tokens_and_leave_on_t
 
     // A contender with a short deadline gives up and leaves the queue.
     let impatient_lease = lease(&mut client, 30).await;
-    let channel = latchkey_shared::client::connect(&proxy.grpc)
+    let channel = latchkey_shared::client::connect(addr)
         .await
         .expect("connect");
     let mut request = tonic::Request::new(LockRequest {

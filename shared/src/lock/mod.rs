@@ -8,9 +8,13 @@
 //! - [`mutex`]: [`mutex::acquire`] and [`mutex::release`]: a fair FIFO
 //!   queue of keys `name/<lease hex>` bound to their sessions; the lowest
 //!   create revision holds and is the fencing token.
+//! - [`service`]: [`LockService`], etcd's `v3lockpb.Lock` gRPC service
+//!   over any backend.
 
 pub mod backend;
 pub mod mutex;
+pub mod service;
 
 pub use backend::LockBackend;
 pub use mutex::{acquire, release, Grant};
+pub use service::LockService;

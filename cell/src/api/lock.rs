@@ -1,0 +1,118 @@
+//! [`LocalLocks`]: the shared lock recipe's backend in a cell member. Its
+//! txns, ranges and deletes take the KV service's own paths (writes go to
+//! the leader through this member; ranges are linearizable); its waits
+//! for a key's deletion read this member's history and then its watch hub.
+
+use super::kv::KvService;
+use crate::mvcc::keyspace::{EventKind, KeyRange};
+use crate::node::CellNode;
+use crate::state_machine::watch_hub::Notice;
+use futures::future::BoxFuture;
+use latchkey_shared::etcdpb::{
+    PbDeleteRequest, PbDeleteResponse, PbKvService, PbRangeRequest, PbRangeResponse, PbTxnRequest,
+    PbTxnResponse,
+};
+use latchkey_shared::lock::LockBackend;
+use latchkey_shared::ApiError;
+use std::sync::Arc;
+use tokio::sync::broadcast::error::RecvError;
+
+pub struct LocalLocks {
+    kv: KvService,
+}
+
+impl LocalLocks {
+    pub fn new(node: Arc<CellNode>) -> LocalLocks {
+        LocalLocks {
+            kv: KvService { node },
+        }
+    }
+
+    /// The revision of the first deletion of `key` in `from..` that this
+    /// member's history holds, `Some(0)` if that history was compacted
+    /// (the caller reads again), `None` if there is none yet; and the
+    /// revision the history was read at.
+    fn deleted_in_history(&self, key: &[u8], from: i64) -> (Option<i64>, i64) {
+        let keys = self.kv.node.state.read(|s| s.keys.clone());
+        let now = keys.revision();
+        if from > now {
+            return (None, now);
+        }
+        if from < keys.compact_revision() {
+            return (Some(0), now);
+        }
+        let deleted = keys
+            .history(&KeyRange::single(key.to_vec()), from, now)
+            .iter()
+            .find(|e| e.kind == EventKind::Delete)
+            .map(|e| e.revision());
+        (deleted, now)
+    }
+}
+
+impl LockBackend for LocalLocks {
+    fn txn(&self, req: PbTxnRequest) -> BoxFuture<'_, Result<PbTxnResponse, ApiError>> {
+        Box::pin(async move {
+            PbKvService::txn(&self.kv, tonic::Request::new(req))
+                .await
+                .map(tonic::Response::into_inner)
+                .map_err(|status| ApiError::from_status(&status))
+        })
+    }
+
+    fn range(&self, req: PbRangeRequest) -> BoxFuture<'_, Result<PbRangeResponse, ApiError>> {
+        Box::pin(async move {
+            let req = PbRangeRequest {
+                serializable: false,
+                ..req
+            };
+            self.kv.range_inner(&req).await
+        })
+    }
+
+    fn delete(&self, req: PbDeleteRequest) -> BoxFuture<'_, Result<PbDeleteResponse, ApiError>> {
+        Box::pin(async move {
+            PbKvService::delete_range(&self.kv, tonic::Request::new(req))
+                .await
+                .map(tonic::Response::into_inner)
+                .map_err(|status| ApiError::from_status(&status))
+        })
+    }
+
+    fn wait_deleted(&self, key: Vec<u8>, after: i64) -> BoxFuture<'_, Result<i64, ApiError>> {
+        Box::pin(async move {
+            loop {
+                // Subscribe first, then read history: every revision after
+                // the history read arrives on the hub.
+                let mut notices = self.kv.node.watch_hub.subscribe();
+                let (deleted, read_at) = self.deleted_in_history(&key, after + 1);
+                if let Some(revision) = deleted {
+                    return Ok(revision);
+                }
+                loop {
+                    match notices.recv().await {
+                        Ok(notice) => match notice.as_ref() {
+                            Notice::Changes(changes) if changes.revision > read_at => {
+                                let deleted = changes
+                                    .events
+                                    .iter()
+                                    .any(|e| e.kind == EventKind::Delete && e.kv.key == key);
+                                if deleted {
+                                    return Ok(changes.revision);
+                                }
+                            }
+                            Notice::Changes(_) => {}
+                            // The state was replaced: read history again.
+                            Notice::Reset => break,
+                        },
+                        // Fell behind the hub's ring: read history again.
+                        Err(RecvError::Lagged(_)) => break,
+                        Err(RecvError::Closed) => {
+                            return Err(ApiError::unavailable("this member is shutting down"))
+                        }
+                    }
+                }
+            }
+        })
+    }
+}
