@@ -1,6 +1,6 @@
-//! [`UpstreamLocks`]: the lock recipe's [`LockBackend`] in the proxy. Its
+//! [`UpstreamLocks`]: the lock and election recipes' [`LockBackend`] in the proxy. Its
 //! txns, ranges and deletes go to the cell's leader through the one call
-//! path; its waits for a key's deletion are watches on the coalescer, so
+//! path; its waits for a change are watches on the coalescer, so
 //! every waiter behind the same key shares one upstream watch.
 
 use crate::grpc::kv::{DELETE_RANGE, RANGE, TXN};
@@ -13,7 +13,7 @@ use latchkey_shared::etcdpb::{
     PbDeleteRequest, PbDeleteResponse, PbRangeRequest, PbRangeResponse, PbTxnRequest, PbTxnResponse,
 };
 use latchkey_shared::lock::LockBackend;
-use latchkey_shared::ApiError;
+use latchkey_shared::{ApiError, KeyRange};
 use std::sync::Arc;
 
 pub struct UpstreamLocks {
@@ -52,22 +52,29 @@ impl LockBackend for UpstreamLocks {
         })
     }
 
-    fn wait_deleted(&self, key: Vec<u8>, after: i64) -> BoxFuture<'_, Result<i64, ApiError>> {
+    fn wait_change(
+        &self,
+        range: KeyRange,
+        after: i64,
+        deletes_only: bool,
+    ) -> BoxFuture<'_, Result<i64, ApiError>> {
         Box::pin(async move {
-            let deletes_only = WatchKey::new(key, Vec::new(), &[FilterType::NoPut as i32], false)?;
-            let mut deletes = self
-                .state
-                .coalescer
-                .subscribe(deletes_only, after + 1)
-                .await?;
+            let filters: &[i32] = if deletes_only {
+                &[FilterType::NoPut as i32]
+            } else {
+                &[]
+            };
+            let watched = WatchKey::new(range.start, range.end, filters, false)?;
+            let mut changes = self.state.coalescer.subscribe(watched, after + 1).await?;
             loop {
-                match deletes.recv().await {
+                match changes.recv().await {
                     Some(Item::Events(revision)) => {
-                        let deleted = revision
-                            .events
-                            .iter()
-                            .any(|e| e.r#type == EventType::Delete as i32);
-                        if deleted {
+                        let counts = !deletes_only
+                            || revision
+                                .events
+                                .iter()
+                                .any(|e| e.r#type == EventType::Delete as i32);
+                        if counts {
                             return Ok(revision.revision);
                         }
                     }
@@ -77,7 +84,7 @@ impl LockBackend for UpstreamLocks {
                     Some(Item::Cancelled(Cancel::Compacted { .. })) | None => return Ok(0),
                     Some(Item::Cancelled(Cancel::Ended { reason })) => {
                         return Err(ApiError::unavailable(format!(
-                            "the watch behind a lock wait ended: {reason}"
+                            "the watch behind a lock or election wait ended: {reason}"
                         )))
                     }
                 }

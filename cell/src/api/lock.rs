@@ -1,10 +1,10 @@
-//! [`LocalLocks`]: the shared lock recipe's backend in a cell member. Its
+//! [`LocalLocks`]: the shared lock and election recipes' backend in a cell member. Its
 //! txns, ranges and deletes take the KV service's own paths (writes go to
 //! the leader through this member; ranges are linearizable); its waits
-//! for a key's deletion read this member's history and then its watch hub.
+//! for a change read this member's history and then its watch hub.
 
 use super::kv::KvService;
-use crate::mvcc::keyspace::{EventKind, KeyRange};
+use crate::mvcc::keyspace::{Event, EventKind, KeyRange};
 use crate::node::CellNode;
 use crate::state_machine::watch_hub::Notice;
 use futures::future::BoxFuture;
@@ -28,11 +28,17 @@ impl LocalLocks {
         }
     }
 
-    /// The revision of the first deletion of `key` in `from..` that this
-    /// member's history holds, `Some(0)` if that history was compacted
-    /// (the caller reads again), `None` if there is none yet; and the
-    /// revision the history was read at.
-    fn deleted_in_history(&self, key: &[u8], from: i64) -> (Option<i64>, i64) {
+    /// The revision of the first change in `range` in `from..` (only
+    /// deletions if `deletes_only`) that this member's history holds,
+    /// `Some(0)` if that history was compacted (the caller reads again),
+    /// `None` if there is none yet; and the revision the history was read
+    /// at.
+    fn changed_in_history(
+        &self,
+        range: &KeyRange,
+        from: i64,
+        deletes_only: bool,
+    ) -> (Option<i64>, i64) {
         let keys = self.kv.node.state.read(|s| s.keys.clone());
         let now = keys.revision();
         if from > now {
@@ -41,13 +47,17 @@ impl LocalLocks {
         if from < keys.compact_revision() {
             return (Some(0), now);
         }
-        let deleted = keys
-            .history(&KeyRange::single(key.to_vec()), from, now)
+        let changed = keys
+            .history(range, from, now)
             .iter()
-            .find(|e| e.kind == EventKind::Delete)
+            .find(|e| counts(e, deletes_only))
             .map(|e| e.revision());
-        (deleted, now)
+        (changed, now)
     }
+}
+
+fn counts(event: &Event, deletes_only: bool) -> bool {
+    !deletes_only || event.kind == EventKind::Delete
 }
 
 impl LockBackend for LocalLocks {
@@ -79,25 +89,30 @@ impl LockBackend for LocalLocks {
         })
     }
 
-    fn wait_deleted(&self, key: Vec<u8>, after: i64) -> BoxFuture<'_, Result<i64, ApiError>> {
+    fn wait_change(
+        &self,
+        range: KeyRange,
+        after: i64,
+        deletes_only: bool,
+    ) -> BoxFuture<'_, Result<i64, ApiError>> {
         Box::pin(async move {
             loop {
                 // Subscribe first, then read history: every revision after
                 // the history read arrives on the hub.
                 let mut notices = self.kv.node.watch_hub.subscribe();
-                let (deleted, read_at) = self.deleted_in_history(&key, after + 1);
-                if let Some(revision) = deleted {
+                let (changed, read_at) = self.changed_in_history(&range, after + 1, deletes_only);
+                if let Some(revision) = changed {
                     return Ok(revision);
                 }
                 loop {
                     match notices.recv().await {
                         Ok(notice) => match notice.as_ref() {
                             Notice::Changes(changes) if changes.revision > read_at => {
-                                let deleted = changes
+                                let changed = changes
                                     .events
                                     .iter()
-                                    .any(|e| e.kind == EventKind::Delete && e.kv.key == key);
-                                if deleted {
+                                    .any(|e| counts(e, deletes_only) && range.contains(&e.kv.key));
+                                if changed {
                                     return Ok(changes.revision);
                                 }
                             }

@@ -3,8 +3,8 @@
 //! Handlers validate input, hand the request to the [`CellNode`] (which
 //! decides where it is served) and fill the response header. Errors become
 //! gRPC statuses through the one table in `latchkey_shared::error`.
-//! `v3lockpb.Lock` is the shared lock recipe's service over
-//! [`lock::LocalLocks`].
+//! `v3lockpb.Lock` and `v3electionpb.Election` are the shared recipes'
+//! services over [`lock::LocalLocks`].
 
 pub mod cluster;
 pub mod kv;
@@ -116,8 +116,12 @@ pub async fn serve(
     })
     .max_decoding_message_size(MAX_REFRESH_BATCH * 11 + 1024)
     .max_encoding_message_size(MAX_REFRESH_BATCH * 11 + 1024);
+    let local_locks = Arc::new(lock::LocalLocks::new(node.clone()));
     let locks = latchkey_shared::v3lockpb::lock_server::LockServer::new(
-        latchkey_shared::lock::LockService::new(Arc::new(lock::LocalLocks::new(node.clone()))),
+        latchkey_shared::lock::LockService::new(local_locks.clone()),
+    );
+    let elections = latchkey_shared::v3electionpb::election_server::ElectionServer::new(
+        latchkey_shared::lock::ElectionService::new(local_locks),
     );
     let cluster = PbClusterServer::new(cluster::ClusterService { node });
     tonic::transport::Server::builder()
@@ -128,6 +132,7 @@ pub async fn serve(
         .add_service(watch)
         .add_service(sessions)
         .add_service(locks)
+        .add_service(elections)
         .serve_with_incoming_shutdown(nodelay_incoming(listener), shutdown)
         .await?;
     Ok(())

@@ -80,6 +80,9 @@ pub async fn serve(
     // A client's request reaches the cell, which judges its size with
     // etcd's errors; the proxy only bounds what it decodes at all.
     let max = MAX_FORWARDED_BYTES;
+    let locks = Arc::new(UpstreamLocks {
+        state: state.clone(),
+    });
     tonic::transport::Server::builder()
         // A client that vanished without closing its connection (a
         // crashed host, a partition) is noticed and its streams (and their
@@ -107,10 +110,13 @@ pub async fn serve(
             .max_decoding_message_size(max),
         )
         .add_service(latchkey_shared::v3lockpb::lock_server::LockServer::new(
-            latchkey_shared::lock::LockService::new(Arc::new(UpstreamLocks {
-                state: state.clone(),
-            })),
+            latchkey_shared::lock::LockService::new(locks.clone()),
         ))
+        .add_service(
+            latchkey_shared::v3electionpb::election_server::ElectionServer::new(
+                latchkey_shared::lock::ElectionService::new(locks),
+            ),
+        )
         .add_service(PbClusterServer::new(cluster::ClusterService {
             state: state.clone(),
         }))

@@ -178,3 +178,91 @@ async fn a_holder_whose_session_ends_hands_the_lock_to_the_next() {
     assert_eq!(key, format!("leader/{waiter:x}").as_bytes());
     assert!(token(&mut client, &key).await > held_token);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn elections_through_a_proxy_and_on_a_cell_member() {
+    let cluster = Cluster::start(cell_binary(), 3, &[]).await;
+    let proxy = ProxyProcess::start(proxy_bin(), &member_addrs(&cluster), &[]).await;
+    election(&proxy.grpc, "through-proxy").await;
+    let leader = cluster.wait_leader(Duration::from_secs(20)).await;
+    election(
+        &cluster.member(cluster.follower_of(leader)).client,
+        "on-member",
+    )
+    .await;
+}
+
+/// The next value an Observe stream reports.
+async fn observed(stream: &mut etcd_client::ObserveStream) -> String {
+    let resp = tokio::time::timeout(Duration::from_secs(10), stream.message())
+        .await
+        .expect("an observation in time")
+        .expect("observe")
+        .expect("the stream is open");
+    String::from_utf8_lossy(resp.kv().expect("a leader").value()).into_owned()
+}
+
+/// Campaign, Leader, Observe, Proclaim and Resign at `addr`.
+async fn election(addr: &str, name: &str) {
+    let endpoint = format!("http://{addr}");
+    let mut client = Client::connect([endpoint.as_str()], None)
+        .await
+        .expect("connect");
+    let first = lease(&mut client, 30).await;
+    let won = client.campaign(name, "one", first).await.expect("campaign");
+    let first_key = won.leader().expect("a leader key").clone();
+    let leading = client.leader(name).await.expect("leader");
+    assert_eq!(leading.kv().expect("a leader").value(), b"one");
+    let mut observe = client.observe(name).await.expect("observe");
+    assert_eq!(observed(&mut observe).await, "one");
+
+    // A second campaign waits behind the leader.
+    let second = lease(&mut client, 30).await;
+    let mut other = client.clone();
+    let name_owned = name.to_string();
+    let waiting = tokio::spawn(async move {
+        other
+            .campaign(name_owned, "two", second)
+            .await
+            .expect("campaign")
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "two leaders");
+
+    // The leader proclaims; observers see it.
+    client
+        .proclaim(
+            "uno",
+            Some(etcd_client::ProclaimOptions::new().with_leader(first_key.clone())),
+        )
+        .await
+        .expect("proclaim");
+    assert_eq!(observed(&mut observe).await, "uno");
+
+    // It resigns: the second leads, observers see it, and the old leader
+    // key can no longer proclaim.
+    client
+        .resign(Some(
+            etcd_client::ResignOptions::new().with_leader(first_key.clone()),
+        ))
+        .await
+        .expect("resign");
+    let second_won = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the second campaign wins once the leader resigns")
+        .expect("campaign task");
+    assert!(second_won.leader().expect("leader key").rev() > first_key.rev());
+    assert_eq!(observed(&mut observe).await, "two");
+    let stale = client
+        .proclaim(
+            "again",
+            Some(etcd_client::ProclaimOptions::new().with_leader(first_key)),
+        )
+        .await;
+    assert!(
+        stale
+            .as_ref()
+            .is_err_and(|e| e.to_string().contains("election: not leader")),
+        "a resigned leader proclaimed: {stale:?}"
+    );
+}

@@ -125,6 +125,13 @@ error_table! {
     // --- request checks ---
     PreconditionFailed => "precondition_failed", 412, FailedPrecondition, None, Never;
     LockTimeout => "lock_timeout", 408, DeadlineExceeded, None, Never;
+    /// A Proclaim or Resign by a leader key that no longer leads. etcd
+    /// sends its election errors as plain errors (gRPC Unknown).
+    ElectionNotLeader => "election_not_leader", 412, Unknown,
+        Some("election: not leader"), Never;
+    /// A Leader query on an election nobody campaigns in.
+    ElectionNoLeader => "election_no_leader", 404, Unknown,
+        Some("election: no leader"), Never;
     QuotaExceeded => "quota_exceeded", 507, ResourceExhausted,
         Some("etcdserver: mvcc: database space exceeded"), Never;
     ValueTooLarge => "value_too_large", 413, InvalidArgument, None, Never;

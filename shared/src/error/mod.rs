@@ -255,6 +255,23 @@ impl ApiError {
         ApiError::new(ErrorCode::PreconditionFailed, message)
     }
 
+    pub fn election_not_leader() -> Self {
+        ApiError::new(
+            ErrorCode::ElectionNotLeader,
+            "this leader key no longer leads the election",
+        )
+    }
+
+    pub fn election_no_leader(name: &[u8]) -> Self {
+        ApiError::new(
+            ErrorCode::ElectionNoLeader,
+            format!(
+                "nobody leads the election {:?}",
+                String::from_utf8_lossy(name)
+            ),
+        )
+    }
+
     pub fn lock_timeout(message: impl Into<String>) -> Self {
         ApiError::new(ErrorCode::LockTimeout, message)
     }
@@ -442,6 +459,8 @@ mod tests {
                 ErrorCode::FutureRevision => ApiError::future_revision(),
                 ErrorCode::PreconditionFailed => ApiError::precondition_failed("version 2"),
                 ErrorCode::LockTimeout => ApiError::lock_timeout("held by another"),
+                ErrorCode::ElectionNotLeader => ApiError::election_not_leader(),
+                ErrorCode::ElectionNoLeader => ApiError::election_no_leader(b"e"),
                 ErrorCode::QuotaExceeded => ApiError::quota_exceeded("2 GiB"),
                 ErrorCode::ValueTooLarge => ApiError::value_too_large(70_000, 65_536),
                 ErrorCode::RequestTooLarge => ApiError::request_too_large(),

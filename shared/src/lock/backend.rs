@@ -6,7 +6,7 @@
 use crate::etcdpb::{
     PbDeleteRequest, PbDeleteResponse, PbRangeRequest, PbRangeResponse, PbTxnRequest, PbTxnResponse,
 };
-use crate::ApiError;
+use crate::{ApiError, KeyRange};
 use futures::future::BoxFuture;
 
 pub trait LockBackend: Send + Sync + 'static {
@@ -19,9 +19,14 @@ pub trait LockBackend: Send + Sync + 'static {
     /// A delete, committed through the cell's leader.
     fn delete(&self, req: PbDeleteRequest) -> BoxFuture<'_, Result<PbDeleteResponse, ApiError>>;
 
-    /// Resolves with the revision of the first deletion of `key` after
-    /// revision `after`, once it has happened. It may also resolve early
-    /// (the watch under it was cut short): the caller reads again to see
-    /// why.
-    fn wait_deleted(&self, key: Vec<u8>, after: i64) -> BoxFuture<'_, Result<i64, ApiError>>;
+    /// Resolves with the revision of the first change in `range` after
+    /// revision `after` (only deletions if `deletes_only`), once it has
+    /// happened. It may also resolve early (the watch under it was cut
+    /// short): the caller reads again to see what changed.
+    fn wait_change(
+        &self,
+        range: KeyRange,
+        after: i64,
+        deletes_only: bool,
+    ) -> BoxFuture<'_, Result<i64, ApiError>>;
 }

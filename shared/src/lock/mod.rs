@@ -1,20 +1,25 @@
-//! The lock recipe (DESIGN section 5), ONE implementation served by the
-//! cell and by the proxy, as etcd's v3lock server wraps its client
-//! recipes: each side gives it a [`LockBackend`] (its way to run a txn, a
-//! range, a delete and to wait for a key's deletion) and answers etcd's
-//! `v3lockpb.Lock` service with it.
+//! The lock and election recipes (DESIGN section 5), ONE implementation
+//! served by the cell and by the proxy, as etcd's v3lock and v3election
+//! servers wrap their client recipes: each side gives them a
+//! [`LockBackend`] (its way to run a txn, a range, a delete and to wait
+//! for a change) and serves etcd's gRPC services with [`service`].
 //!
-//! - [`backend`]: [`LockBackend`], the operations the recipe needs.
-//! - [`mutex`]: [`mutex::acquire`] and [`mutex::release`]: a fair FIFO
-//!   queue of keys `name/<lease hex>` bound to their sessions; the lowest
-//!   create revision holds and is the fencing token.
-//! - [`service`]: [`LockService`], etcd's `v3lockpb.Lock` gRPC service
-//!   over any backend.
+//! - [`backend`]: [`LockBackend`], the operations the recipes need.
+//! - [`queue`]: the queue both stand in: keys `name/<lease hex>` bound to
+//!   their sessions, first by create revision, each waiter woken by its
+//!   predecessor's departure only.
+//! - [`mutex`]: [`mutex::acquire`] / [`mutex::release`]; the holder's
+//!   create revision is its fencing token.
+//! - [`election`]: campaign, proclaim, resign, leader, changes.
+//! - [`service`]: [`LockService`] (`v3lockpb.Lock`) and
+//!   [`ElectionService`] (`v3electionpb.Election`) over any backend.
 
 pub mod backend;
+pub mod election;
 pub mod mutex;
+pub mod queue;
 pub mod service;
 
 pub use backend::LockBackend;
 pub use mutex::{acquire, release, Grant};
-pub use service::LockService;
+pub use service::{ElectionService, LockService};

@@ -1,19 +1,36 @@
-//! [`LockService`]: etcd's `v3lockpb.Lock` over any [`LockBackend`], the
-//! one gRPC front of the lock recipe for the cell and the proxy alike.
+//! etcd's `v3lockpb.Lock` ([`LockService`]) and `v3electionpb.Election`
+//! ([`ElectionService`]) over any [`LockBackend`]: the one gRPC front of
+//! the recipes, for the cell and the proxy alike.
 //!
-//! A Lock call waits for the lock up to its gRPC deadline (tonic ends the
+//! A Lock or Campaign call waits up to its gRPC deadline (tonic ends the
 //! call then, and the contender's queue key is removed), and never longer
-//! than [`LOCK_WAIT_LIMIT`].
+//! than [`WAIT_LIMIT`].
 
-use super::{acquire, release, LockBackend};
+use super::{election, mutex, LockBackend};
+use crate::v3electionpb::election_server::Election;
+use crate::v3electionpb::{
+    CampaignRequest, CampaignResponse, LeaderRequest, LeaderResponse, ProclaimRequest,
+    ProclaimResponse, ResignRequest, ResignResponse,
+};
 use crate::v3lockpb::lock_server::Lock;
 use crate::v3lockpb::{LockRequest, LockResponse, UnlockRequest, UnlockResponse};
+use crate::ApiError;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
-/// The longest a Lock call without a deadline waits.
-pub const LOCK_WAIT_LIMIT: Duration = Duration::from_secs(3600);
+/// The longest a Lock or Campaign call without a deadline waits.
+pub const WAIT_LIMIT: Duration = Duration::from_secs(3600);
+
+/// Leader changes queued for one Observe stream.
+const OBSERVE_QUEUE: usize = 16;
+
+fn deadline() -> tokio::time::Instant {
+    tokio::time::Instant::now() + WAIT_LIMIT
+}
 
 pub struct LockService<B> {
     backend: Arc<B>,
@@ -29,8 +46,7 @@ impl<B> LockService<B> {
 impl<B: LockBackend> Lock for LockService<B> {
     async fn lock(&self, request: Request<LockRequest>) -> Result<Response<LockResponse>, Status> {
         let req = request.into_inner();
-        let deadline = tokio::time::Instant::now() + LOCK_WAIT_LIMIT;
-        let grant = acquire(self.backend.clone(), &req.name, req.lease, deadline).await?;
+        let grant = mutex::acquire(self.backend.clone(), &req.name, req.lease, deadline()).await?;
         Ok(Response::new(LockResponse {
             header: Some(grant.header),
             key: grant.key,
@@ -41,8 +57,138 @@ impl<B: LockBackend> Lock for LockService<B> {
         &self,
         request: Request<UnlockRequest>,
     ) -> Result<Response<UnlockResponse>, Status> {
-        let header = release(self.backend.as_ref(), request.into_inner().key).await?;
+        let header = mutex::release(self.backend.as_ref(), request.into_inner().key).await?;
         Ok(Response::new(UnlockResponse {
+            header: Some(header),
+        }))
+    }
+}
+
+pub struct ElectionService<B> {
+    backend: Arc<B>,
+}
+
+impl<B> ElectionService<B> {
+    pub fn new(backend: Arc<B>) -> Self {
+        ElectionService { backend }
+    }
+}
+
+fn leader_key(
+    leader: Option<crate::v3electionpb::LeaderKey>,
+) -> Result<crate::v3electionpb::LeaderKey, ApiError> {
+    leader.ok_or_else(|| ApiError::invalid("\"leader\" field must be provided"))
+}
+
+#[tonic::async_trait]
+impl<B: LockBackend> Election for ElectionService<B> {
+    async fn campaign(
+        &self,
+        request: Request<CampaignRequest>,
+    ) -> Result<Response<CampaignResponse>, Status> {
+        let req = request.into_inner();
+        let (leader, header) = election::campaign(
+            self.backend.clone(),
+            &req.name,
+            req.lease,
+            req.value,
+            deadline(),
+        )
+        .await?;
+        Ok(Response::new(CampaignResponse {
+            header: Some(header),
+            leader: Some(leader),
+        }))
+    }
+
+    async fn proclaim(
+        &self,
+        request: Request<ProclaimRequest>,
+    ) -> Result<Response<ProclaimResponse>, Status> {
+        let req = request.into_inner();
+        let leader = leader_key(req.leader)?;
+        let header = election::proclaim(self.backend.as_ref(), &leader, req.value).await?;
+        Ok(Response::new(ProclaimResponse {
+            header: Some(header),
+        }))
+    }
+
+    async fn leader(
+        &self,
+        request: Request<LeaderRequest>,
+    ) -> Result<Response<LeaderResponse>, Status> {
+        let name = request.into_inner().name;
+        match election::leader(self.backend.as_ref(), &name).await? {
+            (Some(kv), header) => Ok(Response::new(LeaderResponse {
+                header: Some(header),
+                kv: Some(kv),
+            })),
+            (None, _) => Err(ApiError::election_no_leader(&name).into()),
+        }
+    }
+
+    type ObserveStream = Pin<Box<dyn Stream<Item = Result<LeaderResponse, Status>> + Send>>;
+
+    /// Every leader and every value it proclaims, as they happen; nothing
+    /// while nobody leads. Ends when the client goes away.
+    async fn observe(
+        &self,
+        request: Request<LeaderRequest>,
+    ) -> Result<Response<Self::ObserveStream>, Status> {
+        let name = request.into_inner().name;
+        if name.is_empty() {
+            return Err(ApiError::invalid("an election needs a name").into());
+        }
+        let (tx, rx) = mpsc::channel(OBSERVE_QUEUE);
+        let backend = self.backend.clone();
+        tokio::spawn(async move {
+            // The leader's key and mod revision last sent.
+            let mut sent: Option<(Vec<u8>, i64)> = None;
+            loop {
+                let (kv, header) = match election::leader(backend.as_ref(), &name).await {
+                    Ok(read) => read,
+                    Err(e) => {
+                        let _ = tx.send(Err(e.into())).await;
+                        return;
+                    }
+                };
+                let read_at = header.revision;
+                if let Some(kv) = kv {
+                    let now = (kv.key.clone(), kv.mod_revision);
+                    if sent.as_ref() != Some(&now) {
+                        sent = Some(now);
+                        let answer = LeaderResponse {
+                            header: Some(header),
+                            kv: Some(kv),
+                        };
+                        if tx.send(Ok(answer)).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+                tokio::select! {
+                    _ = tx.closed() => return,
+                    changed = election::changed(backend.as_ref(), &name, read_at) => {
+                        if let Err(e) = changed {
+                            let _ = tx.send(Err(e.into())).await;
+                            return;
+                        }
+                    }
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+
+    async fn resign(
+        &self,
+        request: Request<ResignRequest>,
+    ) -> Result<Response<ResignResponse>, Status> {
+        let leader = leader_key(request.into_inner().leader)?;
+        let header = election::resign(self.backend.as_ref(), &leader).await?;
+        Ok(Response::new(ResignResponse {
             header: Some(header),
         }))
     }

@@ -1,0 +1,244 @@
+//! The queue both recipes stand in (etcd's mutex and election recipes):
+//! under a prefix `name/`, each contender's key `name/<lease hex>` bound to
+//! its lease; the key with the lowest create revision is first; every other
+//! contender waits for the deletion of the key just before its own (its
+//! predecessor), so a departure wakes exactly one waiter. A contender that
+//! gives up removes its own key, and only its own (the txn compares the
+//! create revision); one whose lease expires loses its key with it.
+
+use super::LockBackend;
+use crate::etcd_enums::{CompareResult, CompareTarget, SortOrder, SortTarget};
+use crate::etcdpb::{
+    PbCompare, PbDeleteRequest, PbPutRequest, PbRangeRequest, PbResponseHeader, PbTargetUnion,
+    PbTxnOpRequest, PbTxnOpResponse, PbTxnRequest, PbTxnRequestOp,
+};
+use crate::{ApiError, KeyRange, LeaseId};
+use std::sync::Arc;
+use tokio::time::Instant;
+
+/// The queue key of `lease` under `name`, as etcd writes it.
+pub fn queue_key(name: &[u8], lease: i64) -> Vec<u8> {
+    let mut key = name.to_vec();
+    key.push(b'/');
+    key.extend_from_slice(format!("{lease:x}").as_bytes());
+    key
+}
+
+/// Every key of the queue `name`.
+pub fn queue_range(name: &[u8]) -> KeyRange {
+    KeyRange::prefix(&[name, b"/"].concat())
+}
+
+pub(super) fn op(request: PbTxnOpRequest) -> PbTxnRequestOp {
+    PbTxnRequestOp {
+        request: Some(request),
+    }
+}
+
+/// Compares the create revision of `key` with `revision` (0: absent).
+pub(super) fn created_at(key: &[u8], revision: i64) -> PbCompare {
+    PbCompare {
+        result: CompareResult::Equal as i32,
+        target: CompareTarget::Create as i32,
+        key: key.to_vec(),
+        range_end: Vec::new(),
+        target_union: Some(PbTargetUnion::CreateRevision(revision)),
+    }
+}
+
+/// `then` if `key` still has the create revision `revision`, else nothing:
+/// how a contender acts on its own key only, never on a successor's.
+pub(super) fn if_created_at(key: &[u8], revision: i64, then: PbTxnOpRequest) -> PbTxnRequest {
+    PbTxnRequest {
+        compare: vec![created_at(key, revision)],
+        success: vec![op(then)],
+        failure: Vec::new(),
+    }
+}
+
+/// A contender's place: its key and the key's create revision.
+pub(super) struct Joined {
+    pub key: Vec<u8>,
+    pub revision: i64,
+    /// The key's value when it was already there (a retry, or a second
+    /// campaign of the same lease).
+    pub existing_value: Option<Vec<u8>>,
+}
+
+/// Puts `lease`'s key in the queue `name` with `value`, unless it is
+/// there already (then it keeps its place).
+pub(super) async fn join<B: LockBackend>(
+    backend: &B,
+    name: &[u8],
+    lease: i64,
+    value: Vec<u8>,
+    deadline: Instant,
+) -> Result<Joined, ApiError> {
+    if name.is_empty() {
+        return Err(ApiError::invalid("a lock or election needs a name"));
+    }
+    if lease == 0 {
+        return Err(ApiError::invalid(
+            "a lock or campaign is held by a lease (session): lease must not be 0",
+        ));
+    }
+    let key = queue_key(name, lease);
+    let join = PbTxnRequest {
+        compare: vec![created_at(&key, 0)],
+        success: vec![op(PbTxnOpRequest::RequestPut(PbPutRequest {
+            key: key.clone(),
+            value,
+            lease,
+            ..Default::default()
+        }))],
+        failure: vec![op(PbTxnOpRequest::RequestRange(PbRangeRequest {
+            key: key.clone(),
+            ..Default::default()
+        }))],
+    };
+    let joined = within(deadline, backend.txn(join)).await?;
+    let header = joined.header.unwrap_or_default();
+    if joined.succeeded {
+        return Ok(Joined {
+            key,
+            revision: header.revision,
+            existing_value: None,
+        });
+    }
+    match joined.responses.first().and_then(|r| r.response.as_ref()) {
+        Some(PbTxnOpResponse::ResponseRange(range)) => {
+            // Gone between the compare and the read cannot happen in one
+            // txn; a lease that expired before it is gone for good.
+            let kv = range
+                .kvs
+                .first()
+                .ok_or_else(|| ApiError::session_expired(LeaseId(lease)))?;
+            Ok(Joined {
+                key,
+                revision: kv.create_revision,
+                existing_value: Some(kv.value.clone()),
+            })
+        }
+        _ => Err(ApiError::internal("a queue txn answered no range")),
+    }
+}
+
+/// Removes a contender's key when it gives up, unless disarmed (it got
+/// its turn). The removal runs on its own task: it must happen even when
+/// the waiting future is dropped (its caller went away).
+pub(super) struct Place<B: LockBackend> {
+    pub backend: Arc<B>,
+    pub key: Vec<u8>,
+    pub revision: i64,
+    pub armed: bool,
+}
+
+impl<B: LockBackend> Drop for Place<B> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let (backend, key, revision) = (self.backend.clone(), self.key.clone(), self.revision);
+        let remove = if_created_at(
+            &key,
+            revision,
+            PbTxnOpRequest::RequestDeleteRange(PbDeleteRequest {
+                key: key.clone(),
+                ..Default::default()
+            }),
+        );
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                if let Err(e) = backend.txn(remove).await {
+                    // The key goes with its lease at the latest.
+                    tracing::debug!(error = %e, "a contender's queue key was not removed");
+                }
+            });
+        }
+    }
+}
+
+/// Waits until `place` is first in the queue `name`, or `deadline`
+/// (`lock_timeout`; the place is then given up). Returns the header of the
+/// read that saw it first.
+pub(super) async fn wait_for_turn<B: LockBackend>(
+    backend: &B,
+    name: &[u8],
+    lease: i64,
+    mut place: Place<B>,
+    deadline: Instant,
+) -> Result<PbResponseHeader, ApiError> {
+    let queue = queue_range(name);
+    loop {
+        // The contender just before this one, if any.
+        let before = within(
+            deadline,
+            backend.range(PbRangeRequest {
+                key: queue.start.clone(),
+                range_end: queue.end.clone(),
+                max_create_revision: place.revision - 1,
+                sort_order: SortOrder::Descend as i32,
+                sort_target: SortTarget::Create as i32,
+                limit: 1,
+                ..Default::default()
+            }),
+        )
+        .await?;
+        let read_at = before.header.as_ref().map_or(0, |h| h.revision);
+        let Some(predecessor) = before.kvs.first() else {
+            break;
+        };
+        // Woken by the predecessor's deletion, or by this contender's own
+        // (its lease expired): either way, read again.
+        let mine = backend.wait_change(KeyRange::single(place.key.clone()), read_at, true);
+        let theirs = backend.wait_change(KeyRange::single(predecessor.key.clone()), read_at, true);
+        within(deadline, async {
+            tokio::select! {
+                r = mine => r,
+                r = theirs => r,
+            }
+        })
+        .await?;
+    }
+    // Still queued (its lease may have expired while it waited)?
+    let own = within(
+        deadline,
+        backend.range(PbRangeRequest {
+            key: place.key.clone(),
+            ..Default::default()
+        }),
+    )
+    .await?;
+    place.armed = false;
+    if own.kvs.first().map(|kv| kv.create_revision) != Some(place.revision) {
+        return Err(ApiError::session_expired(LeaseId(lease)));
+    }
+    Ok(own.header.unwrap_or_default())
+}
+
+/// `work`, or `lock_timeout` at `deadline`.
+pub(super) async fn within<T>(
+    deadline: Instant,
+    work: impl std::future::Future<Output = Result<T, ApiError>>,
+) -> Result<T, ApiError> {
+    tokio::time::timeout_at(deadline, work)
+        .await
+        .unwrap_or_else(|_| {
+            Err(ApiError::lock_timeout(
+                "not granted before the deadline; the place in the queue was given up",
+            ))
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_queue_key_is_the_name_a_slash_and_the_lease_in_hex_as_etcd_writes_it() {
+        assert_eq!(queue_key(b"jobs", 0x694d_5765), b"jobs/694d5765".to_vec());
+        let range = queue_range(b"jobs");
+        assert!(range.contains(b"jobs/694d5765"));
+        assert!(!range.contains(b"jobs2/1"));
+    }
+}
