@@ -18,6 +18,7 @@
 pub mod cluster;
 pub mod extract;
 pub mod kv;
+pub mod locks;
 pub mod model;
 pub mod session;
 pub mod txn;
@@ -56,6 +57,7 @@ pub fn answer<T>(value: T) -> Answer<T> {
         (name = "kv", description = "Keys and transactions"),
         (name = "sessions", description = "Sessions: leases that keep keys alive"),
         (name = "watch", description = "Changes as Server-Sent Events"),
+        (name = "locks", description = "Locks with fencing tokens, held by sessions"),
         (name = "cluster", description = "The cell behind the proxy"),
         (name = "service", description = "The API document and health")
     )
@@ -71,6 +73,10 @@ pub fn routes() -> (Router<Arc<ProxyState>>, serde_json::Value) {
         .routes(routes!(session::keep_alive))
         .routes(routes!(session::info, session::revoke))
         .routes(routes!(watch_sse::watch))
+        .routes(routes!(locks::acquire))
+        .routes(routes!(locks::release))
+        .routes(routes!(locks::state_of))
+        .routes(routes!(locks::check))
         .routes(routes!(cluster::status))
         .routes(routes!(openapi_json))
         .routes(routes!(healthz))

@@ -266,3 +266,115 @@ async fn election(addr: &str, name: &str) {
         "a resigned leader proclaimed: {stale:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_locks_grant_fencing_tokens_that_fence_off_an_old_holder() {
+    use latchkey_shared::lock::FencedResource;
+    use serde_json::{json, Value};
+    let proxy = ProxyProcess::dev(proxy_bin()).await;
+    let http = reqwest::Client::new();
+    let base = format!("http://{}/v1", proxy.http);
+    let post = |path: String, body: Value| {
+        let http = http.clone();
+        async move {
+            let resp = http.post(path).json(&body).send().await.expect("post");
+            let status = resp.status().as_u16();
+            (status, resp.json::<Value>().await.expect("a JSON body"))
+        }
+    };
+    let mut sessions = Vec::new();
+    for _ in 0..2 {
+        let (status, body) = post(format!("{base}/sessions"), json!({"ttl": 30})).await;
+        assert_eq!(status, 200, "{body}");
+        sessions.push(body["id"].as_str().expect("id").to_string());
+    }
+    let (status, first) = post(
+        format!("{base}/locks/db/acquire"),
+        json!({"session_id": sessions[0]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{first}");
+    let first_token = first["fencing_token"].as_i64().expect("a token");
+
+    // The second session cannot have it while it is held...
+    let (status, body) = post(
+        format!("{base}/locks/db/acquire"),
+        json!({"session_id": sessions[1], "timeout_ms": 300}),
+    )
+    .await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (408, Some("lock_timeout")),
+        "{body}"
+    );
+    // ...and waits for it in line.
+    let waiting = tokio::spawn(post(
+        format!("{base}/locks/db/acquire"),
+        json!({"session_id": sessions[1], "timeout_ms": 10000}),
+    ));
+    eventually(Duration::from_secs(10), async || {
+        let state: Value = http
+            .get(format!("{base}/locks/db"))
+            .send()
+            .await
+            .map_err(|e| e.to_string())?
+            .json()
+            .await
+            .map_err(|e| e.to_string())?;
+        let waiters = state["waiters"].as_array().map_or(0, Vec::len);
+        match (state["holder"]["session_id"].as_str(), waiters) {
+            (Some(holder), 1) if holder == sessions[0] => Ok(()),
+            _ => Err(format!("the lock is {state}")),
+        }
+    })
+    .await;
+    let check = |token: i64| {
+        let http = http.clone();
+        let url = format!("{base}/locks/db/check?token={token}");
+        async move {
+            let body: Value = http
+                .get(url)
+                .send()
+                .await
+                .expect("check")
+                .json()
+                .await
+                .expect("json");
+            body["current"].as_bool().expect("current")
+        }
+    };
+    assert!(check(first_token).await);
+
+    // The resource the lock protects keeps the highest token it accepted.
+    let resource = FencedResource::new();
+    resource
+        .accept("db", first_token)
+        .expect("the holder writes");
+    let (status, released) = post(
+        format!("{base}/locks/db/release"),
+        json!({"session_id": sessions[0]}),
+    )
+    .await;
+    assert_eq!((status, released["released"].as_bool()), (200, Some(true)));
+    let (status, second) = waiting.await.expect("the waiter");
+    assert_eq!(status, 200, "{second}");
+    let second_token = second["fencing_token"].as_i64().expect("a token");
+    assert!(second_token > first_token);
+    assert!(
+        !check(first_token).await,
+        "the old token is no longer the holder's"
+    );
+    assert!(check(second_token).await);
+    resource
+        .accept("db", second_token)
+        .expect("the new holder writes");
+    let stale = resource.accept("db", first_token);
+    assert!(stale.is_err(), "the old holder's write was accepted");
+    // Releasing again is not an error.
+    let (status, again) = post(
+        format!("{base}/locks/db/release"),
+        json!({"session_id": sessions[0]}),
+    )
+    .await;
+    assert_eq!((status, again["released"].as_bool()), (200, Some(false)));
+}

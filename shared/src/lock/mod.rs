@@ -11,15 +11,19 @@
 //! - [`mutex`]: [`mutex::acquire`] / [`mutex::release`]; the holder's
 //!   create revision is its fencing token.
 //! - [`election`]: campaign, proclaim, resign, leader, changes.
+//! - [`fenced`]: [`FencedResource`], what a protected resource keeps: the
+//!   highest token accepted, so a stale holder's write is refused.
 //! - [`service`]: [`LockService`] (`v3lockpb.Lock`) and
 //!   [`ElectionService`] (`v3electionpb.Election`) over any backend.
 
 pub mod backend;
 pub mod election;
+pub mod fenced;
 pub mod mutex;
 pub mod queue;
 pub mod service;
 
 pub use backend::LockBackend;
+pub use fenced::{FencedResource, StaleToken};
 pub use mutex::{acquire, release, Grant};
 pub use service::{ElectionService, LockService};

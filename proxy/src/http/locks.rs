@@ -1,0 +1,214 @@
+//! `/v1/locks/{name}`: the shared lock recipe over HTTP. Acquire waits (up
+//! to `timeout_ms`) until the session holds the lock and answers its
+//! fencing token; release is idempotent; the lock's state lists its holder
+//! and waiters in queue order; `check` tells a resource whether a token is
+//! the current holder's (a sequencer check, for resources that ask rather
+//! than keep the highest token).
+
+use super::extract::{Json, Path, Query};
+use super::model::{parse_session, session_gone, session_id, ErrorBody};
+use super::{answer, Answer};
+use crate::lock_backend::UpstreamLocks;
+use crate::state::ProxyState;
+use axum::extract::State;
+use latchkey_shared::etcd_enums::{SortOrder, SortTarget};
+use latchkey_shared::etcdpb::{PbKeyValue, PbRangeRequest};
+use latchkey_shared::lock::queue::{queue_key, queue_range};
+use latchkey_shared::lock::{mutex, LockBackend};
+use latchkey_shared::ApiError;
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+use std::time::Duration;
+use utoipa::{IntoParams, ToSchema};
+
+/// How long an acquire waits when it names no timeout.
+const DEFAULT_WAIT: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AcquireLock {
+    /// The session (hex id) that will hold the lock; the lock is released
+    /// when the session ends.
+    pub session_id: String,
+    /// How long to wait for the lock, in milliseconds (default 30 000, at
+    /// most an hour); then `lock_timeout`, and the place in the queue is
+    /// given up.
+    pub timeout_ms: Option<u64>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Granted {
+    /// Higher for every later holder of this lock: hand it to the resource
+    /// the lock protects with every write.
+    pub fencing_token: i64,
+    /// The holder's key (`name/<session hex>`).
+    pub key: String,
+    pub revision: i64,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseLock {
+    /// The session that holds (or waits for) the lock.
+    pub session_id: String,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Released {
+    /// Whether the session held or waited for the lock (releasing twice
+    /// is not an error).
+    pub released: bool,
+    pub revision: i64,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Contender {
+    pub session_id: String,
+    pub key: String,
+    /// Its key's create revision: the fencing token it holds, or will.
+    pub fencing_token: i64,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct LockState {
+    /// The holder, if the lock is held.
+    pub holder: Option<Contender>,
+    /// The waiters, in the order they will hold the lock.
+    pub waiters: Vec<Contender>,
+    pub revision: i64,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct CheckParams {
+    /// The fencing token to check.
+    pub token: i64,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Checked {
+    /// Whether `token` is the current holder's.
+    pub current: bool,
+    /// The current holder's token, if the lock is held.
+    pub holder_token: Option<i64>,
+    pub revision: i64,
+}
+
+fn backend(state: &Arc<ProxyState>) -> Arc<UpstreamLocks> {
+    Arc::new(UpstreamLocks {
+        state: state.clone(),
+    })
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn contender(kv: &PbKeyValue) -> Contender {
+    Contender {
+        session_id: session_id(kv.lease),
+        key: text(&kv.key),
+        fencing_token: kv.create_revision,
+    }
+}
+
+/// The lock's queue, first in line first, and the revision it was read at.
+async fn queue(state: &Arc<ProxyState>, name: &str) -> Result<(Vec<PbKeyValue>, i64), ApiError> {
+    let range = queue_range(name.as_bytes());
+    let resp = backend(state)
+        .range(PbRangeRequest {
+            key: range.start,
+            range_end: range.end,
+            sort_order: SortOrder::Ascend as i32,
+            sort_target: SortTarget::Create as i32,
+            ..Default::default()
+        })
+        .await?;
+    Ok((resp.kvs, resp.header.map_or(0, |h| h.revision)))
+}
+
+/// Acquire a lock for a session.
+#[utoipa::path(post, path = "/v1/locks/{name}/acquire", tag = "locks",
+    params(("name" = String, Path, description = "The lock")),
+    request_body = AcquireLock,
+    responses((status = 200, body = Granted), (status = 408, body = ErrorBody, description = "lock_timeout: not granted in time; the place in the queue was given up"),
+        (status = "4XX", body = ErrorBody), (status = "5XX", body = ErrorBody)))]
+pub async fn acquire(
+    State(state): State<Arc<ProxyState>>,
+    Path(name): Path<String>,
+    Json(req): Json<AcquireLock>,
+) -> Answer<Granted> {
+    let lease = parse_session(&req.session_id)?;
+    let wait = req
+        .timeout_ms
+        .map_or(DEFAULT_WAIT, Duration::from_millis)
+        .min(latchkey_shared::lock::service::WAIT_LIMIT);
+    let deadline = tokio::time::Instant::now() + wait;
+    let grant = mutex::acquire(backend(&state), name.as_bytes(), lease.get(), deadline)
+        .await
+        .map_err(session_gone)?;
+    answer(Granted {
+        fencing_token: grant.fencing_token,
+        key: text(&grant.key),
+        revision: grant.header.revision,
+    })
+}
+
+/// Release a lock (or give up a place in its queue).
+#[utoipa::path(post, path = "/v1/locks/{name}/release", tag = "locks",
+    params(("name" = String, Path, description = "The lock")),
+    request_body = ReleaseLock,
+    responses((status = 200, body = Released), (status = "4XX", body = ErrorBody), (status = "5XX", body = ErrorBody)))]
+pub async fn release(
+    State(state): State<Arc<ProxyState>>,
+    Path(name): Path<String>,
+    Json(req): Json<ReleaseLock>,
+) -> Answer<Released> {
+    let lease = parse_session(&req.session_id)?;
+    let key = queue_key(name.as_bytes(), lease.get());
+    let deleted = backend(&state)
+        .delete(latchkey_shared::etcdpb::PbDeleteRequest {
+            key,
+            ..Default::default()
+        })
+        .await?;
+    answer(Released {
+        released: deleted.deleted > 0,
+        revision: deleted.header.map_or(0, |h| h.revision),
+    })
+}
+
+/// A lock's holder and waiters.
+#[utoipa::path(get, path = "/v1/locks/{name}", tag = "locks",
+    params(("name" = String, Path, description = "The lock")),
+    responses((status = 200, body = LockState), (status = "4XX", body = ErrorBody), (status = "5XX", body = ErrorBody)))]
+pub async fn state_of(
+    State(state): State<Arc<ProxyState>>,
+    Path(name): Path<String>,
+) -> Answer<LockState> {
+    let (kvs, revision) = queue(&state, &name).await?;
+    let mut line = kvs.iter().map(contender);
+    answer(LockState {
+        holder: line.next(),
+        waiters: line.collect(),
+        revision,
+    })
+}
+
+/// Whether a fencing token is the current holder's.
+#[utoipa::path(get, path = "/v1/locks/{name}/check", tag = "locks",
+    params(("name" = String, Path, description = "The lock"), CheckParams),
+    responses((status = 200, body = Checked), (status = "4XX", body = ErrorBody), (status = "5XX", body = ErrorBody)))]
+pub async fn check(
+    State(state): State<Arc<ProxyState>>,
+    Path(name): Path<String>,
+    Query(params): Query<CheckParams>,
+) -> Answer<Checked> {
+    let (kvs, revision) = queue(&state, &name).await?;
+    let holder_token = kvs.first().map(|kv| kv.create_revision);
+    answer(Checked {
+        current: holder_token == Some(params.token),
+        holder_token,
+        revision,
+    })
+}
