@@ -378,3 +378,109 @@ async fn http_locks_grant_fencing_tokens_that_fence_off_an_old_holder() {
     .await;
     assert_eq!((status, again["released"].as_bool()), (200, Some(false)));
 }
+
+/// One contender's grant: which contender of its lock, when, and token.
+struct Granted {
+    lock: usize,
+    joined: usize,
+    token: i64,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_two_proxies_grants_follow_the_queue_and_each_release_wakes_one_waiter() {
+    // 32 contenders on one lock, and 8 more locks with 4 each, half the
+    // contenders on each of two proxies.
+    const LOCKS: [usize; 9] = [32, 4, 4, 4, 4, 4, 4, 4, 4];
+    let cluster = Cluster::start(cell_binary(), 3, &[]).await;
+    let proxies = [
+        ProxyProcess::start(proxy_bin(), &member_addrs(&cluster), &[]).await,
+        ProxyProcess::start(proxy_bin(), &member_addrs(&cluster), &[]).await,
+    ];
+    let mut admin = Client::connect([format!("http://{}", proxies[0].grpc)], None)
+        .await
+        .expect("connect");
+    let (granted_tx, mut granted_rx) = tokio::sync::mpsc::unbounded_channel::<Granted>();
+    let mut gates = Vec::new();
+    let mut contenders = 0;
+    for (lock, &n) in LOCKS.iter().enumerate() {
+        let name = format!("fair/{lock}");
+        // The first contender holds the lock while the others line up.
+        let gate_lease = lease(&mut admin, 30).await;
+        let gate = admin
+            .lock(
+                name.as_str(),
+                Some(LockOptions::new().with_lease(gate_lease)),
+            )
+            .await
+            .expect("the gate holds");
+        gates.push(gate.key().to_vec());
+        for joined in 1..n {
+            let proxy = &proxies[contenders % 2];
+            contenders += 1;
+            let mut client = Client::connect([format!("http://{}", proxy.grpc)], None)
+                .await
+                .expect("connect");
+            let id = lease(&mut client, 30).await;
+            let granted_tx = granted_tx.clone();
+            let lock_name = name.clone();
+            tokio::spawn(async move {
+                let resp = client
+                    .lock(lock_name.as_str(), Some(LockOptions::new().with_lease(id)))
+                    .await
+                    .expect("lock");
+                let token = token(&mut client, resp.key()).await;
+                let _ = granted_tx.send(Granted {
+                    lock,
+                    joined,
+                    token,
+                });
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                client.unlock(resp.key()).await.expect("unlock");
+            });
+            eventually(Duration::from_secs(10), async || {
+                match queued(&mut admin, &name).await {
+                    q if q == joined + 1 => Ok(()),
+                    q => Err(format!("{q} in line for {name}, not {}", joined + 1)),
+                }
+            })
+            .await;
+        }
+    }
+    let wakeups = async |proxies: &[ProxyProcess; 2]| {
+        let mut sum = 0.0;
+        for proxy in proxies {
+            sum += proxy
+                .metric("latchkey_lock_wakeups_total")
+                .await
+                .unwrap_or(0.0);
+        }
+        sum
+    };
+    assert_eq!(
+        wakeups(&proxies).await,
+        0.0,
+        "a waiter woke while nothing moved"
+    );
+    for gate in gates {
+        admin.unlock(gate).await.expect("open the gate");
+    }
+    let mut grants: Vec<Vec<(usize, i64)>> = vec![Vec::new(); LOCKS.len()];
+    for _ in 0..contenders {
+        let g = tokio::time::timeout(Duration::from_secs(30), granted_rx.recv())
+            .await
+            .expect("every contender is granted in time")
+            .expect("granted");
+        grants[g.lock].push((g.joined, g.token));
+    }
+    for (lock, got) in grants.iter().enumerate() {
+        let order: Vec<usize> = got.iter().map(|(joined, _)| *joined).collect();
+        let want: Vec<usize> = (1..LOCKS[lock]).collect();
+        assert_eq!(order, want, "lock {lock}: granted out of queue order");
+        assert!(
+            got.windows(2).all(|w| w[0].1 < w[1].1),
+            "lock {lock}: tokens do not rise: {got:?}"
+        );
+    }
+    // Every waiter was woken once: by its predecessor's release.
+    assert_eq!(wakeups(&proxies).await, contenders as f64);
+}

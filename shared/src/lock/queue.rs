@@ -199,6 +199,9 @@ pub(super) async fn wait_for_turn<B: LockBackend>(
             }
         })
         .await?;
+        // One waiter woken by one departure: the count a test compares
+        // with the departures.
+        metrics::counter!("latchkey_lock_wakeups_total").increment(1);
     }
     // Still queued (its lease may have expired while it waited)?
     let own = within(
