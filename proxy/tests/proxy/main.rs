@@ -13,6 +13,7 @@ mod t61_late_joiners;
 mod t62_slow_watcher;
 mod t70_read_cache;
 mod t80_locks;
+mod t81_fencing;
 
 use latchkey_shared::etcdpb::{PbWatchRequest, PbWatchResponse};
 use std::path::Path;
