@@ -170,23 +170,31 @@ pub(super) async fn wait_for_turn<B: LockBackend>(
 ) -> Result<PbResponseHeader, ApiError> {
     let queue = queue_range(name);
     loop {
-        // The contender just before this one, if any.
-        let before = within(
+        // This contender's key and the one just before it, in one read.
+        let line = within(
             deadline,
             backend.range(PbRangeRequest {
                 key: queue.start.clone(),
                 range_end: queue.end.clone(),
-                max_create_revision: place.revision - 1,
+                max_create_revision: place.revision,
                 sort_order: SortOrder::Descend as i32,
                 sort_target: SortTarget::Create as i32,
-                limit: 1,
+                limit: 2,
                 ..Default::default()
             }),
         )
         .await?;
-        let read_at = before.header.as_ref().map_or(0, |h| h.revision);
-        let Some(predecessor) = before.kvs.first() else {
-            break;
+        let read_at = line.header.as_ref().map_or(0, |h| h.revision);
+        let mut keys = line.kvs.iter();
+        // Still queued? Its lease may have expired while it waited.
+        if keys.next().map(|kv| (&kv.key, kv.create_revision)) != Some((&place.key, place.revision))
+        {
+            place.armed = false;
+            return Err(ApiError::session_expired(LeaseId(lease)));
+        }
+        let Some(predecessor) = keys.next() else {
+            place.armed = false;
+            return Ok(line.header.unwrap_or_default());
         };
         // Woken by the predecessor's deletion, or by this contender's own
         // (its lease expired): either way, read again.
@@ -203,20 +211,6 @@ pub(super) async fn wait_for_turn<B: LockBackend>(
         // with the departures.
         metrics::counter!("latchkey_lock_wakeups_total").increment(1);
     }
-    // Still queued (its lease may have expired while it waited)?
-    let own = within(
-        deadline,
-        backend.range(PbRangeRequest {
-            key: place.key.clone(),
-            ..Default::default()
-        }),
-    )
-    .await?;
-    place.armed = false;
-    if own.kvs.first().map(|kv| kv.create_revision) != Some(place.revision) {
-        return Err(ApiError::session_expired(LeaseId(lease)));
-    }
-    Ok(own.header.unwrap_or_default())
 }
 
 /// `work`, or `lock_timeout` at `deadline`.
