@@ -65,10 +65,15 @@ async fn write(
     }
 }
 
-/// The holder processes, each its own process group; killed when dropped.
-struct Holders(Vec<u32>);
+/// The holder processes, each its own process group; killed (with every
+/// process of the group) and reaped when dropped.
+struct Holders(Vec<std::process::Child>);
 
 impl Holders {
+    fn pids(&self) -> Vec<u32> {
+        self.0.iter().map(std::process::Child::id).collect()
+    }
+
     fn signal(&self, pid: u32, signal: &str) {
         let _ = std::process::Command::new("kill")
             .args([signal, "--", &format!("-{pid}")])
@@ -78,9 +83,12 @@ impl Holders {
 
 impl Drop for Holders {
     fn drop(&mut self) {
-        for pid in &self.0 {
-            self.signal(*pid, "-CONT");
-            self.signal(*pid, "-KILL");
+        for pid in self.pids() {
+            self.signal(pid, "-CONT");
+            self.signal(pid, "-KILL");
+        }
+        for child in &mut self.0 {
+            let _ = child.wait();
         }
     }
 }
@@ -104,7 +112,7 @@ async fn paused_holders_past_their_ttl_are_fenced_off_by_their_tokens() {
     let resource_addr = listener.local_addr().expect("addr");
     tokio::spawn(async move { axum::serve(listener, app).await });
 
-    let mut pids = Vec::new();
+    let mut children = Vec::new();
     for _ in 0..HOLDERS {
         let child = std::process::Command::new("sh")
             .args(["-c", HOLDER])
@@ -115,9 +123,9 @@ async fn paused_holders_past_their_ttl_are_fenced_off_by_their_tokens() {
             .process_group(0)
             .spawn()
             .expect("start a holder");
-        pids.push(child.id());
+        children.push(child);
     }
-    let holders = Holders(pids);
+    let holders = Holders(children);
 
     let rounds = || {
         let writes = resource.writes.lock().expect("lock");
@@ -143,7 +151,7 @@ async fn paused_holders_past_their_ttl_are_fenced_off_by_their_tokens() {
             .rev()
             .find(|w| w.2)
             .map(|w| w.0);
-        if let Some(pid) = last.filter(|pid| holders.0.contains(pid)) {
+        if let Some(pid) = last.filter(|pid| holders.pids().contains(pid)) {
             holders.signal(pid, "-STOP");
             tokio::time::sleep(PAUSE).await;
             holders.signal(pid, "-CONT");
