@@ -34,6 +34,11 @@ pub struct AcquireLock {
     /// most an hour); then `lock_timeout`, and the place in the queue is
     /// given up.
     pub timeout_ms: Option<u64>,
+    /// Lock-delay, in milliseconds (at most 60 000): if this session
+    /// EXPIRES while it holds the lock (it did not release it), the lock
+    /// is not granted to anyone else for this long, for resources that
+    /// cannot check fencing tokens. A release hands the lock on at once.
+    pub lock_delay_ms: Option<u64>,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -144,9 +149,16 @@ pub async fn acquire(
         .map_or(DEFAULT_WAIT, Duration::from_millis)
         .min(latchkey_shared::lock::service::WAIT_LIMIT);
     let deadline = tokio::time::Instant::now() + wait;
-    let grant = mutex::acquire(backend(&state), name.as_bytes(), lease.get(), deadline)
-        .await
-        .map_err(session_gone)?;
+    let lock_delay = Duration::from_millis(req.lock_delay_ms.unwrap_or(0));
+    let grant = mutex::acquire(
+        backend(&state),
+        name.as_bytes(),
+        lease.get(),
+        lock_delay,
+        deadline,
+    )
+    .await
+    .map_err(session_gone)?;
     answer(Granted {
         fencing_token: grant.fencing_token,
         key: text(&grant.key),
@@ -166,15 +178,10 @@ pub async fn release(
 ) -> Answer<Released> {
     let lease = parse_session(&req.session_id)?;
     let key = queue_key(name.as_bytes(), lease.get());
-    let deleted = backend(&state)
-        .delete(latchkey_shared::etcdpb::PbDeleteRequest {
-            key,
-            ..Default::default()
-        })
-        .await?;
+    let (header, released) = mutex::release(backend(&state).as_ref(), key).await?;
     answer(Released {
-        released: deleted.deleted > 0,
-        revision: deleted.header.map_or(0, |h| h.revision),
+        released,
+        revision: header.revision,
     })
 }
 

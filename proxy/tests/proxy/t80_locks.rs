@@ -267,60 +267,96 @@ async fn election(addr: &str, name: &str) {
     );
 }
 
+/// The proxy's HTTP API, for the HTTP lock tests.
+#[derive(Clone)]
+struct Api {
+    http: reqwest::Client,
+    base: String,
+}
+
+impl Api {
+    fn of(proxy: &ProxyProcess) -> Api {
+        Api {
+            http: reqwest::Client::new(),
+            base: format!("http://{}/v1", proxy.http),
+        }
+    }
+
+    /// POSTs `body` to `/v1{path}`: the status and the JSON answer.
+    async fn post(&self, path: &str, body: serde_json::Value) -> (u16, serde_json::Value) {
+        let resp = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .json(&body)
+            .send()
+            .await
+            .expect("post");
+        let status = resp.status().as_u16();
+        (status, resp.json().await.expect("a JSON body"))
+    }
+
+    /// The JSON answer of `GET /v1{path}`.
+    async fn get(&self, path: &str) -> Result<serde_json::Value, String> {
+        self.http
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await
+            .map_err(|e| e.to_string())?
+            .json()
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    /// `n` new sessions with a 30 s TTL.
+    async fn sessions(&self, n: usize) -> Vec<String> {
+        let mut ids = Vec::new();
+        for _ in 0..n {
+            let (status, body) = self.post("/sessions", serde_json::json!({"ttl": 30})).await;
+            assert_eq!(status, 200, "{body}");
+            ids.push(body["id"].as_str().expect("id").to_string());
+        }
+        ids
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_locks_grant_fencing_tokens_that_fence_off_an_old_holder() {
     use latchkey_shared::lock::FencedResource;
     use serde_json::{json, Value};
     let proxy = ProxyProcess::dev(proxy_bin()).await;
-    let http = reqwest::Client::new();
-    let base = format!("http://{}/v1", proxy.http);
-    let post = |path: String, body: Value| {
-        let http = http.clone();
-        async move {
-            let resp = http.post(path).json(&body).send().await.expect("post");
-            let status = resp.status().as_u16();
-            (status, resp.json::<Value>().await.expect("a JSON body"))
-        }
-    };
-    let mut sessions = Vec::new();
-    for _ in 0..2 {
-        let (status, body) = post(format!("{base}/sessions"), json!({"ttl": 30})).await;
-        assert_eq!(status, 200, "{body}");
-        sessions.push(body["id"].as_str().expect("id").to_string());
-    }
-    let (status, first) = post(
-        format!("{base}/locks/db/acquire"),
-        json!({"session_id": sessions[0]}),
-    )
-    .await;
+    let api = Api::of(&proxy);
+    let sessions = api.sessions(2).await;
+    let (status, first) = api
+        .post(
+            &format!("/locks/db/acquire"),
+            json!({"session_id": sessions[0]}),
+        )
+        .await;
     assert_eq!(status, 200, "{first}");
     let first_token = first["fencing_token"].as_i64().expect("a token");
 
     // The second session cannot have it while it is held...
-    let (status, body) = post(
-        format!("{base}/locks/db/acquire"),
-        json!({"session_id": sessions[1], "timeout_ms": 300}),
-    )
-    .await;
+    let (status, body) = api
+        .post(
+            &format!("/locks/db/acquire"),
+            json!({"session_id": sessions[1], "timeout_ms": 300}),
+        )
+        .await;
     assert_eq!(
         (status, body["error"].as_str()),
         (408, Some("lock_timeout")),
         "{body}"
     );
     // ...and waits for it in line.
-    let waiting = tokio::spawn(post(
-        format!("{base}/locks/db/acquire"),
-        json!({"session_id": sessions[1], "timeout_ms": 10000}),
-    ));
+    let waiting = {
+        let (api, body) = (
+            api.clone(),
+            json!({"session_id": sessions[1], "timeout_ms": 10000}),
+        );
+        tokio::spawn(async move { api.post("/locks/db/acquire", body).await })
+    };
     eventually(Duration::from_secs(10), async || {
-        let state: Value = http
-            .get(format!("{base}/locks/db"))
-            .send()
-            .await
-            .map_err(|e| e.to_string())?
-            .json()
-            .await
-            .map_err(|e| e.to_string())?;
+        let state = api.get("/locks/db").await?;
         let waiters = state["waiters"].as_array().map_or(0, Vec::len);
         match (state["holder"]["session_id"].as_str(), waiters) {
             (Some(holder), 1) if holder == sessions[0] => Ok(()),
@@ -328,20 +364,12 @@ async fn http_locks_grant_fencing_tokens_that_fence_off_an_old_holder() {
         }
     })
     .await;
-    let check = |token: i64| {
-        let http = http.clone();
-        let url = format!("{base}/locks/db/check?token={token}");
-        async move {
-            let body: Value = http
-                .get(url)
-                .send()
-                .await
-                .expect("check")
-                .json()
-                .await
-                .expect("json");
-            body["current"].as_bool().expect("current")
-        }
+    let check = async |token: i64| -> bool {
+        let body: Value = api
+            .get(&format!("/locks/db/check?token={token}"))
+            .await
+            .expect("check");
+        body["current"].as_bool().expect("current")
     };
     assert!(check(first_token).await);
 
@@ -350,11 +378,12 @@ async fn http_locks_grant_fencing_tokens_that_fence_off_an_old_holder() {
     resource
         .accept("db", first_token)
         .expect("the holder writes");
-    let (status, released) = post(
-        format!("{base}/locks/db/release"),
-        json!({"session_id": sessions[0]}),
-    )
-    .await;
+    let (status, released) = api
+        .post(
+            &format!("/locks/db/release"),
+            json!({"session_id": sessions[0]}),
+        )
+        .await;
     assert_eq!((status, released["released"].as_bool()), (200, Some(true)));
     let (status, second) = waiting.await.expect("the waiter");
     assert_eq!(status, 200, "{second}");
@@ -371,11 +400,12 @@ async fn http_locks_grant_fencing_tokens_that_fence_off_an_old_holder() {
     let stale = resource.accept("db", first_token);
     assert!(stale.is_err(), "the old holder's write was accepted");
     // Releasing again is not an error.
-    let (status, again) = post(
-        format!("{base}/locks/db/release"),
-        json!({"session_id": sessions[0]}),
-    )
-    .await;
+    let (status, again) = api
+        .post(
+            &format!("/locks/db/release"),
+            json!({"session_id": sessions[0]}),
+        )
+        .await;
     assert_eq!((status, again["released"].as_bool()), (200, Some(false)));
 }
 
@@ -483,4 +513,75 @@ async fn through_two_proxies_grants_follow_the_queue_and_each_release_wakes_one_
     }
     // Every waiter was woken once: by its predecessor's release.
     assert_eq!(wakeups(&proxies).await, contenders as f64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_delay_holds_the_lock_after_an_expiry_but_not_after_a_release() {
+    use serde_json::json;
+    use tokio::time::Instant;
+    let proxy = ProxyProcess::dev(proxy_bin()).await;
+    let api = Api::of(&proxy);
+    let sessions = api.sessions(4).await;
+    let delay = Duration::from_millis(1500);
+    for (lock, holder, waiter, ends_by_expiry) in [
+        ("expired", &sessions[0], &sessions[1], true),
+        ("released", &sessions[2], &sessions[3], false),
+    ] {
+        let (status, body) = api
+            .post(
+                &format!("/locks/{lock}/acquire"),
+                json!({"session_id": holder, "lock_delay_ms": delay.as_millis() as u64}),
+            )
+            .await;
+        assert_eq!(status, 200, "{body}");
+        let waiting = {
+            let (api, body) = (
+                api.clone(),
+                json!({"session_id": waiter, "timeout_ms": 10000}),
+            );
+            let path = format!("/locks/{lock}/acquire");
+            tokio::spawn(async move { api.post(&path, body).await })
+        };
+        eventually(Duration::from_secs(10), async || {
+            let state = api.get(&format!("/locks/{lock}")).await?;
+            match state["waiters"].as_array().map_or(0, Vec::len) {
+                1 => Ok(()),
+                n => Err(format!("{n} waiters")),
+            }
+        })
+        .await;
+        let ended = Instant::now();
+        if ends_by_expiry {
+            // The holder's session ends without a release.
+            let resp = api
+                .http
+                .delete(format!("{}/sessions/{holder}", api.base))
+                .send()
+                .await
+                .expect("revoke");
+            assert_eq!(resp.status(), 200);
+        } else {
+            let (status, _) = api
+                .post(
+                    &format!("/locks/{lock}/release"),
+                    json!({"session_id": holder}),
+                )
+                .await;
+            assert_eq!(status, 200);
+        }
+        let (status, body) = waiting.await.expect("waiter");
+        assert_eq!(status, 200, "{body}");
+        let waited = ended.elapsed();
+        if ends_by_expiry {
+            assert!(
+                waited >= delay,
+                "granted {waited:?} after the holder expired"
+            );
+        } else {
+            assert!(
+                waited < Duration::from_millis(1000),
+                "a released lock waited {waited:?}"
+            );
+        }
+    }
 }

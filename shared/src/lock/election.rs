@@ -42,7 +42,7 @@ pub async fn campaign<B: LockBackend>(
     if joined.existing_value.is_some_and(|v| v != value) {
         within(deadline, proclaim(backend.as_ref(), &leader, value)).await?;
     }
-    let header = wait_for_turn(backend.as_ref(), name, lease, place, deadline).await?;
+    let header = wait_for_turn(backend.as_ref(), name, lease, place, false, deadline).await?;
     Ok((leader, header))
 }
 

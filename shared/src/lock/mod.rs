@@ -10,6 +10,8 @@
 //!   predecessor's departure only.
 //! - [`mutex`]: [`mutex::acquire`] / [`mutex::release`]; the holder's
 //!   create revision is its fencing token.
+//! - [`delay`]: lock-delay (Chubby's): after a holder's session expires,
+//!   the lock waits before its next grant.
 //! - [`election`]: campaign, proclaim, resign, leader, changes.
 //! - [`fenced`]: [`FencedResource`], what a protected resource keeps: the
 //!   highest token accepted, so a stale holder's write is refused.
@@ -17,6 +19,7 @@
 //!   [`ElectionService`] (`v3electionpb.Election`) over any backend.
 
 pub mod backend;
+pub mod delay;
 pub mod election;
 pub mod fenced;
 pub mod mutex;

@@ -2,11 +2,13 @@
 //! the first contender holds the lock; its key's create revision is its
 //! fencing token, higher for every later holder.
 
-use super::queue::{join, wait_for_turn, Place};
+use super::delay;
+use super::queue::{join, leave, wait_for_turn, Place};
 use super::LockBackend;
-use crate::etcdpb::{PbDeleteRequest, PbResponseHeader};
+use crate::etcdpb::{PbRangeRequest, PbResponseHeader};
 use crate::ApiError;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::time::Instant;
 
 /// A lock held.
@@ -28,16 +30,24 @@ pub async fn acquire<B: LockBackend>(
     backend: Arc<B>,
     name: &[u8],
     lease: i64,
+    lock_delay: Duration,
     deadline: Instant,
 ) -> Result<Grant, ApiError> {
-    let joined = join(backend.as_ref(), name, lease, Vec::new(), deadline).await?;
+    if lock_delay > delay::MAX_LOCK_DELAY {
+        return Err(ApiError::invalid(format!(
+            "a lock delay is at most {} ms",
+            delay::MAX_LOCK_DELAY.as_millis()
+        )));
+    }
+    let value = delay::encode(lock_delay);
+    let joined = join(backend.as_ref(), name, lease, value, deadline).await?;
     let place = Place {
         backend: backend.clone(),
         key: joined.key.clone(),
         revision: joined.revision,
         armed: true,
     };
-    let header = wait_for_turn(backend.as_ref(), name, lease, place, deadline).await?;
+    let header = wait_for_turn(backend.as_ref(), name, lease, place, true, deadline).await?;
     Ok(Grant {
         key: joined.key,
         fencing_token: joined.revision,
@@ -46,19 +56,25 @@ pub async fn acquire<B: LockBackend>(
 }
 
 /// Releases a lock (or gives up a place in its queue): deletes the key an
-/// acquire returned. Releasing a key that is gone is not an error.
+/// acquire returned, marking the departure as one on purpose (no
+/// lock-delay). Returns whether the key was there; releasing a key that
+/// is gone is not an error.
 pub async fn release<B: LockBackend>(
     backend: &B,
     key: Vec<u8>,
-) -> Result<PbResponseHeader, ApiError> {
+) -> Result<(PbResponseHeader, bool), ApiError> {
     if key.is_empty() {
         return Err(ApiError::key_not_provided());
     }
-    let deleted = backend
-        .delete(PbDeleteRequest {
-            key,
+    let current = backend
+        .range(PbRangeRequest {
+            key: key.clone(),
             ..Default::default()
         })
         .await?;
-    Ok(deleted.header.unwrap_or_default())
+    let Some(revision) = current.kvs.first().map(|kv| kv.create_revision) else {
+        return Ok((current.header.unwrap_or_default(), false));
+    };
+    let left = backend.txn(leave(&key, revision)).await?;
+    Ok((left.header.unwrap_or_default(), left.succeeded))
 }

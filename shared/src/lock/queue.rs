@@ -6,7 +6,7 @@
 //! gives up removes its own key, and only its own (the txn compares the
 //! create revision); one whose lease expires loses its key with it.
 
-use super::LockBackend;
+use super::{delay, LockBackend};
 use crate::etcd_enums::{CompareResult, CompareTarget, SortOrder, SortTarget};
 use crate::etcdpb::{
     PbCompare, PbDeleteRequest, PbPutRequest, PbRangeRequest, PbResponseHeader, PbTargetUnion,
@@ -54,6 +54,29 @@ pub(super) fn if_created_at(key: &[u8], revision: i64, then: PbTxnOpRequest) -> 
         success: vec![op(then)],
         failure: Vec::new(),
     }
+}
+
+/// A contender leaving the queue on purpose (release, give-up): its key
+/// goes, if it is still the one created at `revision`, and the lock's
+/// marker records that revision in the same txn (see [`delay`]).
+pub(super) fn leave(key: &[u8], revision: i64) -> PbTxnRequest {
+    let mut txn = if_created_at(
+        key,
+        revision,
+        PbTxnOpRequest::RequestDeleteRange(PbDeleteRequest {
+            key: key.to_vec(),
+            ..Default::default()
+        }),
+    );
+    if let Some(name) = delay::name_of(key) {
+        txn.success
+            .push(op(PbTxnOpRequest::RequestPut(PbPutRequest {
+                key: delay::marker(name),
+                value: revision.to_string().into_bytes(),
+                ..Default::default()
+            })));
+    }
+    txn
 }
 
 /// A contender's place: its key and the key's create revision.
@@ -139,14 +162,7 @@ impl<B: LockBackend> Drop for Place<B> {
             return;
         }
         let (backend, key, revision) = (self.backend.clone(), self.key.clone(), self.revision);
-        let remove = if_created_at(
-            &key,
-            revision,
-            PbTxnOpRequest::RequestDeleteRange(PbDeleteRequest {
-                key: key.clone(),
-                ..Default::default()
-            }),
-        );
+        let remove = leave(&key, revision);
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
                 if let Err(e) = backend.txn(remove).await {
@@ -166,6 +182,7 @@ pub(super) async fn wait_for_turn<B: LockBackend>(
     name: &[u8],
     lease: i64,
     mut place: Place<B>,
+    honour_lock_delay: bool,
     deadline: Instant,
 ) -> Result<PbResponseHeader, ApiError> {
     let queue = queue_range(name);
@@ -196,6 +213,11 @@ pub(super) async fn wait_for_turn<B: LockBackend>(
             place.armed = false;
             return Ok(line.header.unwrap_or_default());
         };
+        let (predecessor_key, predecessor_revision, predecessor_value) = (
+            predecessor.key.clone(),
+            predecessor.create_revision,
+            predecessor.value.clone(),
+        );
         // Woken by the predecessor's deletion, or by this contender's own
         // (its lease expired): either way, read again.
         let mine = backend.wait_change(KeyRange::single(place.key.clone()), read_at, true);
@@ -210,7 +232,59 @@ pub(super) async fn wait_for_turn<B: LockBackend>(
         // One waiter woken by one departure: the count a test compares
         // with the departures.
         metrics::counter!("latchkey_lock_wakeups_total").increment(1);
+        let lock_delay = delay::decode(&predecessor_value);
+        if honour_lock_delay && !lock_delay.is_zero() {
+            let expired = within(
+                deadline,
+                expired(backend, name, &predecessor_key, predecessor_revision),
+            )
+            .await?;
+            if expired {
+                metrics::counter!("latchkey_lock_delays_total").increment(1);
+                within(deadline, async {
+                    tokio::time::sleep(lock_delay).await;
+                    Ok(())
+                })
+                .await?;
+            }
+        }
     }
+}
+
+/// Whether the contender `key` (created at `revision`) has left the lock
+/// `name` without leaving on purpose: its key is gone and the marker does
+/// not name it. Then its lease expired (or someone deleted the key by
+/// hand, which counts the same).
+async fn expired<B: LockBackend>(
+    backend: &B,
+    name: &[u8],
+    key: &[u8],
+    revision: i64,
+) -> Result<bool, ApiError> {
+    let still = backend
+        .range(PbRangeRequest {
+            key: key.to_vec(),
+            ..Default::default()
+        })
+        .await?;
+    if still
+        .kvs
+        .first()
+        .is_some_and(|kv| kv.create_revision == revision)
+    {
+        return Ok(false);
+    }
+    let marker = backend
+        .range(PbRangeRequest {
+            key: delay::marker(name),
+            ..Default::default()
+        })
+        .await?;
+    let left_on_purpose = marker
+        .kvs
+        .first()
+        .is_some_and(|kv| kv.value == revision.to_string().as_bytes());
+    Ok(!left_on_purpose)
 }
 
 /// `work`, or `lock_timeout` at `deadline`.

@@ -46,7 +46,14 @@ impl<B> LockService<B> {
 impl<B: LockBackend> Lock for LockService<B> {
     async fn lock(&self, request: Request<LockRequest>) -> Result<Response<LockResponse>, Status> {
         let req = request.into_inner();
-        let grant = mutex::acquire(self.backend.clone(), &req.name, req.lease, deadline()).await?;
+        let grant = mutex::acquire(
+            self.backend.clone(),
+            &req.name,
+            req.lease,
+            Duration::ZERO,
+            deadline(),
+        )
+        .await?;
         Ok(Response::new(LockResponse {
             header: Some(grant.header),
             key: grant.key,
@@ -57,7 +64,7 @@ impl<B: LockBackend> Lock for LockService<B> {
         &self,
         request: Request<UnlockRequest>,
     ) -> Result<Response<UnlockResponse>, Status> {
-        let header = mutex::release(self.backend.as_ref(), request.into_inner().key).await?;
+        let (header, _) = mutex::release(self.backend.as_ref(), request.into_inner().key).await?;
         Ok(Response::new(UnlockResponse {
             header: Some(header),
         }))
