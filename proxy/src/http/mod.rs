@@ -15,6 +15,7 @@
 //! `utoipa_axum`'s router: the router and `/v1/openapi.json` come from the
 //! same declarations, so neither has a route the other lacks.
 
+pub mod audit;
 pub mod cluster;
 pub mod extract;
 pub mod kv;
@@ -77,6 +78,8 @@ pub fn routes() -> (Router<Arc<ProxyState>>, serde_json::Value) {
         .routes(routes!(locks::release))
         .routes(routes!(locks::state_of))
         .routes(routes!(locks::check))
+        .routes(routes!(audit::force_release))
+        .routes(routes!(audit::records))
         .routes(routes!(cluster::status))
         .routes(routes!(openapi_json))
         .routes(routes!(healthz))

@@ -92,6 +92,15 @@ pub async fn watch(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let range = key_range(key.as_bytes(), on(params.prefix))?;
+    let start_revision = start_revision(&headers, params.from_revision)?;
+    let with_prev = on(params.prev_kv);
+    let watch_key = WatchKey::new(range.start, range.end, &[], with_prev)?;
+    serve(&state, watch_key, start_revision).await
+}
+
+/// Where a watch starts: right after `Last-Event-ID` when the client
+/// resumes, else `from_revision`, else the next revision (0).
+pub fn start_revision(headers: &HeaderMap, from_revision: Option<i64>) -> Result<i64, ApiError> {
     let resume = match headers.get("last-event-id") {
         None => None,
         Some(v) => Some(
@@ -102,7 +111,7 @@ pub async fn watch(
                 .ok_or_else(|| ApiError::invalid("Last-Event-ID must be a revision"))?,
         ),
     };
-    let start_revision = match (resume, params.from_revision) {
+    let start = match (resume, from_revision) {
         (Some(last), _) => last
             .checked_add(1)
             .ok_or_else(|| ApiError::invalid("Last-Event-ID is past the last revision"))?,
@@ -114,8 +123,16 @@ pub async fn watch(
         (None, Some(r)) => r,
         (None, None) => 0,
     };
-    let with_prev = on(params.prev_kv);
-    let watch_key = WatchKey::new(range.start, range.end, &[], with_prev)?;
+    Ok(start)
+}
+
+/// The SSE stream of the coalesced watch `watch_key` from `start_revision`.
+pub async fn serve(
+    state: &Arc<ProxyState>,
+    watch_key: WatchKey,
+    start_revision: i64,
+) -> Result<Response, ApiError> {
+    let with_prev = watch_key.prev_kv;
     let subscription = match state.coalescer.subscribe(watch_key, start_revision).await {
         Ok(subscription) => subscription,
         // The stream opens and says why it ends, as it would for a

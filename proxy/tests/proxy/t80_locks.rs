@@ -327,10 +327,7 @@ async fn http_locks_grant_fencing_tokens_that_fence_off_an_old_holder() {
     let api = Api::of(&proxy);
     let sessions = api.sessions(2).await;
     let (status, first) = api
-        .post(
-            &format!("/locks/db/acquire"),
-            json!({"session_id": sessions[0]}),
-        )
+        .post("/locks/db/acquire", json!({"session_id": sessions[0]}))
         .await;
     assert_eq!(status, 200, "{first}");
     let first_token = first["fencing_token"].as_i64().expect("a token");
@@ -338,7 +335,7 @@ async fn http_locks_grant_fencing_tokens_that_fence_off_an_old_holder() {
     // The second session cannot have it while it is held...
     let (status, body) = api
         .post(
-            &format!("/locks/db/acquire"),
+            "/locks/db/acquire",
             json!({"session_id": sessions[1], "timeout_ms": 300}),
         )
         .await;
@@ -379,10 +376,7 @@ async fn http_locks_grant_fencing_tokens_that_fence_off_an_old_holder() {
         .accept("db", first_token)
         .expect("the holder writes");
     let (status, released) = api
-        .post(
-            &format!("/locks/db/release"),
-            json!({"session_id": sessions[0]}),
-        )
+        .post("/locks/db/release", json!({"session_id": sessions[0]}))
         .await;
     assert_eq!((status, released["released"].as_bool()), (200, Some(true)));
     let (status, second) = waiting.await.expect("the waiter");
@@ -401,10 +395,7 @@ async fn http_locks_grant_fencing_tokens_that_fence_off_an_old_holder() {
     assert!(stale.is_err(), "the old holder's write was accepted");
     // Releasing again is not an error.
     let (status, again) = api
-        .post(
-            &format!("/locks/db/release"),
-            json!({"session_id": sessions[0]}),
-        )
+        .post("/locks/db/release", json!({"session_id": sessions[0]}))
         .await;
     assert_eq!((status, again["released"].as_bool()), (200, Some(false)));
 }
@@ -584,4 +575,119 @@ async fn lock_delay_holds_the_lock_after_an_expiry_but_not_after_a_release() {
             );
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_force_release_fences_off_the_holder_and_is_in_the_audit_stream() {
+    use futures::StreamExt;
+    use latchkey_shared::lock::audit::AuditRecord;
+    use latchkey_shared::lock::FencedResource;
+    use serde_json::{json, Value};
+    let proxy = ProxyProcess::dev(proxy_bin()).await;
+    let api = Api::of(&proxy);
+    let sessions = api.sessions(2).await;
+    let (status, held) = api
+        .post("/locks/stuck/acquire", json!({"session_id": sessions[0]}))
+        .await;
+    assert_eq!(status, 200, "{held}");
+    let old_token = held["fencing_token"].as_i64().expect("token");
+    let resource = FencedResource::new();
+    resource
+        .accept("stuck", old_token)
+        .expect("the holder writes");
+    let waiting = {
+        let (api, body) = (
+            api.clone(),
+            json!({"session_id": sessions[1], "timeout_ms": 10000}),
+        );
+        tokio::spawn(async move { api.post("/locks/stuck/acquire", body).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished());
+
+    // No reason, no release.
+    let (status, body) = api
+        .post("/admin/locks/stuck/force-release", json!({"reason": " "}))
+        .await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (400, Some("invalid_argument"))
+    );
+    let (status, broken) = api
+        .post(
+            "/admin/locks/stuck/force-release",
+            json!({"reason": "holder hung in GC", "operator": "alice"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{broken}");
+    assert_eq!(broken["fencing_token"].as_i64(), Some(old_token));
+    assert_eq!(
+        broken["holder_session"].as_str(),
+        Some(sessions[0].as_str())
+    );
+
+    // The next waiter holds it with a higher token; the old one is fenced off.
+    let (status, granted) = waiting.await.expect("waiter");
+    assert_eq!(status, 200, "{granted}");
+    let new_token = granted["fencing_token"].as_i64().expect("token");
+    assert!(new_token > old_token);
+    let check = api
+        .get(&format!("/locks/stuck/check?token={old_token}"))
+        .await
+        .expect("check");
+    assert_eq!(check["current"].as_bool(), Some(false));
+    resource
+        .accept("stuck", new_token)
+        .expect("the new holder writes");
+    assert!(resource.accept("stuck", old_token).is_err());
+    // A lock nobody holds cannot be broken.
+    let (status, _) = api
+        .post(
+            "/admin/locks/free/force-release",
+            json!({"reason": "why not"}),
+        )
+        .await;
+    assert_eq!(status, 412);
+
+    // The audit stream replays the record.
+    let resp = api
+        .http
+        .get(format!("{}/audit?from_revision=1", api.base))
+        .send()
+        .await
+        .expect("audit stream");
+    assert_eq!(resp.status(), 200);
+    let mut body = Box::pin(resp.bytes_stream());
+    let mut text = String::new();
+    let record = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let chunk = body.next().await.expect("open").expect("chunk");
+            text.push_str(&String::from_utf8_lossy(&chunk));
+            if let Some(data) = text.lines().find_map(|l| l.strip_prefix("data: ")) {
+                let event: Value = serde_json::from_str(data).expect("an event");
+                let value = event["kv"]["value"].as_str().expect("a value").to_string();
+                return serde_json::from_str::<AuditRecord>(&value).expect("a record");
+            }
+        }
+    })
+    .await
+    .expect("the record is streamed");
+    assert_eq!(
+        (
+            record.action.as_str(),
+            record.lock.as_str(),
+            record.reason.as_str(),
+            record.operator.as_str(),
+            record.fencing_token,
+            record.holder_session.as_str()
+        ),
+        (
+            "force_release",
+            "stuck",
+            "holder hung in GC",
+            "alice",
+            old_token,
+            sessions[0].as_str()
+        )
+    );
 }

@@ -15,9 +15,12 @@
 //! - [`election`]: campaign, proclaim, resign, leader, changes.
 //! - [`fenced`]: [`FencedResource`], what a protected resource keeps: the
 //!   highest token accepted, so a stale holder's write is refused.
+//! - [`audit`]: force-release of a stuck lock with its audit record,
+//!   both in one txn.
 //! - [`service`]: [`LockService`] (`v3lockpb.Lock`) and
 //!   [`ElectionService`] (`v3electionpb.Election`) over any backend.
 
+pub mod audit;
 pub mod backend;
 pub mod delay;
 pub mod election;

@@ -1,0 +1,107 @@
+//! Operators' routes: `POST /v1/admin/locks/{name}/force-release` breaks a
+//! stuck lock and writes its audit record in the same txn;
+//! `GET /v1/audit` streams the audit records (Server-Sent Events, each an
+//! ordinary watch event whose value is the record's JSON) from any
+//! revision, so every privileged operation can be replayed.
+
+use super::extract::{Client, Json, Path, Query};
+use super::model::ErrorBody;
+use super::watch_sse::{serve, start_revision, WatchEvent};
+use super::{answer, Answer};
+use crate::lock_backend::UpstreamLocks;
+use crate::state::ProxyState;
+use crate::watch::WatchKey;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::Response;
+use latchkey_shared::lock::audit::{self, AuditRecord};
+use latchkey_shared::ApiError;
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+use utoipa::{IntoParams, ToSchema};
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ForceRelease {
+    /// Why the lock is broken: kept in the audit record.
+    pub reason: String,
+    /// Who breaks it (default: the request's address).
+    pub operator: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ForceReleased {
+    /// The session that held the lock.
+    pub holder_session: String,
+    /// Its fencing token: every later holder's is higher.
+    pub fencing_token: i64,
+    /// The revision of the release and its audit record.
+    pub revision: i64,
+}
+
+/// Break a stuck lock, with an audit record.
+#[utoipa::path(post, path = "/v1/admin/locks/{name}/force-release", tag = "locks",
+    params(("name" = String, Path, description = "The lock")),
+    request_body = ForceRelease,
+    responses((status = 200, body = ForceReleased), (status = 412, body = ErrorBody, description = "The lock is not held"),
+        (status = "4XX", body = ErrorBody), (status = "5XX", body = ErrorBody)))]
+pub async fn force_release(
+    State(state): State<Arc<ProxyState>>,
+    Path(name): Path<String>,
+    Client(client): Client,
+    Json(req): Json<ForceRelease>,
+) -> Answer<ForceReleased> {
+    let operator = req
+        .operator
+        .filter(|o| !o.trim().is_empty())
+        .or_else(|| client.map(|c| c.to_string()))
+        .unwrap_or_else(|| "unknown".to_string());
+    let at_unix_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let record = AuditRecord {
+        action: "force_release".to_string(),
+        lock: name.clone(),
+        holder_session: String::new(),
+        fencing_token: 0,
+        reason: req.reason,
+        operator,
+        at_unix_ms,
+    };
+    let backend = UpstreamLocks {
+        state: state.clone(),
+    };
+    let (record, revision) = audit::force_release(&backend, name.as_bytes(), record).await?;
+    tracing::warn!(lock = %name, holder = %record.holder_session, token = record.fencing_token,
+        operator = %record.operator, reason = %record.reason, "lock force-released");
+    answer(ForceReleased {
+        holder_session: record.holder_session,
+        fencing_token: record.fencing_token,
+        revision,
+    })
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct AuditParams {
+    /// Records from this revision on, then live ones (absent: live only).
+    pub from_revision: Option<i64>,
+}
+
+/// The audit records, as Server-Sent Events.
+#[utoipa::path(get, path = "/v1/audit", tag = "locks",
+    params(AuditParams,
+        ("Last-Event-ID" = Option<i64>, Header, description = "Resume after this revision")),
+    responses((status = 200, content_type = "text/event-stream", body = WatchEvent,
+        description = "One `put` event per record; its value is the record (AuditRecord) as JSON"),
+        (status = "4XX", body = ErrorBody), (status = "5XX", body = ErrorBody)))]
+pub async fn records(
+    State(state): State<Arc<ProxyState>>,
+    Query(params): Query<AuditParams>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let start = start_revision(&headers, params.from_revision)?;
+    let range = audit::range();
+    let key = WatchKey::new(range.start, range.end, &[], false)?;
+    serve(&state, key, start).await
+}
