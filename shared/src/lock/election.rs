@@ -26,7 +26,7 @@ pub async fn campaign<B: LockBackend>(
     value: Vec<u8>,
     deadline: Instant,
 ) -> Result<(LeaderKey, PbResponseHeader), ApiError> {
-    let joined = join(backend.as_ref(), name, lease, value.clone(), deadline).await?;
+    let joined = join(backend.as_ref(), name, lease, value.clone()).await?;
     let leader = LeaderKey {
         name: name.to_vec(),
         key: joined.key.clone(),

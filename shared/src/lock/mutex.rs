@@ -40,7 +40,7 @@ pub async fn acquire<B: LockBackend>(
         )));
     }
     let value = delay::encode(lock_delay);
-    let joined = join(backend.as_ref(), name, lease, value, deadline).await?;
+    let joined = join(backend.as_ref(), name, lease, value).await?;
     let place = Place {
         backend: backend.clone(),
         key: joined.key.clone(),

@@ -89,13 +89,13 @@ pub(super) struct Joined {
 }
 
 /// Puts `lease`'s key in the queue `name` with `value`, unless it is
-/// there already (then it keeps its place).
+/// there already (then it keeps its place). Only waiting for a turn is
+/// bounded by a caller's deadline, never joining.
 pub(super) async fn join<B: LockBackend>(
     backend: &B,
     name: &[u8],
     lease: i64,
     value: Vec<u8>,
-    deadline: Instant,
 ) -> Result<Joined, ApiError> {
     if name.is_empty() {
         return Err(ApiError::invalid("a lock or election needs a name"));
@@ -119,7 +119,10 @@ pub(super) async fn join<B: LockBackend>(
             ..Default::default()
         }))],
     };
-    let joined = within(deadline, backend.txn(join)).await?;
+    // Not cut short by the caller's deadline: a join whose outcome is
+    // unknown may have queued the key, and an entry nobody waits for would
+    // hold the lock until its session ends. The backend bounds the call.
+    let joined = backend.txn(join).await?;
     let header = joined.header.unwrap_or_default();
     if joined.succeeded {
         return Ok(Joined {
