@@ -212,45 +212,64 @@ impl CellClient {
         Resp: prost::Message + Default + Send + Sync + HasHeader + 'static,
     {
         let started = Instant::now();
-        let deadline = started + self.request_timeout;
-        let mut backoff = FIRST_BACKOFF;
-        let mut attempt = 0;
-        let result = loop {
-            let member = self.pick(route, attempt);
-            attempt += 1;
-            let channel = self.members[member].channel.clone();
-            let mut grpc_request = tonic::Request::new(request.clone());
-            grpc_request.set_timeout(deadline.saturating_duration_since(Instant::now()));
-            let outcome = tokio::time::timeout_at(
-                deadline,
-                call::unary::<Req, Resp>(channel, path, grpc_request),
-            )
-            .await;
-            let error = match outcome {
-                Ok(Ok(resp)) => {
+        let result = self
+            .retrying(route, kind, path, |member, deadline| {
+                let channel = self.members[member].channel.clone();
+                let mut grpc_request = tonic::Request::new(request.clone());
+                grpc_request.set_timeout(deadline.saturating_duration_since(Instant::now()));
+                async move {
+                    let resp = call::unary::<Req, Resp>(channel, path, grpc_request).await?;
                     self.saw_header(member, resp.header());
-                    break Ok(resp);
+                    Ok(resp)
                 }
+            })
+            .await;
+        metrics::histogram!("latchkey_proxy_upstream_seconds", "path" => path)
+            .record(started.elapsed().as_secs_f64());
+        result
+    }
+
+    /// Runs `attempt(member, deadline)` on the member `route` names, and
+    /// again on the next one while the error's retry class allows it (a
+    /// read may also retry an unknown outcome), with backoff, until
+    /// `request_timeout` has passed. THE retry loop: unary calls and the
+    /// watch streams the coalescer opens both go through it.
+    pub async fn retrying<T, F, Fut>(
+        &self,
+        route: Route,
+        kind: Kind,
+        what: &'static str,
+        mut attempt: F,
+    ) -> Result<T, ApiError>
+    where
+        F: FnMut(usize, Instant) -> Fut,
+        Fut: std::future::Future<Output = Result<T, ApiError>>,
+    {
+        let deadline = Instant::now() + self.request_timeout;
+        let mut backoff = FIRST_BACKOFF;
+        let mut tries = 0;
+        loop {
+            let member = self.pick(route, tries);
+            tries += 1;
+            let error = match tokio::time::timeout_at(deadline, attempt(member, deadline)).await {
+                Ok(Ok(value)) => return Ok(value),
                 Ok(Err(e)) => e,
-                Err(_) => break Err(ApiError::timeout()),
+                Err(_) => return Err(ApiError::timeout()),
             };
             metrics::counter!("latchkey_proxy_upstream_errors_total",
                 "code" => error.code.as_str())
             .increment(1);
             if !self.may_retry(member, kind, &error) {
-                break Err(error);
+                return Err(error);
             }
             let pause = backoff.min(deadline.saturating_duration_since(Instant::now()));
             if pause.is_zero() {
-                break Err(error);
+                return Err(error);
             }
-            tracing::debug!(path, member = %self.members[member].addr, error = %error, "retrying");
+            tracing::debug!(what, member = %self.members[member].addr, error = %error, "retrying");
             tokio::time::sleep(pause).await;
             backoff = (backoff * 2).min(MAX_BACKOFF);
-        };
-        metrics::histogram!("latchkey_proxy_upstream_seconds", "path" => path)
-            .record(started.elapsed().as_secs_f64());
-        result
+        }
     }
 
     /// Whether a failed attempt on `member` may be made again, learning

@@ -9,20 +9,17 @@
 //! must answer); concurrent first joiners of one key wait on the same
 //! creation.
 
-use super::member_stream::{CreateWatch, MemberStream, MemberStreamHandle};
+use super::member_stream::{CreateWatch, MemberStream, MemberStreamHandle, WATCH};
 use super::pump::{Pump, Upstream};
 use super::shared_watch::{Cancel, Item, Join, Revision, SharedWatch};
 use super::upstream_answer::Answer;
 use super::watch_key::WatchKey;
-use crate::upstream::{Cell, Route};
-use latchkey_shared::{ApiError, Retry};
+use crate::upstream::{Cell, Kind, Route};
+use latchkey_shared::ApiError;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, OnceCell};
 use tokio_util::sync::CancellationToken;
-
-/// Pause after every member refused to open a watch, before the next round.
-const OPEN_BACKOFF: std::time::Duration = std::time::Duration::from_millis(100);
 
 struct Entry {
     watch: Arc<OnceCell<Arc<SharedWatch>>>,
@@ -235,18 +232,15 @@ impl Coalescer {
         }
     }
 
-    /// The stream to a member able to serve watches, opened if needed.
-    async fn stream(&self, attempt: usize) -> Result<MemberStreamHandle, ApiError> {
-        let member = self.cell.pick(Route::Any, attempt);
+    /// The stream to `member`, opened if needed.
+    async fn stream(&self, member: usize) -> Result<MemberStreamHandle, ApiError> {
         let mut streams = self.streams.lock().await;
         if let Some(stream) = streams.get(&member) {
             if !stream.is_closed() {
                 return Ok(stream.clone());
             }
         }
-        let stream = MemberStream::open(self.cell.members[member].channel.clone())
-            .await
-            .inspect_err(|_| self.cell.members[member].failed())?;
+        let stream = MemberStream::open(self.cell.members[member].channel.clone()).await?;
         streams.insert(member, stream.clone());
         Ok(stream)
     }
@@ -285,39 +279,28 @@ impl Coalescer {
     }
 
     /// Creates `key` upstream from `start_revision` on a member that is
-    /// up, trying the members in turn while they refuse with nothing done
-    /// (retry class `Safe`), for up to the request timeout; returns the
-    /// stream, the watch id, its answers and the revision it was created
-    /// at.
+    /// up, trying the members in turn by the cell client's retry rules
+    /// (a compacted start is final), for up to the request timeout.
     pub(super) async fn open(
         &self,
         key: &WatchKey,
         start_revision: i64,
     ) -> Result<Opened, ApiError> {
-        let deadline = tokio::time::Instant::now() + self.cell.request_timeout;
-        let mut attempt = 0;
-        loop {
-            match self.open_on(key, start_revision, attempt).await {
-                Err(e) if e.retry() == Retry::Safe && tokio::time::Instant::now() < deadline => {
-                    tracing::debug!(error = %e, "opening a watch failed; trying another member");
-                    attempt += 1;
-                    if attempt % self.cell.members.len().max(1) == 0 {
-                        tokio::time::sleep(OPEN_BACKOFF).await;
-                    }
-                }
-                other => return other,
-            }
-        }
+        self.cell
+            .retrying(Route::Any, Kind::Read, WATCH, |member, _| {
+                self.open_on(key, start_revision, member)
+            })
+            .await
     }
 
-    /// One attempt of [`Coalescer::open`].
+    /// One attempt of [`Coalescer::open`], on `member`.
     async fn open_on(
         &self,
         key: &WatchKey,
         start_revision: i64,
-        attempt: usize,
+        member: usize,
     ) -> Result<Opened, ApiError> {
-        let stream = self.stream(attempt).await?;
+        let stream = self.stream(member).await?;
         let (watch_id, mut answers) = stream
             .create(CreateWatch {
                 key: key.range.start.clone(),
