@@ -52,11 +52,19 @@ pub fn offset(jitter: Duration, subscriber: u64) -> Duration {
 pub struct Paced {
     items: Subscription,
     offset: Duration,
+    /// Looked up once: every delivery of every client records into them.
+    delay: metrics::Histogram,
+    events_out: metrics::Counter,
 }
 
 impl Paced {
     pub fn new(items: Subscription, offset: Duration) -> Paced {
-        Paced { items, offset }
+        Paced {
+            items,
+            offset,
+            delay: metrics::histogram!("latchkey_proxy_fanout_delay_seconds"),
+            events_out: metrics::counter!("latchkey_proxy_watch_events_out_total"),
+        }
     }
 
     /// The next item when it is due; `None` when the subscription closed
@@ -68,10 +76,8 @@ impl Paced {
             if due > tokio::time::Instant::now() {
                 tokio::time::sleep_until(due).await;
             }
-            metrics::histogram!("latchkey_proxy_fanout_delay_seconds")
-                .record(revision.received.elapsed().as_secs_f64());
-            metrics::counter!("latchkey_proxy_watch_events_out_total")
-                .increment(revision.events.len() as u64);
+            self.delay.record(revision.received.elapsed().as_secs_f64());
+            self.events_out.increment(revision.events.len() as u64);
         }
         Some(item)
     }
