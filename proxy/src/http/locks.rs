@@ -11,10 +11,9 @@ use super::{answer, Answer};
 use crate::lock_backend::UpstreamLocks;
 use crate::state::ProxyState;
 use axum::extract::State;
-use latchkey_shared::etcd_enums::{SortOrder, SortTarget};
-use latchkey_shared::etcdpb::{PbKeyValue, PbRangeRequest};
-use latchkey_shared::lock::queue::{queue_key, queue_range};
-use latchkey_shared::lock::{mutex, LockBackend};
+use latchkey_shared::etcdpb::PbKeyValue;
+use latchkey_shared::lock::mutex;
+use latchkey_shared::lock::queue::{line, queue_key};
 use latchkey_shared::ApiError;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
@@ -119,17 +118,8 @@ fn contender(kv: &PbKeyValue) -> Contender {
 
 /// The lock's queue, first in line first, and the revision it was read at.
 async fn queue(state: &Arc<ProxyState>, name: &str) -> Result<(Vec<PbKeyValue>, i64), ApiError> {
-    let range = queue_range(name.as_bytes());
-    let resp = backend(state)
-        .range(PbRangeRequest {
-            key: range.start,
-            range_end: range.end,
-            sort_order: SortOrder::Ascend as i32,
-            sort_target: SortTarget::Create as i32,
-            ..Default::default()
-        })
-        .await?;
-    Ok((resp.kvs, resp.header.map_or(0, |h| h.revision)))
+    let (kvs, header) = line(backend(state).as_ref(), name.as_bytes(), 0).await?;
+    Ok((kvs, header.revision))
 }
 
 /// Acquire a lock for a session.

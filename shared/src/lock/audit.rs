@@ -5,10 +5,9 @@
 //! so the old holder is fenced off. The records are ordinary keys: a watch
 //! of the prefix from any revision replays every privileged operation.
 
-use super::queue::{created_at, op, queue_range};
+use super::queue::{created_at, line, op};
 use super::LockBackend;
-use crate::etcd_enums::{SortOrder, SortTarget};
-use crate::etcdpb::{PbDeleteRequest, PbPutRequest, PbRangeRequest, PbTxnOpRequest, PbTxnRequest};
+use crate::etcdpb::{PbDeleteRequest, PbPutRequest, PbTxnOpRequest, PbTxnRequest};
 use crate::{ApiError, KeyRange, LeaseId};
 use serde::{Deserialize, Serialize};
 
@@ -49,19 +48,9 @@ pub async fn force_release<B: LockBackend>(
     if record.reason.trim().is_empty() {
         return Err(ApiError::invalid("a force-release needs a reason"));
     }
-    let queue = queue_range(name);
     for _ in 0..2 {
-        let line = backend
-            .range(PbRangeRequest {
-                key: queue.start.clone(),
-                range_end: queue.end.clone(),
-                sort_order: SortOrder::Ascend as i32,
-                sort_target: SortTarget::Create as i32,
-                limit: 1,
-                ..Default::default()
-            })
-            .await?;
-        let Some(holder) = line.kvs.first() else {
+        let (first, _) = line(backend, name, 1).await?;
+        let Some(holder) = first.first() else {
             return Err(ApiError::precondition_failed(format!(
                 "the lock {:?} is not held",
                 String::from_utf8_lossy(name)

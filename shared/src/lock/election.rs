@@ -5,12 +5,9 @@
 //! lease) is what Proclaim and Resign take: they act only while that key,
 //! with that create revision, is still there.
 
-use super::queue::{if_created_at, join, queue_range, wait_for_turn, within, Place};
+use super::queue::{if_created_at, join, line, queue_range, wait_for_turn, within, Place};
 use super::LockBackend;
-use crate::etcd_enums::{SortOrder, SortTarget};
-use crate::etcdpb::{
-    PbDeleteRequest, PbKeyValue, PbPutRequest, PbRangeRequest, PbResponseHeader, PbTxnOpRequest,
-};
+use crate::etcdpb::{PbDeleteRequest, PbKeyValue, PbPutRequest, PbResponseHeader, PbTxnOpRequest};
 use crate::v3electionpb::LeaderKey;
 use crate::ApiError;
 use std::sync::Arc;
@@ -100,18 +97,8 @@ pub async fn leader<B: LockBackend>(
     if name.is_empty() {
         return Err(ApiError::invalid("an election needs a name"));
     }
-    let queue = queue_range(name);
-    let resp = backend
-        .range(PbRangeRequest {
-            key: queue.start,
-            range_end: queue.end,
-            sort_order: SortOrder::Ascend as i32,
-            sort_target: SortTarget::Create as i32,
-            limit: 1,
-            ..Default::default()
-        })
-        .await?;
-    Ok((resp.kvs.into_iter().next(), resp.header.unwrap_or_default()))
+    let (first, header) = line(backend, name, 1).await?;
+    Ok((first.into_iter().next(), header))
 }
 
 /// Waits for the next change of the election `name` after revision

@@ -9,8 +9,8 @@
 use super::{delay, LockBackend};
 use crate::etcd_enums::{CompareResult, CompareTarget, SortOrder, SortTarget};
 use crate::etcdpb::{
-    PbCompare, PbDeleteRequest, PbPutRequest, PbRangeRequest, PbResponseHeader, PbTargetUnion,
-    PbTxnOpRequest, PbTxnOpResponse, PbTxnRequest, PbTxnRequestOp,
+    PbCompare, PbDeleteRequest, PbKeyValue, PbPutRequest, PbRangeRequest, PbResponseHeader,
+    PbTargetUnion, PbTxnOpRequest, PbTxnOpResponse, PbTxnRequest, PbTxnRequestOp,
 };
 use crate::{ApiError, KeyRange, LeaseId};
 use std::sync::Arc;
@@ -27,6 +27,27 @@ pub fn queue_key(name: &[u8], lease: i64) -> Vec<u8> {
 /// Every key of the queue `name`.
 pub fn queue_range(name: &[u8]) -> KeyRange {
     KeyRange::prefix(&[name, b"/"].concat())
+}
+
+/// The queue `name` in line order (the first holds the lock, or leads),
+/// at most `limit` keys (0: all), and the header of the read.
+pub async fn line<B: LockBackend>(
+    backend: &B,
+    name: &[u8],
+    limit: i64,
+) -> Result<(Vec<PbKeyValue>, PbResponseHeader), ApiError> {
+    let queue = queue_range(name);
+    let resp = backend
+        .range(PbRangeRequest {
+            key: queue.start,
+            range_end: queue.end,
+            sort_order: SortOrder::Ascend as i32,
+            sort_target: SortTarget::Create as i32,
+            limit,
+            ..Default::default()
+        })
+        .await?;
+    Ok((resp.kvs, resp.header.unwrap_or_default()))
 }
 
 pub(super) fn op(request: PbTxnOpRequest) -> PbTxnRequestOp {
