@@ -71,12 +71,17 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# Free loopback ports, none chosen twice in this run.
+# Free loopback ports, none chosen twice in this run, all below the
+# kernel's ephemeral range: a port inside it can be taken by any outgoing
+# connection between this check and the server's bind (CI once saw
+# "Address already in use" exactly so).
 taken=" "
+ephemeral_low=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+[ "$ephemeral_low" -gt 12000 ] 2>/dev/null || ephemeral_low=32768
 free_port() {
   local p
   while :; do
-    p=$((20000 + RANDOM % 30000))
+    p=$((10000 + RANDOM % (ephemeral_low - 10000)))
     case "$taken" in *" $p "*) continue ;; esac
     if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
       taken="$taken$p "

@@ -538,13 +538,7 @@ mod tests {
     use super::*;
     use crate::config::Config;
     use clap::Parser;
-
-    fn free_port() -> u16 {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("a free port")
-    }
+    use latchkey_testkit::free_port;
 
     fn one_member(dir: &std::path::Path, ports: [u16; 3]) -> Resolved {
         let [client, peer, metrics] = ports.map(|p| format!("127.0.0.1:{p}"));
