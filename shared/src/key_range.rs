@@ -18,6 +18,19 @@ pub struct KeyRange {
 /// etcd's `range_end` for "every key from `start` on".
 const TO_THE_END: &[u8] = &[0];
 
+/// The keys latchkey keeps for itself (lock-delay markers, audit records,
+/// idempotency records) start with this. A range that starts outside it
+/// never selects them, so `etcdctl get "" --prefix`, a delete of every key
+/// or a watch of everything neither shows nor touches them; a range that
+/// starts inside it (what the lock, audit and idempotency code asks for)
+/// sees them as any other key.
+pub const RESERVED_PREFIX: &[u8] = b"\0latchkey/";
+
+/// Whether `key` is one latchkey keeps for itself.
+pub fn is_reserved(key: &[u8]) -> bool {
+    key.starts_with(RESERVED_PREFIX)
+}
+
 impl KeyRange {
     /// The range of an etcd request's `key` and `range_end`.
     pub fn new(start: Vec<u8>, end: Vec<u8>) -> Self {
@@ -50,13 +63,22 @@ impl KeyRange {
 
     /// Whether `key` lies in this range.
     pub fn contains(&self, key: &[u8]) -> bool {
-        if self.end.is_empty() {
+        if !self.admits(key) {
+            false
+        } else if self.end.is_empty() {
             key == self.start.as_slice()
         } else if self.end == TO_THE_END {
             key >= self.start.as_slice()
         } else {
             key >= self.start.as_slice() && key < self.end.as_slice()
         }
+    }
+
+    /// Whether a key between this range's [`bounds`](Self::bounds) is in
+    /// it: every key, except reserved ones when the range does not start
+    /// inside the reserved prefix. Whoever scans by `bounds` filters by this.
+    pub fn admits(&self, key: &[u8]) -> bool {
+        !is_reserved(key) || is_reserved(&self.start)
     }
 
     /// An inverted range (`end <= start`) selects nothing, as in etcd.
@@ -108,6 +130,7 @@ mod tests {
         let map: BTreeMap<Vec<u8>, ()> = keys.iter().map(|k| (k.to_vec(), ())).collect();
         let (lo, hi) = range.bounds();
         map.range::<[u8], _>((lo, hi))
+            .filter(|(k, _)| range.admits(k))
             .map(|(k, _)| k.clone())
             .collect()
     }
@@ -115,6 +138,8 @@ mod tests {
     const KEYS: &[&[u8]] = &[
         b"",
         b"\x00",
+        b"\x00latchkey/audit/1",
+        b"\x00latchkey/lock-left/a",
         b"a",
         b"a\x00",
         b"ab",
@@ -152,9 +177,9 @@ mod tests {
         assert!(range.contains(b"\xff\xff\xff"));
         assert!(!range.contains(b"a"));
         assert!(!range.is_empty());
-        // From the smallest key: everything.
-        assert_eq!(agree(&r(&[0], &[0])).len(), KEYS.len() - 1);
-        assert_eq!(agree(&r(b"", &[0])).len(), KEYS.len());
+        // From the smallest key: everything but the two reserved keys.
+        assert_eq!(agree(&r(&[0], &[0])).len(), KEYS.len() - 3);
+        assert_eq!(agree(&r(b"", &[0])).len(), KEYS.len() - 2);
     }
 
     #[test]
@@ -196,9 +221,35 @@ mod tests {
             let expected: Vec<Vec<u8>> = KEYS
                 .iter()
                 .filter(|k| k.starts_with(prefix) && !(prefix.is_empty() && k.is_empty()))
+                .filter(|k| !is_reserved(k))
                 .map(|k| k.to_vec())
                 .collect();
             assert_eq!(agree(&range), expected, "{prefix:?}");
         }
+    }
+
+    #[test]
+    fn reserved_keys_are_seen_only_by_ranges_that_start_inside_the_reserved_prefix() {
+        let audit = b"\x00latchkey/audit/1".to_vec();
+        let marker = b"\x00latchkey/lock-left/a".to_vec();
+        // Every key, every key from "\0", the "\0" prefix: none of them.
+        for range in [r(b"", &[0]), r(&[0], &[0]), KeyRange::prefix(b"\x00")] {
+            let keys = agree(&range);
+            assert!(
+                !keys.contains(&audit) && !keys.contains(&marker),
+                "{range:?}"
+            );
+        }
+        assert!(!r(b"", &[0]).contains(&audit));
+        // Asked for by name or by a prefix inside the reserved one: seen.
+        assert_eq!(agree(&KeyRange::single(audit.clone())), [audit.clone()]);
+        assert_eq!(
+            agree(&KeyRange::prefix(RESERVED_PREFIX)),
+            [audit.clone(), marker.clone()]
+        );
+        assert_eq!(agree(&KeyRange::prefix(b"\x00latchkey/audit/")), [audit]);
+        // latchkey's own records are reserved keys.
+        assert!(is_reserved(crate::lock::audit::PREFIX));
+        assert!(is_reserved(&crate::lock::delay::marker(b"a")));
     }
 }

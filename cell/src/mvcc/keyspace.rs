@@ -173,6 +173,9 @@ impl KeySpace {
             return Vec::new();
         }
         for (key, versions) in self.keys.range::<_, [u8]>(range.bounds()) {
+            if !range.admits(key) {
+                continue;
+            }
             // Versions are in revision order; start at the first one >= from.
             let first = versions
                 .iter()
@@ -244,7 +247,10 @@ impl KeySpace {
         if range.is_empty() {
             return;
         }
-        for (_, versions) in self.keys.range::<_, [u8]>(range.bounds()) {
+        for (key, versions) in self.keys.range::<_, [u8]>(range.bounds()) {
+            if !range.admits(key) {
+                continue;
+            }
             if let Some(kv) = visible(versions, revision) {
                 if !visit(kv) {
                     return;

@@ -488,6 +488,45 @@ pub(crate) mod tests {
         assert_eq!(kv.keys.get(b"c").map(|k| k.mod_revision), Some(3));
     }
 
+    /// latchkey's own records (audit, lock-delay markers, idempotency) are
+    /// invisible to a client's "every key" range, delete and watch, and
+    /// seen by a range that names them.
+    #[test]
+    fn reserved_keys_are_not_listed_deleted_or_watched_by_ranges_over_everything() {
+        use latchkey_shared::etcdpb::PbRangeRequest;
+        let (mut keys, mut leases) = (KeySpace::default(), LeaseTable::default());
+        let mut kv = Kv {
+            keys: &mut keys,
+            leases: &mut leases,
+        };
+        let audit = "\0latchkey/audit/1";
+        put(&mut kv, &put_req(audit, "who and why")).expect("put");
+        put(&mut kv, &put_req("a", "1")).expect("put");
+        let everything = |key: &str| PbRangeRequest {
+            key: key.into(),
+            range_end: vec![0],
+            ..Default::default()
+        };
+        let listed = crate::mvcc::range::range(kv.keys, &everything("\0")).expect("range");
+        assert_eq!(listed.count, 1);
+        assert_eq!(listed.kvs[0].key, b"a");
+        let deleted = delete_range(
+            &mut kv,
+            &PbDeleteRequest {
+                key: vec![0],
+                range_end: vec![0],
+                ..Default::default()
+            },
+        )
+        .expect("delete");
+        assert_eq!(deleted.deleted, 1);
+        let watched = kv.keys.history(&KeyRange::new(vec![0], vec![0]), 1, 10);
+        assert!(watched.iter().all(|e| e.kv.key == b"a"), "{watched:?}");
+        let named = crate::mvcc::range::range(kv.keys, &everything(audit)).expect("range");
+        assert_eq!(named.kvs.len(), 1);
+        assert_eq!(named.kvs[0].value, b"who and why");
+    }
+
     /// A lost compare-and-swap is answered as a read (no log entry) only
     /// when every branch it takes, nested ones included, only reads.
     #[test]
