@@ -65,6 +65,12 @@ pub struct Config {
     #[arg(long, env = "LATCHKEY_CACHE_BYTES", default_value_t = 64 << 20)]
     pub cache_bytes: usize,
 
+    /// How long an `Idempotency-Key` is remembered: a retry within it gets
+    /// the first attempt's answer. Records are kept between this and 1.1
+    /// times this (e.g. "24h", "10m").
+    #[arg(long, env = "LATCHKEY_IDEMPOTENCY_RETENTION", default_value = "24h", value_parser = humantime::parse_duration)]
+    pub idempotency_retention: Duration,
+
     /// Largest HTTP request body accepted, in bytes (the cell's request
     /// limit by default; a value over the cell's value limit is refused by
     /// the cell).
@@ -107,6 +113,14 @@ impl Config {
         }
         if self.request_timeout.is_zero() {
             bail!("--request-timeout must be more than 0");
+        }
+        if self.idempotency_retention < Duration::from_secs(1)
+            || self.idempotency_retention.as_secs() > limits::MAX_TTL_SECS as u64
+        {
+            bail!(
+                "--idempotency-retention must be 1s to {} s",
+                limits::MAX_TTL_SECS
+            );
         }
         Ok(self)
     }

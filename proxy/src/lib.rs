@@ -22,6 +22,8 @@
 //! - [`lock_backend`]: the shared lock recipe's backend over the cell
 //!   client and coalesced watches, behind the shared `v3lockpb.Lock`
 //!   service.
+//! - [`idempotency`]: the retention lease idempotency records are written
+//!   with, and the guard of a request that names an `Idempotency-Key`.
 //! - [`cache`]: serializable reads from ranges kept current by the
 //!   proxy's own watches; no client's revision goes backwards.
 //! - [`grpc`]: the etcd v3 services; [`http`]: the `/v1` JSON API, its
@@ -40,6 +42,7 @@ pub mod config;
 pub mod dev;
 pub mod grpc;
 pub mod http;
+pub mod idempotency;
 pub mod lock_backend;
 pub mod proxy;
 pub mod session;

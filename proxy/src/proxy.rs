@@ -65,6 +65,7 @@ impl Proxy {
             fanout: crate::watch::fanout::Fanout::new(cfg.fanout_jitter),
             cache: cache.clone(),
             floors: Default::default(),
+            retention: crate::idempotency::RetentionLease::new(cfg.idempotency_retention),
             request_timeout: cfg.request_timeout,
             max_request_bytes: cfg.max_request_bytes,
             lifecycle: lifecycle.clone(),

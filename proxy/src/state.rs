@@ -1,6 +1,7 @@
 //! [`ProxyState`]: what every request handler of both APIs shares.
 
 use crate::cache::{ClientFloors, ReadCache};
+use crate::idempotency::RetentionLease;
 use crate::session::SessionTable;
 use crate::upstream::Upstream;
 use crate::watch::coalescer::Coalescer;
@@ -20,6 +21,8 @@ pub struct ProxyState {
     pub cache: Arc<ReadCache>,
     /// The revision each client was last answered at.
     pub floors: ClientFloors,
+    /// The lease idempotency records are written with.
+    pub retention: RetentionLease,
     /// How long a client request may take, retries included.
     pub request_timeout: Duration,
     /// Largest HTTP request body accepted.

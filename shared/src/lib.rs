@@ -38,6 +38,8 @@
 //!   per process by a binary's `main`.
 //! - [`limits`]: default limits shared by cells and proxies.
 //! - [`net`]: accepted sockets with `TCP_NODELAY`, for every server.
+//! - [`idempotency`]: retry-safe writes (a record committed in the same
+//!   txn as the write it guards).
 //! - [`lock`]: the lock recipe (fair FIFO queue, fencing tokens) over a
 //!   [`lock::LockBackend`], served by the cell and the proxy alike.
 //! - [`range_select`]: which key-values an etcd Range returns (filters,
@@ -46,6 +48,7 @@
 pub mod client;
 pub mod error;
 pub mod etcd_enums;
+pub mod idempotency;
 pub mod key_range;
 pub mod lease_id;
 pub mod lifecycle;

@@ -2,6 +2,7 @@
 //! query, JSON body or oversized body gets the API's JSON error with the
 //! table's status instead of axum's plain-text one.
 
+use crate::idempotency::Keyed;
 use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
@@ -70,6 +71,58 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for Json<T> {
         serde_json::from_slice(&bytes)
             .map(Json)
             .map_err(|e| ApiError::invalid(format!("bad JSON body: {e}")))
+    }
+}
+
+/// The header that makes a write retry-safe.
+pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+
+/// A JSON body (as [`Json`]) and the request's `Idempotency-Key`, if it
+/// names one, with what identifies the request.
+pub struct KeyedJson<T>(pub T, pub Option<Keyed>);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for KeyedJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let KeyedBody(bytes, keyed) = KeyedBody::from_request(req, state).await?;
+        serde_json::from_slice(&bytes)
+            .map(|body| KeyedJson(body, keyed))
+            .map_err(|e| ApiError::invalid(format!("bad JSON body: {e}")))
+    }
+}
+
+/// A raw body (as [`Body`]) and the request's `Idempotency-Key`, if it
+/// names one, with what identifies the request: its method, path and
+/// query, and body.
+pub struct KeyedBody(pub axum::body::Bytes, pub Option<Keyed>);
+
+impl<S: Send + Sync> FromRequest<S> for KeyedBody {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let key = match req.headers().get(IDEMPOTENCY_KEY) {
+            None => None,
+            Some(value) => Some(
+                value
+                    .to_str()
+                    .map_err(|_| {
+                        ApiError::invalid("an Idempotency-Key is visible ASCII characters only")
+                    })?
+                    .to_owned(),
+            ),
+        };
+        let method = req.method().as_str().as_bytes().to_vec();
+        let target = req
+            .uri()
+            .path_and_query()
+            .map_or_else(Vec::new, |p| p.as_str().as_bytes().to_vec());
+        let Body(bytes) = Body::from_request(req, state).await?;
+        let keyed = key.map(|key| Keyed {
+            key,
+            request: vec![method, target, bytes.to_vec()],
+        });
+        Ok(KeyedBody(bytes, keyed))
     }
 }
 

@@ -1,10 +1,11 @@
 //! `/v1/kv/{key}`: read, write and delete keys. The key is the rest of the
 //! path (slashes included, percent-decoded); the value is the raw body.
 
-use super::extract::{on, Body, Client, Flag, Path, Query};
+use super::extract::{on, Client, Flag, KeyedBody, Path, Query};
 use super::model::{parse_session, session_gone, DeleteAnswer, ErrorBody, PutAnswer, RangeAnswer};
 use super::{answer, Answer};
-use crate::grpc::kv::{DELETE_RANGE, PUT, TXN};
+use crate::grpc::kv::{DELETE_RANGE, PUT};
+use crate::idempotency::{self, Committed};
 use crate::state::ProxyState;
 use crate::upstream::Kind;
 use crate::upstream::Route;
@@ -114,7 +115,8 @@ pub async fn get_kv(
 
 /// Write a key: the body is its value, stored as sent.
 #[utoipa::path(put, path = "/v1/kv/{*key}", tag = "kv",
-    params(("key" = String, Path, description = "The key (the rest of the path)"), PutParams),
+    params(("key" = String, Path, description = "The key (the rest of the path)"), PutParams,
+        ("Idempotency-Key" = Option<String>, Header, description = "Makes a retry safe: a retry with the same key and request gets the first answer and writes nothing; a different request under it is precondition_failed")),
     request_body(content = String, content_type = "application/octet-stream", description = "The value, raw"),
     responses((status = 200, body = PutAnswer), (status = 412, body = ErrorBody, description = "A precondition did not hold; nothing was written"),
         (status = "4XX", body = ErrorBody), (status = "5XX", body = ErrorBody)))]
@@ -122,7 +124,7 @@ pub async fn put_kv(
     State(state): State<Arc<ProxyState>>,
     Path(key): Path<String>,
     Query(params): Query<PutParams>,
-    Body(value): Body,
+    KeyedBody(value, keyed): KeyedBody,
 ) -> Answer<PutAnswer> {
     key_range(key.as_bytes(), false)?;
     let lease = match &params.session {
@@ -137,7 +139,8 @@ pub async fn put_kv(
     };
     let compares = preconditions(key.as_bytes(), &params)?;
     let cell = state.upstream.cell_for(key.as_bytes());
-    if compares.is_empty() {
+    let guard = idempotency::guard(&state, keyed.as_ref()).await?;
+    if compares.is_empty() && guard.is_none() {
         let resp: latchkey_shared::etcdpb::PbPutResponse = cell
             .call(Route::Leader, Kind::Write, PUT, put)
             .await
@@ -159,10 +162,24 @@ pub async fn put_kv(
             })),
         }],
     };
-    let resp: PbTxnResponse = cell
-        .call(Route::Leader, Kind::Write, TXN, txn)
+    let resp = match idempotency::txn(&state, cell, guard.as_ref(), txn)
         .await
-        .map_err(session_gone)?;
+        .map_err(session_gone)?
+    {
+        Committed::Now(resp) => resp,
+        Committed::Before(record, header) if record.succeeded => {
+            return answer(PutAnswer {
+                revision: header.revision,
+            })
+        }
+        Committed::Before(_, header) => {
+            return Err(ApiError::precondition_failed(format!(
+                "key {key:?}: the put under this Idempotency-Key found its precondition \
+                 false at revision {}; nothing was written",
+                header.revision
+            )))
+        }
+    };
     if !resp.succeeded {
         return Err(precondition_failed(&key, &resp));
     }

@@ -5,9 +5,10 @@
 //! the current holder's (a sequencer check, for resources that ask rather
 //! than keep the highest token).
 
-use super::extract::{Json, Path, Query};
+use super::extract::{KeyedJson, Path, Query};
 use super::model::{parse_session, session_gone, session_id, ErrorBody};
 use super::{answer, Answer};
+use crate::idempotency;
 use crate::lock_backend::UpstreamLocks;
 use crate::state::ProxyState;
 use axum::extract::State;
@@ -124,14 +125,14 @@ async fn queue(state: &Arc<ProxyState>, name: &str) -> Result<(Vec<PbKeyValue>, 
 
 /// Acquire a lock for a session.
 #[utoipa::path(post, path = "/v1/locks/{name}/acquire", tag = "locks",
-    params(("name" = String, Path, description = "The lock")),
+    params(("name" = String, Path, description = "The lock"), ("Idempotency-Key" = Option<String>, Header, description = "Makes a retry safe: a retry with the same key and request gets the first answer (the same token); a different request under it is precondition_failed")),
     request_body = AcquireLock,
     responses((status = 200, body = Granted), (status = 408, body = ErrorBody, description = "lock_timeout: not granted in time; the place in the queue was given up"),
         (status = "4XX", body = ErrorBody), (status = "5XX", body = ErrorBody)))]
 pub async fn acquire(
     State(state): State<Arc<ProxyState>>,
     Path(name): Path<String>,
-    Json(req): Json<AcquireLock>,
+    KeyedJson(req, keyed): KeyedJson<AcquireLock>,
 ) -> Answer<Granted> {
     let lease = parse_session(&req.session_id)?;
     let wait = req
@@ -140,15 +141,19 @@ pub async fn acquire(
         .min(latchkey_shared::lock::service::WAIT_LIMIT);
     let deadline = tokio::time::Instant::now() + wait;
     let lock_delay = Duration::from_millis(req.lock_delay_ms.unwrap_or(0));
+    let guard = idempotency::guard(&state, keyed.as_ref()).await?;
     let grant = mutex::acquire(
         backend(&state),
         name.as_bytes(),
         lease.get(),
         lock_delay,
         deadline,
+        guard.as_ref(),
     )
-    .await
-    .map_err(session_gone)?;
+    .await;
+    let grant = idempotency::after(&state, grant)
+        .await
+        .map_err(session_gone)?;
     answer(Granted {
         fencing_token: grant.fencing_token,
         key: text(&grant.key),
@@ -158,17 +163,19 @@ pub async fn acquire(
 
 /// Release a lock (or give up a place in its queue).
 #[utoipa::path(post, path = "/v1/locks/{name}/release", tag = "locks",
-    params(("name" = String, Path, description = "The lock")),
+    params(("name" = String, Path, description = "The lock"), ("Idempotency-Key" = Option<String>, Header, description = "Makes a retry safe: a retry with the same key and request gets the first answer; a different request under it is precondition_failed")),
     request_body = ReleaseLock,
     responses((status = 200, body = Released), (status = "4XX", body = ErrorBody), (status = "5XX", body = ErrorBody)))]
 pub async fn release(
     State(state): State<Arc<ProxyState>>,
     Path(name): Path<String>,
-    Json(req): Json<ReleaseLock>,
+    KeyedJson(req, keyed): KeyedJson<ReleaseLock>,
 ) -> Answer<Released> {
     let lease = parse_session(&req.session_id)?;
     let key = queue_key(name.as_bytes(), lease.get());
-    let (header, released) = mutex::release(backend(&state).as_ref(), key).await?;
+    let guard = idempotency::guard(&state, keyed.as_ref()).await?;
+    let released = mutex::release(backend(&state).as_ref(), key, guard.as_ref()).await;
+    let (header, released) = idempotency::after(&state, released).await?;
     answer(Released {
         released,
         revision: header.revision,

@@ -1,15 +1,14 @@
 //! `POST /v1/txn`: compares, then the `success` operations if every
 //! compare holds, the `failure` ones otherwise, in one revision.
 
-use super::extract::Json;
+use super::extract::KeyedJson;
 use super::model::{
     decode, parse_session, session_gone, DeleteAnswer, Encoding, ErrorBody, PutAnswer, RangeAnswer,
 };
 use super::{answer, Answer};
-use crate::grpc::kv::TXN;
 use crate::http::kv::key_range;
+use crate::idempotency::{self, Committed};
 use crate::state::ProxyState;
-use crate::upstream::{Kind, Route};
 use axum::extract::State;
 use latchkey_shared::etcd_enums::{CompareResult, CompareTarget};
 use latchkey_shared::etcdpb::{
@@ -252,11 +251,12 @@ fn answer_of(resp: PbTxnResponse) -> TxnAnswer {
 
 /// Run a transaction.
 #[utoipa::path(post, path = "/v1/txn", tag = "kv",
+    params(("Idempotency-Key" = Option<String>, Header, description = "Makes a retry safe: a retry with the same key and request gets the first answer and does nothing; a different request under it is precondition_failed")),
     request_body = TxnRequest,
     responses((status = 200, body = TxnAnswer), (status = "4XX", body = ErrorBody), (status = "5XX", body = ErrorBody)))]
 pub async fn txn(
     State(state): State<Arc<ProxyState>>,
-    Json(req): Json<TxnRequest>,
+    KeyedJson(req, keyed): KeyedJson<TxnRequest>,
 ) -> Answer<TxnAnswer> {
     let ops = req.compare.len() + req.success.len() + req.failure.len();
     if ops == 0 {
@@ -287,9 +287,30 @@ pub async fn txn(
         .map(|c| c.key.clone())
         .unwrap_or_default();
     let cell = state.upstream.cell_for(&key);
-    let resp: PbTxnResponse = cell
-        .call(Route::Leader, Kind::Write, TXN, request)
+    let guard = idempotency::guard(&state, keyed.as_ref()).await?;
+    match idempotency::txn(&state, cell, guard.as_ref(), request)
         .await
-        .map_err(session_gone)?;
-    answer(answer_of(resp))
+        .map_err(session_gone)?
+    {
+        Committed::Now(resp) => {
+            let done = answer_of(resp);
+            if let Some(guard) = &guard {
+                let stored = serde_json::to_value(&done)
+                    .map_err(|e| ApiError::internal(format!("a txn answer did not encode: {e}")))?;
+                idempotency::remember(cell, guard, done.revision, done.succeeded, stored).await;
+            }
+            answer(done)
+        }
+        Committed::Before(record, header) => match record.answer {
+            Some(stored) => answer(serde_json::from_value(stored).map_err(|e| {
+                ApiError::internal(format!("a kept txn answer did not decode: {e}"))
+            })?),
+            // The proxy that ran it stopped before it kept the answer.
+            None => Err(ApiError::precondition_failed(format!(
+                "the txn under this Idempotency-Key committed at revision {} \
+                 (succeeded: {}), but its answer was not kept; nothing was done now",
+                header.revision, record.succeeded
+            ))),
+        },
+    }
 }

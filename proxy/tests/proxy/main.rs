@@ -14,6 +14,7 @@ mod t62_slow_watcher;
 mod t70_read_cache;
 mod t80_locks;
 mod t81_fencing;
+mod t82_idempotency;
 
 use latchkey_shared::etcdpb::{PbWatchRequest, PbWatchResponse};
 use std::path::Path;

@@ -23,19 +23,14 @@ pub async fn campaign<B: LockBackend>(
     value: Vec<u8>,
     deadline: Instant,
 ) -> Result<(LeaderKey, PbResponseHeader), ApiError> {
-    let joined = join(backend.as_ref(), name, lease, value.clone()).await?;
+    let joined = join(backend.as_ref(), name, lease, value.clone(), None).await?;
     let leader = LeaderKey {
         name: name.to_vec(),
         key: joined.key.clone(),
         rev: joined.revision,
         lease,
     };
-    let place = Place {
-        backend: backend.clone(),
-        key: joined.key.clone(),
-        revision: joined.revision,
-        armed: true,
-    };
+    let place = Place::new(backend.clone(), &joined, false);
     if joined.existing_value.is_some_and(|v| v != value) {
         within(deadline, proclaim(backend.as_ref(), &leader, value)).await?;
     }

@@ -5,7 +5,9 @@
 use super::delay;
 use super::queue::{join, leave, wait_for_turn, Place};
 use super::LockBackend;
-use crate::etcdpb::{PbRangeRequest, PbResponseHeader};
+use crate::etcd_enums::{CompareResult, CompareTarget};
+use crate::etcdpb::{PbCompare, PbRangeRequest, PbResponseHeader, PbTargetUnion, PbTxnRequest};
+use crate::idempotency::{Guard, Outcome};
 use crate::ApiError;
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,13 +27,17 @@ pub struct Grant {
 /// Waits until `lease` holds the lock `name`, or until `deadline`
 /// (`lock_timeout`, its queue key removed). A lease that already holds or
 /// waits for the lock keeps its place: a retry never makes a second
-/// entry.
+/// entry. With an idempotency `guard`, a retry under the same key waits
+/// on the place the first attempt made (the same token), a different
+/// request under it is refused, and the place stays when the caller goes
+/// away (its retry comes back for it).
 pub async fn acquire<B: LockBackend>(
     backend: Arc<B>,
     name: &[u8],
     lease: i64,
     lock_delay: Duration,
     deadline: Instant,
+    guard: Option<&Guard>,
 ) -> Result<Grant, ApiError> {
     if lock_delay > delay::MAX_LOCK_DELAY {
         return Err(ApiError::invalid(format!(
@@ -40,13 +46,8 @@ pub async fn acquire<B: LockBackend>(
         )));
     }
     let value = delay::encode(lock_delay);
-    let joined = join(backend.as_ref(), name, lease, value).await?;
-    let place = Place {
-        backend: backend.clone(),
-        key: joined.key.clone(),
-        revision: joined.revision,
-        armed: true,
-    };
+    let joined = join(backend.as_ref(), name, lease, value, guard).await?;
+    let place = Place::new(backend.clone(), &joined, guard.is_some());
     let header = wait_for_turn(backend.as_ref(), name, lease, place, true, deadline).await?;
     Ok(Grant {
         key: joined.key,
@@ -57,11 +58,14 @@ pub async fn acquire<B: LockBackend>(
 
 /// Releases a lock (or gives up a place in its queue): deletes the key an
 /// acquire returned, marking the departure as one on purpose (no
-/// lock-delay). Returns whether the key was there; releasing a key that
-/// is gone is not an error.
+/// lock-delay). Returns the header of the txn (or read) that did it and
+/// whether the key was there; releasing a key that is gone is not an
+/// error. With an idempotency `guard`, a retry under the same key answers
+/// what the first release did.
 pub async fn release<B: LockBackend>(
     backend: &B,
     key: Vec<u8>,
+    guard: Option<&Guard>,
 ) -> Result<(PbResponseHeader, bool), ApiError> {
     if key.is_empty() {
         return Err(ApiError::key_not_provided());
@@ -72,9 +76,36 @@ pub async fn release<B: LockBackend>(
             ..Default::default()
         })
         .await?;
-    let Some(revision) = current.kvs.first().map(|kv| kv.create_revision) else {
-        return Ok((current.header.unwrap_or_default(), false));
+    let revision = current.kvs.first().map(|kv| kv.create_revision);
+    let Some(guard) = guard else {
+        let Some(revision) = revision else {
+            return Ok((current.header.unwrap_or_default(), false));
+        };
+        let left = backend.txn(leave(&key, revision)).await?;
+        return Ok((left.header.unwrap_or_default(), left.succeeded));
     };
-    let left = backend.txn(leave(&key, revision)).await?;
-    Ok((left.header.unwrap_or_default(), left.succeeded))
+    // The record says whether the key went: a release of a key that is
+    // gone takes the failure branch of a txn whose compare never holds.
+    let txn = match revision {
+        Some(revision) => leave(&key, revision),
+        None => PbTxnRequest {
+            compare: vec![never(&key)],
+            ..Default::default()
+        },
+    };
+    match guard.outcome(backend.txn(guard.guard(txn)).await?)? {
+        Outcome::Done(left) => Ok((left.header.unwrap_or_default(), left.succeeded)),
+        Outcome::Replay(record, header) => Ok((header, record.succeeded)),
+    }
+}
+
+/// A compare that never holds: a version is never below 0.
+fn never(key: &[u8]) -> PbCompare {
+    PbCompare {
+        result: CompareResult::Less as i32,
+        target: CompareTarget::Version as i32,
+        key: key.to_vec(),
+        range_end: Vec::new(),
+        target_union: Some(PbTargetUnion::Version(0)),
+    }
 }

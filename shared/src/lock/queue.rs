@@ -12,6 +12,7 @@ use crate::etcdpb::{
     PbCompare, PbDeleteRequest, PbKeyValue, PbPutRequest, PbRangeRequest, PbResponseHeader,
     PbTargetUnion, PbTxnOpRequest, PbTxnOpResponse, PbTxnRequest, PbTxnRequestOp,
 };
+use crate::idempotency::{Guard, Outcome};
 use crate::{ApiError, KeyRange, LeaseId};
 use std::sync::Arc;
 use tokio::time::Instant;
@@ -112,11 +113,16 @@ pub(super) struct Joined {
 /// Puts `lease`'s key in the queue `name` with `value`, unless it is
 /// there already (then it keeps its place). Only waiting for a turn is
 /// bounded by a caller's deadline, never joining.
+///
+/// With an idempotency `guard`, the join and its record commit in one txn;
+/// a retry under the same key finds the record and returns the place that
+/// join made, if it is still there.
 pub(super) async fn join<B: LockBackend>(
     backend: &B,
     name: &[u8],
     lease: i64,
     value: Vec<u8>,
+    guard: Option<&Guard>,
 ) -> Result<Joined, ApiError> {
     if name.is_empty() {
         return Err(ApiError::invalid("a lock or election needs a name"));
@@ -143,7 +149,13 @@ pub(super) async fn join<B: LockBackend>(
     // Not cut short by the caller's deadline: a join whose outcome is
     // unknown may have queued the key, and an entry nobody waits for would
     // hold the lock until its session ends. The backend bounds the call.
-    let joined = backend.txn(join).await?;
+    let joined = match guard {
+        None => backend.txn(join).await?,
+        Some(guard) => match guard.outcome(backend.txn(guard.guard(join)).await?)? {
+            Outcome::Done(joined) => joined,
+            Outcome::Replay(..) => return rejoin(backend, key).await,
+        },
+    };
     let header = joined.header.unwrap_or_default();
     if joined.succeeded {
         return Ok(Joined {
@@ -170,6 +182,28 @@ pub(super) async fn join<B: LockBackend>(
     }
 }
 
+/// The place an earlier join under the same idempotency key made, if it is
+/// still there.
+async fn rejoin<B: LockBackend>(backend: &B, key: Vec<u8>) -> Result<Joined, ApiError> {
+    let current = backend
+        .range(PbRangeRequest {
+            key: key.clone(),
+            ..Default::default()
+        })
+        .await?;
+    let kv = current.kvs.into_iter().next().ok_or_else(|| {
+        ApiError::precondition_failed(
+            "the queue entry this Idempotency-Key made is gone (released, or its session ended); \
+             acquire again under a new key",
+        )
+    })?;
+    Ok(Joined {
+        key,
+        revision: kv.create_revision,
+        existing_value: Some(kv.value),
+    })
+}
+
 /// Removes a contender's key when it gives up, unless disarmed (it got
 /// its turn). The removal runs on its own task: it must happen even when
 /// the waiting future is dropped (its caller went away).
@@ -178,13 +212,30 @@ pub(super) struct Place<B: LockBackend> {
     pub key: Vec<u8>,
     pub revision: i64,
     pub armed: bool,
+    /// Whether the place stays when its caller goes away (the waiting
+    /// future is dropped): an acquire under an idempotency key, whose
+    /// retry comes back for this place. A deadline or an error still
+    /// gives it up.
+    pub kept_if_abandoned: bool,
 }
 
-impl<B: LockBackend> Drop for Place<B> {
-    fn drop(&mut self) {
+impl<B: LockBackend> Place<B> {
+    pub fn new(backend: Arc<B>, joined: &Joined, kept_if_abandoned: bool) -> Self {
+        Place {
+            backend,
+            key: joined.key.clone(),
+            revision: joined.revision,
+            armed: true,
+            kept_if_abandoned,
+        }
+    }
+
+    /// Removes the key now (on its own task), once.
+    fn give_up(&mut self) {
         if !self.armed {
             return;
         }
+        self.armed = false;
         let (backend, key, revision) = (self.backend.clone(), self.key.clone(), self.revision);
         let remove = leave(&key, revision);
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
@@ -198,6 +249,14 @@ impl<B: LockBackend> Drop for Place<B> {
     }
 }
 
+impl<B: LockBackend> Drop for Place<B> {
+    fn drop(&mut self) {
+        if !self.kept_if_abandoned {
+            self.give_up();
+        }
+    }
+}
+
 /// Waits until `place` is first in the queue `name`, or `deadline`
 /// (`lock_timeout`; the place is then given up). Returns the header of the
 /// read that saw it first.
@@ -206,6 +265,29 @@ pub(super) async fn wait_for_turn<B: LockBackend>(
     name: &[u8],
     lease: i64,
     mut place: Place<B>,
+    honour_lock_delay: bool,
+    deadline: Instant,
+) -> Result<PbResponseHeader, ApiError> {
+    let waited = wait(
+        backend,
+        name,
+        lease,
+        &mut place,
+        honour_lock_delay,
+        deadline,
+    )
+    .await;
+    if waited.is_err() {
+        place.give_up();
+    }
+    waited
+}
+
+async fn wait<B: LockBackend>(
+    backend: &B,
+    name: &[u8],
+    lease: i64,
+    place: &mut Place<B>,
     honour_lock_delay: bool,
     deadline: Instant,
 ) -> Result<PbResponseHeader, ApiError> {

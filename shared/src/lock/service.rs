@@ -52,6 +52,7 @@ impl<B: LockBackend> Lock for LockService<B> {
             req.lease,
             Duration::ZERO,
             deadline(),
+            None,
         )
         .await?;
         Ok(Response::new(LockResponse {
@@ -64,7 +65,8 @@ impl<B: LockBackend> Lock for LockService<B> {
         &self,
         request: Request<UnlockRequest>,
     ) -> Result<Response<UnlockResponse>, Status> {
-        let (header, _) = mutex::release(self.backend.as_ref(), request.into_inner().key).await?;
+        let (header, _) =
+            mutex::release(self.backend.as_ref(), request.into_inner().key, None).await?;
         Ok(Response::new(UnlockResponse {
             header: Some(header),
         }))

@@ -1,0 +1,277 @@
+//! Retry-safe writes (issue 13): an `Idempotency-Key` makes a retried
+//! acquire, release, put or txn answer what the first attempt did, with
+//! nothing done twice, even when the first answer was lost with its
+//! connection or its proxy; a different request under the same key is
+//! refused; the records are hidden from listings and expire after the
+//! retention.
+
+use crate::{member_addrs, proxy_bin};
+use etcd_client::{Client, GetOptions};
+use latchkey_testkit::{cell_binary, eventually, Cluster, ProxyProcess};
+use serde_json::{json, Value};
+use std::time::Duration;
+use tokio::io::AsyncWriteExt;
+
+/// The proxy's HTTP API with an optional idempotency key per request.
+#[derive(Clone)]
+struct Api {
+    http: reqwest::Client,
+    addr: String,
+}
+
+impl Api {
+    fn of(proxy: &ProxyProcess) -> Api {
+        Api {
+            http: reqwest::Client::new(),
+            addr: proxy.http.clone(),
+        }
+    }
+
+    /// Sends `method /v1{path}` with `body` (JSON when it is an object,
+    /// raw otherwise) under `key`: the status and the JSON answer.
+    async fn send(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        key: Option<&str>,
+        body: Value,
+    ) -> (u16, Value) {
+        let mut req = self
+            .http
+            .request(method, format!("http://{}/v1{path}", self.addr));
+        req = match body {
+            Value::String(raw) => req.body(raw),
+            json => req.json(&json),
+        };
+        if let Some(key) = key {
+            req = req.header("Idempotency-Key", key);
+        }
+        let resp = req.send().await.expect("send");
+        let status = resp.status().as_u16();
+        (status, resp.json().await.expect("a JSON body"))
+    }
+
+    async fn post(&self, path: &str, key: Option<&str>, body: Value) -> (u16, Value) {
+        self.send(reqwest::Method::POST, path, key, body).await
+    }
+
+    async fn get(&self, path: &str) -> Value {
+        self.send(reqwest::Method::GET, path, None, Value::Null)
+            .await
+            .1
+    }
+
+    async fn session(&self) -> String {
+        let (status, body) = self.post("/sessions", None, json!({"ttl": 60})).await;
+        assert_eq!(status, 200, "{body}");
+        body["id"].as_str().expect("id").to_string()
+    }
+
+    /// The sessions waiting for `lock` and their tokens, in line order.
+    async fn waiters(&self, lock: &str) -> Vec<(String, i64)> {
+        let state = self.get(&format!("/locks/{lock}")).await;
+        state["waiters"]
+            .as_array()
+            .expect("waiters")
+            .iter()
+            .map(|w| {
+                (
+                    w["session_id"].as_str().expect("session").to_string(),
+                    w["fencing_token"].as_i64().expect("token"),
+                )
+            })
+            .collect()
+    }
+
+    /// Sends an acquire under `key` on a raw connection and returns the
+    /// connection unread: the test then loses the answer.
+    async fn acquire_unanswered(
+        &self,
+        lock: &str,
+        key: &str,
+        body: &Value,
+    ) -> tokio::net::TcpStream {
+        let body = body.to_string();
+        let mut conn = tokio::net::TcpStream::connect(&self.addr)
+            .await
+            .expect("connect");
+        let request = format!(
+            "POST /v1/locks/{lock}/acquire HTTP/1.1\r\nHost: {}\r\n\
+             Content-Type: application/json\r\nIdempotency-Key: {key}\r\n\
+             Content-Length: {}\r\n\r\n{body}",
+            self.addr,
+            body.len()
+        );
+        conn.write_all(request.as_bytes()).await.expect("send");
+        conn
+    }
+
+    /// Waits until `lock` has `n` waiters.
+    async fn wait_for_waiters(&self, lock: &str, n: usize) -> Vec<(String, i64)> {
+        eventually(Duration::from_secs(10), async || {
+            let waiters = self.waiters(lock).await;
+            if waiters.len() == n {
+                Ok(waiters)
+            } else {
+                Err(format!("{} waiters, not {n}", waiters.len()))
+            }
+        })
+        .await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_whose_answer_was_lost_is_retried_under_its_key_for_the_same_token_and_one_entry(
+) {
+    let cluster = Cluster::start(cell_binary(), 1, &[]).await;
+    let cells = member_addrs(&cluster);
+    let proxy_a = ProxyProcess::start(proxy_bin(), &cells, &[]).await;
+    let mut proxy_b = ProxyProcess::start(proxy_bin(), &cells, &[]).await;
+    let (a, b) = (Api::of(&proxy_a), Api::of(&proxy_b));
+    let (holder, w, x) = (a.session().await, a.session().await, a.session().await);
+    let (status, held) = a
+        .post("/locks/jobs/acquire", None, json!({"session_id": holder}))
+        .await;
+    assert_eq!(status, 200, "{held}");
+
+    // W's acquire reaches proxy B; the connection drops before the answer.
+    let w_body = json!({"session_id": w, "timeout_ms": 30000});
+    let conn = b.acquire_unanswered("jobs", "w-acquire", &w_body).await;
+    let queued = b.wait_for_waiters("jobs", 1).await;
+    drop(conn);
+    // X's acquire reaches proxy B too; then proxy B is killed.
+    let x_body = json!({"session_id": x, "timeout_ms": 30000});
+    let _conn = b.acquire_unanswered("jobs", "x-acquire", &x_body).await;
+    let queued_both = b.wait_for_waiters("jobs", 2).await;
+    proxy_b.kill();
+    assert_eq!(queued_both[0], queued[0]);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        a.waiters("jobs").await,
+        queued_both,
+        "both places stay for the retries"
+    );
+
+    // Both retry through proxy A under their keys and wait as before.
+    let retry = |key: &'static str, body: Value| {
+        let a = a.clone();
+        tokio::spawn(async move { a.post("/locks/jobs/acquire", Some(key), body).await })
+    };
+    let w_retry = retry("w-acquire", w_body.clone());
+    let x_retry = retry("x-acquire", x_body.clone());
+    // A different request under W's key is refused at once.
+    let (status, refused) = a
+        .post(
+            "/locks/jobs/acquire",
+            Some("w-acquire"),
+            json!({"session_id": w, "timeout_ms": 20000}),
+        )
+        .await;
+    assert_eq!(status, 412, "{refused}");
+    assert_eq!(refused["error"], "precondition_failed", "{refused}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(a.waiters("jobs").await, queued_both, "no second entry");
+
+    // The holder releases: W is granted the token its lost answer had.
+    let (status, _) = a
+        .post("/locks/jobs/release", None, json!({"session_id": holder}))
+        .await;
+    assert_eq!(status, 200);
+    let (status, granted) = w_retry.await.expect("w");
+    assert_eq!(status, 200, "{granted}");
+    assert_eq!(granted["fencing_token"], queued_both[0].1);
+    assert_eq!(queued_both[0].0, w);
+
+    // W releases under a key; the retry of that release answers the same.
+    let release = |key| a.post("/locks/jobs/release", Some(key), json!({"session_id": w}));
+    let (status, first) = release("w-release").await;
+    assert_eq!((status, &first["released"]), (200, &json!(true)), "{first}");
+    assert_eq!(release("w-release").await, (200, first));
+    let (status, granted) = x_retry.await.expect("x");
+    assert_eq!(status, 200, "{granted}");
+    assert_eq!(granted["fencing_token"], queued_both[1].1);
+
+    // W's acquire retried after W released: nothing queues again.
+    let (status, gone) = a
+        .post("/locks/jobs/acquire", Some("w-acquire"), w_body)
+        .await;
+    assert_eq!(status, 412, "{gone}");
+    assert!(a.waiters("jobs").await.is_empty());
+    let state = a.get("/locks/jobs").await;
+    assert_eq!(state["holder"]["session_id"], json!(x), "{state}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn puts_and_txns_replay_under_their_keys_the_records_are_hidden_and_expire() {
+    let cluster = Cluster::start(cell_binary(), 1, &[]).await;
+    let cells = member_addrs(&cluster);
+    let proxy = ProxyProcess::start(proxy_bin(), &cells, &["--idempotency-retention", "3s"]).await;
+    let api = Api::of(&proxy);
+    let put = |key: Option<&'static str>, value: &str| {
+        api.send(
+            reqwest::Method::PUT,
+            "/kv/config",
+            key,
+            Value::String(value.into()),
+        )
+    };
+
+    // A put retried under its key writes once.
+    let (status, first) = put(Some("put-1"), "v1").await;
+    assert_eq!(status, 200, "{first}");
+    assert_eq!(put(Some("put-1"), "v1").await, (200, first.clone()));
+    let read = api.get("/kv/config").await;
+    assert_eq!(read["kvs"][0]["mod_revision"], first["revision"], "{read}");
+    assert_eq!(read["kvs"][0]["version"], 1, "written once: {read}");
+
+    // The records are not in a listing of every key, but are under their
+    // own prefix.
+    let mut etcd = Client::connect([proxy.grpc.as_str()], None)
+        .await
+        .expect("connect");
+    let every = etcd
+        .get("", Some(GetOptions::new().with_prefix()))
+        .await
+        .expect("get every key");
+    let keys: Vec<&[u8]> = every.kvs().iter().map(|kv| kv.key()).collect();
+    assert_eq!(keys, [b"config".as_slice()]);
+    let records = etcd
+        .get(
+            "\0latchkey/idempotency/",
+            Some(GetOptions::new().with_prefix()),
+        )
+        .await
+        .expect("get the records");
+    assert_eq!(records.count(), 1);
+
+    // A different put under the same key is refused and writes nothing.
+    let (status, refused) = put(Some("put-1"), "v2").await;
+    assert_eq!(status, 412, "{refused}");
+
+    // A txn retried under its key answers the first answer, though running
+    // it again would now take the other branch.
+    let txn = json!({
+        "compare": [{"key": "config", "target": "value", "result": "equal", "value": "v1"}],
+        "success": [{"put": {"key": "config", "value": "v3"}}, {"get": {"key": "config"}}],
+        "failure": [{"get": {"key": "config"}}]
+    });
+    let (status, ran) = api.post("/txn", Some("txn-1"), txn.clone()).await;
+    assert_eq!(status, 200, "{ran}");
+    assert_eq!(ran["succeeded"], true, "{ran}");
+    assert_eq!(
+        api.post("/txn", Some("txn-1"), txn.clone()).await,
+        (200, ran.clone())
+    );
+    let read = api.get("/kv/config").await;
+    assert_eq!(read["kvs"][0]["version"], 2, "the txn wrote once: {read}");
+
+    // After the retention the key is free again.
+    let rewritten = eventually(Duration::from_secs(15), async || {
+        match put(Some("put-1"), "v2").await {
+            (200, answer) => Ok(answer),
+            (status, answer) => Err(format!("{status}: {answer}")),
+        }
+    })
+    .await;
+    assert!(rewritten["revision"].as_i64() > ran["revision"].as_i64());
+}
