@@ -107,18 +107,32 @@ impl Guard {
     }
 
     fn put_record(&self, succeeded: bool) -> PbTxnRequestOp {
-        let record = Record {
+        self.put(&Record {
             fingerprint: self.fingerprint.clone(),
             succeeded,
             answer: None,
             revision: 0,
-        };
+        })
+    }
+
+    fn put(&self, record: &Record) -> PbTxnRequestOp {
         op(PbTxnOpRequest::RequestPut(PbPutRequest {
             key: self.record.clone(),
-            value: serde_json::to_vec(&record).expect("a record encodes"),
+            value: serde_json::to_vec(record).expect("a record encodes"),
             lease: self.lease,
             ..Default::default()
         }))
+    }
+
+    /// Whether the record was created at `revision` (0: there is none).
+    fn created_at(&self, revision: i64) -> PbCompare {
+        PbCompare {
+            result: CompareResult::Equal as i32,
+            target: CompareTarget::Create as i32,
+            key: self.record.clone(),
+            range_end: Vec::new(),
+            target_union: Some(PbTargetUnion::CreateRevision(revision)),
+        }
     }
 
     /// `txn` guarded: it runs only if this key has no record yet, and the
@@ -127,13 +141,7 @@ impl Guard {
         txn.success.push(self.put_record(true));
         txn.failure.push(self.put_record(false));
         PbTxnRequest {
-            compare: vec![PbCompare {
-                result: CompareResult::Equal as i32,
-                target: CompareTarget::Create as i32,
-                key: self.record.clone(),
-                range_end: Vec::new(),
-                target_union: Some(PbTargetUnion::CreateRevision(0)),
-            }],
+            compare: vec![self.created_at(0)],
             success: vec![op(PbTxnOpRequest::RequestTxn(txn))],
             failure: vec![op(PbTxnOpRequest::RequestRange(PbRangeRequest {
                 key: self.record.clone(),
@@ -196,19 +204,8 @@ impl Guard {
             revision: 0,
         };
         PbTxnRequest {
-            compare: vec![PbCompare {
-                result: CompareResult::Equal as i32,
-                target: CompareTarget::Create as i32,
-                key: self.record.clone(),
-                range_end: Vec::new(),
-                target_union: Some(PbTargetUnion::CreateRevision(revision)),
-            }],
-            success: vec![op(PbTxnOpRequest::RequestPut(PbPutRequest {
-                key: self.record.clone(),
-                value: serde_json::to_vec(&record).expect("a record encodes"),
-                lease: self.lease,
-                ..Default::default()
-            }))],
+            compare: vec![self.created_at(revision)],
+            success: vec![self.put(&record)],
             failure: Vec::new(),
         }
     }
