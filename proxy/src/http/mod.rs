@@ -200,6 +200,7 @@ mod tests {
             fanout: crate::watch::fanout::Fanout::new(std::time::Duration::ZERO),
             cache,
             floors: Default::default(),
+            retention: crate::idempotency::RetentionLease::new(Duration::from_secs(60)),
             sessions: Arc::new(SessionTable::new()),
             request_timeout: Duration::from_millis(300),
             max_request_bytes: 1 << 20,
