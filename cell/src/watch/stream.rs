@@ -33,11 +33,14 @@ use tonic::Status;
 const NO_WATCH: i64 = -1;
 /// Hub notices taken in one go and sent as one response per watch.
 const MAX_REVISIONS_PER_BATCH: usize = 1000;
-/// While revisions arrive densely (the last send was less than this ago),
-/// a stream gathers them for up to this long and sends them together.
-/// Isolated changes go out at once. This keeps a busy stream from sending
-/// thousands of tiny HTTP/2 DATA frames, which h2 clients count against a
-/// budget and answer with GOAWAY when their reader is slow.
+/// While revisions arrive densely (the last send was less than this ago)
+/// AND the client has not yet taken the last response, a stream gathers
+/// them for up to this long and sends them together. A client that keeps
+/// up gets every change at once (a proxy multiplexing many watches on one
+/// stream sees a send every few ms; lingering then delayed every lock
+/// handover by up to 5 ms). This keeps a busy stream to a slow reader
+/// from sending thousands of tiny HTTP/2 DATA frames, which h2 clients
+/// count against a budget and answer with GOAWAY.
 const LINGER: Duration = Duration::from_millis(5);
 
 /// Limits and intervals for every watch stream of a member.
@@ -329,7 +332,8 @@ impl WatchStream {
                 break;
             }
             let linger_until = self.last_sent + LINGER;
-            let more = if tokio::time::Instant::now() < linger_until {
+            let reader_behind = self.out.capacity() < self.out.max_capacity();
+            let more = if reader_behind && tokio::time::Instant::now() < linger_until {
                 tokio::time::timeout_at(linger_until, self.rx.recv())
                     .await
                     .unwrap_or(Err(broadcast::error::RecvError::Closed))
