@@ -44,6 +44,18 @@ impl LockBackend for UpstreamLocks {
         })
     }
 
+    fn range_serializable(
+        &self,
+        req: PbRangeRequest,
+    ) -> BoxFuture<'_, Result<PbRangeResponse, ApiError>> {
+        Box::pin(async move {
+            // The leader has applied what it committed, short of a leader
+            // change; a member that has not says so.
+            let cell = self.state.upstream.cell_for(&req.key);
+            cell.call(Route::Leader, Kind::Read, RANGE, req).await
+        })
+    }
+
     fn delete(&self, req: PbDeleteRequest) -> BoxFuture<'_, Result<PbDeleteResponse, ApiError>> {
         Box::pin(async move {
             let cell = self.state.upstream.cell_for(&req.key);

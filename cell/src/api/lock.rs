@@ -80,6 +80,15 @@ impl LockBackend for LocalLocks {
         })
     }
 
+    fn range_serializable(
+        &self,
+        req: PbRangeRequest,
+    ) -> BoxFuture<'_, Result<PbRangeResponse, ApiError>> {
+        // Waits here are woken from this member's own history, so it has
+        // applied the revisions they read at.
+        Box::pin(async move { self.kv.range_inner(&req).await })
+    }
+
     fn delete(&self, req: PbDeleteRequest) -> BoxFuture<'_, Result<PbDeleteResponse, ApiError>> {
         Box::pin(async move {
             PbKvService::delete_range(&self.kv, tonic::Request::new(req))

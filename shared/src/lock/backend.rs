@@ -6,7 +6,7 @@
 use crate::etcdpb::{
     PbDeleteRequest, PbDeleteResponse, PbRangeRequest, PbRangeResponse, PbTxnRequest, PbTxnResponse,
 };
-use crate::{ApiError, KeyRange};
+use crate::{ApiError, ErrorCode, KeyRange};
 use futures::future::BoxFuture;
 
 pub trait LockBackend: Send + Sync + 'static {
@@ -15,6 +15,41 @@ pub trait LockBackend: Send + Sync + 'static {
 
     /// A linearizable range.
     fn range(&self, req: PbRangeRequest) -> BoxFuture<'_, Result<PbRangeResponse, ApiError>>;
+
+    /// A serializable range: one member answers from what it has applied,
+    /// without a leadership round (the leader when it can).
+    fn range_serializable(
+        &self,
+        req: PbRangeRequest,
+    ) -> BoxFuture<'_, Result<PbRangeResponse, ApiError>>;
+
+    /// A range as of `revision`, one the caller knows is committed (it was
+    /// answered or woken at it): a snapshot that misses nothing committed
+    /// up to it, so a member that has applied it answers without a
+    /// leadership round. A member that has not, or a compacted revision,
+    /// falls back to [`range`](Self::range); so does `revision` 0.
+    fn range_at(
+        &self,
+        req: PbRangeRequest,
+        revision: i64,
+    ) -> BoxFuture<'_, Result<PbRangeResponse, ApiError>> {
+        Box::pin(async move {
+            if revision == 0 {
+                return self.range(req).await;
+            }
+            let at = PbRangeRequest {
+                revision,
+                serializable: true,
+                ..req.clone()
+            };
+            match self.range_serializable(at).await {
+                Err(e) if matches!(e.code, ErrorCode::FutureRevision | ErrorCode::Compacted) => {
+                    self.range(req).await
+                }
+                answered => answered,
+            }
+        })
+    }
 
     /// A delete, committed through the cell's leader.
     fn delete(&self, req: PbDeleteRequest) -> BoxFuture<'_, Result<PbDeleteResponse, ApiError>>;

@@ -6,9 +6,13 @@
 //!
 //! The delay rides in the contender's queue key value. Telling a release
 //! from an expiry: whoever leaves the queue on purpose (release, give-up)
-//! deletes its key and, in the same txn, records its create revision in
-//! the lock's marker key; a key that vanished without its revision in the
-//! marker went with its lease.
+//! deletes its key and, in the same txn, writes the key into the lock's
+//! marker key, whose mod revision is then the departure's. A key that
+//! vanished while the marker does not name it with a later mod revision
+//! went with its lease (or by a force-release), and the delay applies.
+//! A later departure overwrites the marker; a waiter that reads it late
+//! then takes a release for an expiry and waits the delay: slower, never
+//! unsafe.
 
 use std::time::Duration;
 
@@ -36,10 +40,18 @@ pub fn decode(value: &[u8]) -> Duration {
         .min(MAX_LOCK_DELAY)
 }
 
-/// The key recording the create revision of the last contender that left
-/// the lock `name` on purpose.
+/// The key naming the last contender that left the lock `name` on
+/// purpose.
 pub fn marker(name: &[u8]) -> Vec<u8> {
     [b"\0latchkey/lock-left/".as_slice(), name].concat()
+}
+
+/// Whether the contender `key`, created at `revision` and now gone, left
+/// on purpose, by the lock's `marker` (its value and mod revision, if it
+/// exists). A lease cannot outlive its own key's expiry, so the same key
+/// created again later (a higher revision) was created by a live lease.
+pub fn left_on_purpose(marker: Option<(&[u8], i64)>, key: &[u8], revision: i64) -> bool {
+    marker.is_some_and(|(named, mod_revision)| named == key && mod_revision > revision)
 }
 
 /// The lock name of a queue key (`name/<lease hex>`).
@@ -64,5 +76,15 @@ mod tests {
         assert_eq!(decode(b"lock-delay-ms=99999999"), MAX_LOCK_DELAY);
         assert_eq!(name_of(b"jobs/a/694d"), Some(b"jobs/a".as_slice()));
         assert_eq!(name_of(b"nokey"), None);
+    }
+
+    #[test]
+    fn a_departure_on_purpose_is_one_the_marker_names_after_the_key_was_created() {
+        let key = b"jobs/694d".as_slice();
+        assert!(left_on_purpose(Some((key, 12)), key, 10));
+        // No marker, another key, or a marker from before this key: expired.
+        assert!(!left_on_purpose(None, key, 10));
+        assert!(!left_on_purpose(Some((b"jobs/1", 12)), key, 10));
+        assert!(!left_on_purpose(Some((key, 8)), key, 10));
     }
 }

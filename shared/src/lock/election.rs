@@ -34,7 +34,16 @@ pub async fn campaign<B: LockBackend>(
     if joined.existing_value.is_some_and(|v| v != value) {
         within(deadline, proclaim(backend.as_ref(), &leader, value)).await?;
     }
-    let header = wait_for_turn(backend.as_ref(), name, lease, place, false, deadline).await?;
+    let header = wait_for_turn(
+        backend.as_ref(),
+        name,
+        lease,
+        place,
+        false,
+        joined.read_at,
+        deadline,
+    )
+    .await?;
     Ok((leader, header))
 }
 

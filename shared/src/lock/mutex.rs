@@ -3,10 +3,9 @@
 //! fencing token, higher for every later holder.
 
 use super::delay;
-use super::queue::{join, leave, wait_for_turn, Place};
+use super::queue::{self, join, wait_for_turn, Place};
 use super::LockBackend;
-use crate::etcd_enums::{CompareResult, CompareTarget};
-use crate::etcdpb::{PbCompare, PbRangeRequest, PbResponseHeader, PbTargetUnion, PbTxnRequest};
+use crate::etcdpb::PbResponseHeader;
 use crate::idempotency::{Guard, Outcome};
 use crate::ApiError;
 use std::sync::Arc;
@@ -48,7 +47,16 @@ pub async fn acquire<B: LockBackend>(
     let value = delay::encode(lock_delay);
     let joined = join(backend.as_ref(), name, lease, value, guard).await?;
     let place = Place::new(backend.clone(), &joined, guard.is_some());
-    let header = wait_for_turn(backend.as_ref(), name, lease, place, true, deadline).await?;
+    let header = wait_for_turn(
+        backend.as_ref(),
+        name,
+        lease,
+        place,
+        true,
+        joined.read_at,
+        deadline,
+    )
+    .await?;
     Ok(Grant {
         key: joined.key,
         fencing_token: joined.revision,
@@ -70,42 +78,15 @@ pub async fn release<B: LockBackend>(
     if key.is_empty() {
         return Err(ApiError::key_not_provided());
     }
-    let current = backend
-        .range(PbRangeRequest {
-            key: key.clone(),
-            ..Default::default()
-        })
-        .await?;
-    let revision = current.kvs.first().map(|kv| kv.create_revision);
+    // The txn's branch says whether the key was there; the guard's record
+    // keeps that branch for a retry.
+    let txn = queue::release(&key);
     let Some(guard) = guard else {
-        let Some(revision) = revision else {
-            return Ok((current.header.unwrap_or_default(), false));
-        };
-        let left = backend.txn(leave(&key, revision)).await?;
+        let left = backend.txn(txn).await?;
         return Ok((left.header.unwrap_or_default(), left.succeeded));
-    };
-    // The record says whether the key went: a release of a key that is
-    // gone takes the failure branch of a txn whose compare never holds.
-    let txn = match revision {
-        Some(revision) => leave(&key, revision),
-        None => PbTxnRequest {
-            compare: vec![never(&key)],
-            ..Default::default()
-        },
     };
     match guard.outcome(backend.txn(guard.guard(txn)).await?)? {
         Outcome::Done(left) => Ok((left.header.unwrap_or_default(), left.succeeded)),
         Outcome::Replay(record, header) => Ok((header, record.succeeded)),
-    }
-}
-
-/// A compare that never holds: a version is never below 0.
-fn never(key: &[u8]) -> PbCompare {
-    PbCompare {
-        result: CompareResult::Less as i32,
-        target: CompareTarget::Version as i32,
-        key: key.to_vec(),
-        range_end: Vec::new(),
-        target_union: Some(PbTargetUnion::Version(0)),
     }
 }

@@ -78,33 +78,53 @@ pub(super) fn if_created_at(key: &[u8], revision: i64, then: PbTxnOpRequest) -> 
     }
 }
 
-/// A contender leaving the queue on purpose (release, give-up): its key
-/// goes, if it is still the one created at `revision`, and the lock's
-/// marker records that revision in the same txn (see [`delay`]).
+/// A contender leaving the queue on purpose (give-up): its key goes, if it
+/// is still the one created at `revision`, and the lock's marker names it
+/// in the same txn (see [`delay`]).
 pub(super) fn leave(key: &[u8], revision: i64) -> PbTxnRequest {
-    let mut txn = if_created_at(
+    leave_if(key, created_at(key, revision))
+}
+
+/// A holder releasing its lock: its key goes, whatever revision it was
+/// created at, with the marker naming it. One txn, no read first.
+pub(super) fn release(key: &[u8]) -> PbTxnRequest {
+    leave_if(
         key,
-        revision,
-        PbTxnOpRequest::RequestDeleteRange(PbDeleteRequest {
+        PbCompare {
+            result: CompareResult::Greater as i32,
+            target: CompareTarget::Create as i32,
             key: key.to_vec(),
-            ..Default::default()
-        }),
-    );
+            range_end: Vec::new(),
+            target_union: Some(PbTargetUnion::CreateRevision(0)),
+        },
+    )
+}
+
+fn leave_if(key: &[u8], compare: PbCompare) -> PbTxnRequest {
+    let mut success = vec![op(PbTxnOpRequest::RequestDeleteRange(PbDeleteRequest {
+        key: key.to_vec(),
+        ..Default::default()
+    }))];
     if let Some(name) = delay::name_of(key) {
-        txn.success
-            .push(op(PbTxnOpRequest::RequestPut(PbPutRequest {
-                key: delay::marker(name),
-                value: revision.to_string().into_bytes(),
-                ..Default::default()
-            })));
+        success.push(op(PbTxnOpRequest::RequestPut(PbPutRequest {
+            key: delay::marker(name),
+            value: key.to_vec(),
+            ..Default::default()
+        })));
     }
-    txn
+    PbTxnRequest {
+        compare: vec![compare],
+        success,
+        failure: Vec::new(),
+    }
 }
 
 /// A contender's place: its key and the key's create revision.
 pub(super) struct Joined {
     pub key: Vec<u8>,
     pub revision: i64,
+    /// The revision the join was answered at: where waiting reads from.
+    pub read_at: i64,
     /// The key's value when it was already there (a retry, or a second
     /// campaign of the same lease).
     pub existing_value: Option<Vec<u8>>,
@@ -161,6 +181,7 @@ pub(super) async fn join<B: LockBackend>(
         return Ok(Joined {
             key,
             revision: header.revision,
+            read_at: header.revision,
             existing_value: None,
         });
     }
@@ -175,6 +196,7 @@ pub(super) async fn join<B: LockBackend>(
             Ok(Joined {
                 key,
                 revision: kv.create_revision,
+                read_at: header.revision,
                 existing_value: Some(kv.value.clone()),
             })
         }
@@ -191,6 +213,7 @@ async fn rejoin<B: LockBackend>(backend: &B, key: Vec<u8>) -> Result<Joined, Api
             ..Default::default()
         })
         .await?;
+    let read_at = current.header.as_ref().map_or(0, |h| h.revision);
     let kv = current.kvs.into_iter().next().ok_or_else(|| {
         ApiError::precondition_failed(
             "the queue entry this Idempotency-Key made is gone (released, or its session ended); \
@@ -200,6 +223,7 @@ async fn rejoin<B: LockBackend>(backend: &B, key: Vec<u8>) -> Result<Joined, Api
     Ok(Joined {
         key,
         revision: kv.create_revision,
+        read_at,
         existing_value: Some(kv.value),
     })
 }
@@ -258,14 +282,22 @@ impl<B: LockBackend> Drop for Place<B> {
 }
 
 /// Waits until `place` is first in the queue `name`, or `deadline`
-/// (`lock_timeout`; the place is then given up). Returns the header of the
-/// read that saw it first.
+/// (`lock_timeout`; the place is then given up), reading the queue first
+/// as of `from` (the revision its join was answered at). Returns the
+/// header of the read that saw it first.
+///
+/// Reads are as of the revision the contender was answered or woken at,
+/// not linearizable: a key created later has a higher create revision and
+/// can never stand before this one, so "first as of a committed revision"
+/// stays true until this key itself goes (which a linearizable read could
+/// not rule out either). That saves a leadership round per wake-up.
 pub(super) async fn wait_for_turn<B: LockBackend>(
     backend: &B,
     name: &[u8],
     lease: i64,
     mut place: Place<B>,
     honour_lock_delay: bool,
+    from: i64,
     deadline: Instant,
 ) -> Result<PbResponseHeader, ApiError> {
     let waited = wait(
@@ -274,6 +306,7 @@ pub(super) async fn wait_for_turn<B: LockBackend>(
         lease,
         &mut place,
         honour_lock_delay,
+        from,
         deadline,
     )
     .await;
@@ -289,25 +322,34 @@ async fn wait<B: LockBackend>(
     lease: i64,
     place: &mut Place<B>,
     honour_lock_delay: bool,
+    from: i64,
     deadline: Instant,
 ) -> Result<PbResponseHeader, ApiError> {
     let queue = queue_range(name);
+    let mut as_of = from;
     loop {
         // This contender's key and the one just before it, in one read.
         let line = within(
             deadline,
-            backend.range(PbRangeRequest {
-                key: queue.start.clone(),
-                range_end: queue.end.clone(),
-                max_create_revision: place.revision,
-                sort_order: SortOrder::Descend as i32,
-                sort_target: SortTarget::Create as i32,
-                limit: 2,
-                ..Default::default()
-            }),
+            backend.range_at(
+                PbRangeRequest {
+                    key: queue.start.clone(),
+                    range_end: queue.end.clone(),
+                    max_create_revision: place.revision,
+                    sort_order: SortOrder::Descend as i32,
+                    sort_target: SortTarget::Create as i32,
+                    limit: 2,
+                    ..Default::default()
+                },
+                as_of,
+            ),
         )
         .await?;
-        let read_at = line.header.as_ref().map_or(0, |h| h.revision);
+        // A read of an older revision waits for changes after that one.
+        let read_at = match line.header.as_ref().map_or(0, |h| h.revision) {
+            latest if as_of == 0 || as_of > latest => latest,
+            _ => as_of,
+        };
         let mut keys = line.kvs.iter();
         // Still queued? Its lease may have expired while it waited.
         if keys.next().map(|kv| (&kv.key, kv.create_revision)) != Some((&place.key, place.revision))
@@ -328,7 +370,9 @@ async fn wait<B: LockBackend>(
         // (its lease expired): either way, read again.
         let mine = backend.wait_change(KeyRange::single(place.key.clone()), read_at, true);
         let theirs = backend.wait_change(KeyRange::single(predecessor.key.clone()), read_at, true);
-        within(deadline, async {
+        // The revision woken at (0: the wait was cut short, read the
+        // latest).
+        as_of = within(deadline, async {
             tokio::select! {
                 r = mine => r,
                 r = theirs => r,
@@ -386,11 +430,11 @@ async fn expired<B: LockBackend>(
             ..Default::default()
         })
         .await?;
-    let left_on_purpose = marker
+    let marker = marker
         .kvs
         .first()
-        .is_some_and(|kv| kv.value == revision.to_string().as_bytes());
-    Ok(!left_on_purpose)
+        .map(|kv| (kv.value.as_slice(), kv.mod_revision));
+    Ok(!delay::left_on_purpose(marker, key, revision))
 }
 
 /// `work`, or `lock_timeout` at `deadline`.
