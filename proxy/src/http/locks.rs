@@ -99,7 +99,17 @@ pub struct Checked {
     pub revision: i64,
 }
 
-fn backend(state: &Arc<ProxyState>) -> Arc<UpstreamLocks> {
+/// When a wait for a lock or leadership asked to last `timeout_ms` ends
+/// (30 s by default, at most an hour).
+pub fn wait_deadline(timeout_ms: Option<u64>) -> tokio::time::Instant {
+    let wait = timeout_ms
+        .map_or(DEFAULT_WAIT, Duration::from_millis)
+        .min(latchkey_shared::lock::service::WAIT_LIMIT);
+    tokio::time::Instant::now() + wait
+}
+
+/// The lock recipes' backend over this proxy's upstream.
+pub fn backend(state: &Arc<ProxyState>) -> Arc<UpstreamLocks> {
     Arc::new(UpstreamLocks {
         state: state.clone(),
     })
@@ -135,11 +145,7 @@ pub async fn acquire(
     KeyedJson(req, keyed): KeyedJson<AcquireLock>,
 ) -> Answer<Granted> {
     let lease = parse_session(&req.session_id)?;
-    let wait = req
-        .timeout_ms
-        .map_or(DEFAULT_WAIT, Duration::from_millis)
-        .min(latchkey_shared::lock::service::WAIT_LIMIT);
-    let deadline = tokio::time::Instant::now() + wait;
+    let deadline = wait_deadline(req.timeout_ms);
     let lock_delay = Duration::from_millis(req.lock_delay_ms.unwrap_or(0));
     let guard = idempotency::guard(&state, keyed.as_ref()).await?;
     let grant = mutex::acquire(

@@ -7,6 +7,8 @@
 //!   [`txn`]: `/v1/txn`;
 //! - [`session`]: `/v1/sessions`, keep-alives answered from the table;
 //! - [`watch_sse`]: `/v1/watch/{key}` as Server-Sent Events;
+//! - [`locks`]: `/v1/locks/{name}`; [`elections`]: `/v1/elections/{name}`;
+//!   [`audit`]: force-release and the audit stream;
 //! - [`cluster`]: the cell behind the proxy, `/v1/cluster`;
 //! - [`model`]: the JSON shapes and the bytes-in-JSON rule;
 //!   [`extract`]: extractors whose rejections are API errors.
@@ -17,6 +19,7 @@
 
 pub mod audit;
 pub mod cluster;
+pub mod elections;
 pub mod extract;
 pub mod kv;
 pub mod locks;
@@ -59,6 +62,7 @@ pub fn answer<T>(value: T) -> Answer<T> {
         (name = "sessions", description = "Sessions: leases that keep keys alive"),
         (name = "watch", description = "Changes as Server-Sent Events"),
         (name = "locks", description = "Locks with fencing tokens, held by sessions"),
+        (name = "elections", description = "Leader elections held by sessions: campaign, proclaim, resign, observe"),
         (name = "cluster", description = "The cell behind the proxy"),
         (name = "service", description = "The API document and health")
     )
@@ -78,6 +82,11 @@ pub fn routes() -> (Router<Arc<ProxyState>>, serde_json::Value) {
         .routes(routes!(locks::release))
         .routes(routes!(locks::state_of))
         .routes(routes!(locks::check))
+        .routes(routes!(elections::campaign))
+        .routes(routes!(elections::proclaim))
+        .routes(routes!(elections::resign))
+        .routes(routes!(elections::leader))
+        .routes(routes!(elections::observe))
         .routes(routes!(audit::force_release))
         .routes(routes!(audit::records))
         .routes(routes!(cluster::status))

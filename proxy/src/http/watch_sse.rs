@@ -33,7 +33,7 @@ use utoipa::{IntoParams, ToSchema};
 
 /// A comment line this often keeps idle connections (and the proxies in
 /// between) from timing the stream out.
-const SSE_KEEP_ALIVE: Duration = Duration::from_secs(15);
+pub const SSE_KEEP_ALIVE: Duration = Duration::from_secs(15);
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -62,7 +62,7 @@ pub struct WatchEvent {
     pub prev_kv: Option<KeyValue>,
 }
 
-fn event_of(kind: &str, id: Option<i64>, json: serde_json::Value) -> Event {
+pub fn event_of(kind: &str, id: Option<i64>, json: serde_json::Value) -> Event {
     // Fields go out in the order they are set: event, id, data.
     let event = Event::default().event(kind);
     let event = match id {
@@ -72,7 +72,7 @@ fn event_of(kind: &str, id: Option<i64>, json: serde_json::Value) -> Event {
     event.data(json.to_string())
 }
 
-fn error_event(e: &ApiError) -> Event {
+pub fn error_event(e: &ApiError) -> Event {
     Event::default()
         .event("error")
         .data(e.json_body().to_string())

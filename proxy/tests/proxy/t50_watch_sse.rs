@@ -9,7 +9,7 @@ use tokio::time::Duration;
 
 /// Reads SSE text from `body` until `blocks` events (blank-line separated)
 /// have arrived; bounded by 10 s.
-async fn events(
+pub(crate) async fn events(
     body: &mut (impl futures::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin),
     blocks: usize,
 ) -> Vec<String> {

@@ -691,3 +691,118 @@ async fn a_force_release_fences_off_the_holder_and_is_in_the_audit_stream() {
         )
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_elections_campaign_proclaim_resign_and_are_observed_in_order() {
+    use serde_json::json;
+    let proxy = ProxyProcess::dev(proxy_bin()).await;
+    let api = Api::of(&proxy);
+    let sessions = api.sessions(2).await;
+    let resp = api
+        .http
+        .get(format!("{}/elections/primary/observe", api.base))
+        .send()
+        .await
+        .expect("observe");
+    assert_eq!(resp.status(), 200);
+    let mut observed = Box::pin(resp.bytes_stream());
+
+    let campaign = |session: &str, value: &str| {
+        let (api, body) = (
+            api.clone(),
+            json!({"session_id": session, "value": value, "timeout_ms": 10000}),
+        );
+        async move { api.post("/elections/primary/campaign", body).await }
+    };
+    let (status, first) = campaign(&sessions[0], "a-1").await;
+    assert_eq!(status, 200, "{first}");
+    let second = tokio::spawn(campaign(&sessions[1], "b-1"));
+    let leader = api.get("/elections/primary").await.expect("leader");
+    assert_eq!(
+        (&leader["session_id"], &leader["kv"]["value"]),
+        (&json!(sessions[0]), &json!("a-1"))
+    );
+    let mut seen = leaders(&mut observed, 1).await;
+    // Two values in quick succession: the observer sees both.
+    for value in ["a-2", "a-3"] {
+        let (status, body) = api
+            .post(
+                "/elections/primary/proclaim",
+                json!({"session_id": sessions[0], "value": value}),
+            )
+            .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    // The leader resigns: the waiting candidate leads, with a higher token.
+    let (status, body) = api
+        .post(
+            "/elections/primary/resign",
+            json!({"session_id": sessions[0], "leader_revision": first["leader_revision"]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let (status, next) = second.await.expect("second");
+    assert_eq!(status, 200, "{next}");
+    assert!(next["leader_revision"].as_i64() > first["leader_revision"].as_i64());
+    // A resigned leader cannot proclaim.
+    let (status, body) = api
+        .post(
+            "/elections/primary/proclaim",
+            json!({"session_id": sessions[0], "leader_revision": first["leader_revision"], "value": "a-3"}),
+        )
+        .await;
+    assert_eq!(
+        (status, &body["error"]),
+        (412, &json!("election_not_leader"))
+    );
+
+    // The observer saw each leader and value once, in order.
+    seen.extend(leaders(&mut observed, 3).await);
+    let expected = [
+        (sessions[0].clone(), "a-1".to_string()),
+        (sessions[0].clone(), "a-2".to_string()),
+        (sessions[0].clone(), "a-3".to_string()),
+        (sessions[1].clone(), "b-1".to_string()),
+    ];
+    assert_eq!(seen, expected);
+
+    // Nobody leads after the last resigns.
+    let (status, _) = api
+        .post(
+            "/elections/primary/resign",
+            json!({"session_id": sessions[1]}),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let resp = api
+        .http
+        .get(format!("{}/elections/primary", api.base))
+        .send()
+        .await
+        .expect("leader");
+    assert_eq!(resp.status(), 404);
+}
+
+/// The next `n` `leader` events of an election's SSE stream: (session,
+/// value) each.
+async fn leaders(
+    observed: &mut (impl futures::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin),
+    n: usize,
+) -> Vec<(String, String)> {
+    crate::t50_watch_sse::events(observed, n)
+        .await
+        .iter()
+        .map(|block| {
+            assert!(block.contains("event: leader"), "{block}");
+            let data = block
+                .lines()
+                .find_map(|l| l.strip_prefix("data: "))
+                .expect("data");
+            let leader: serde_json::Value = serde_json::from_str(data).expect("JSON");
+            (
+                leader["session_id"].as_str().expect("session").to_string(),
+                leader["kv"]["value"].as_str().expect("value").to_string(),
+            )
+        })
+        .collect()
+}

@@ -5,12 +5,15 @@
 //! lease) is what Proclaim and Resign take: they act only while that key,
 //! with that create revision, is still there.
 
-use super::queue::{if_created_at, join, line, queue_range, wait_for_turn, within, Place};
+use super::queue::{
+    if_created_at, join, line, line_at, queue_range, read_at, wait_for_turn, within, Place,
+};
 use super::LockBackend;
 use crate::etcdpb::{PbDeleteRequest, PbKeyValue, PbPutRequest, PbResponseHeader, PbTxnOpRequest};
 use crate::v3electionpb::LeaderKey;
 use crate::ApiError;
 use std::sync::Arc;
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 /// Waits until `lease` leads the election `name` with `value` (a lease
@@ -113,4 +116,57 @@ pub async fn changed<B: LockBackend>(
     after: i64,
 ) -> Result<i64, ApiError> {
     backend.wait_change(queue_range(name), after, false).await
+}
+
+/// A leader as an observer sees it: its key-value and the header of the
+/// read that saw it.
+pub type Observed = Result<(PbKeyValue, PbResponseHeader), ApiError>;
+
+/// How many leaders an observer may have unread before the observing task
+/// waits for it.
+const OBSERVE_QUEUE: usize = 16;
+
+/// Every leader of the election `name` and every value it proclaims, as
+/// they happen (nothing while nobody leads), from a task that ends when
+/// the receiver is dropped or after sending an error. Each change is read
+/// as of its own revision, so values proclaimed in quick succession are
+/// each seen, in order.
+pub fn observe<B: LockBackend>(backend: Arc<B>, name: Vec<u8>) -> mpsc::Receiver<Observed> {
+    let (tx, rx) = mpsc::channel(OBSERVE_QUEUE);
+    tokio::spawn(async move {
+        // The leader's key and mod revision last sent.
+        let mut sent: Option<(Vec<u8>, i64)> = None;
+        // The revision of the change to read (0: the latest).
+        let mut as_of = 0;
+        loop {
+            let (kv, header) = match line_at(backend.as_ref(), &name, 1, as_of).await {
+                Ok((first, header)) => (first.into_iter().next(), header),
+                Err(e) => {
+                    let _ = tx.send(Err(e)).await;
+                    return;
+                }
+            };
+            let read_at = read_at(as_of, header.revision);
+            if let Some(kv) = kv {
+                let now = (kv.key.clone(), kv.mod_revision);
+                if sent.as_ref() != Some(&now) {
+                    sent = Some(now);
+                    if tx.send(Ok((kv, header))).await.is_err() {
+                        return;
+                    }
+                }
+            }
+            tokio::select! {
+                _ = tx.closed() => return,
+                changed = changed(backend.as_ref(), &name, read_at) => match changed {
+                    Ok(revision) => as_of = revision,
+                    Err(e) => {
+                        let _ = tx.send(Err(e)).await;
+                        return;
+                    }
+                },
+            }
+        }
+    });
+    rx
 }

@@ -37,16 +37,30 @@ pub async fn line<B: LockBackend>(
     name: &[u8],
     limit: i64,
 ) -> Result<(Vec<PbKeyValue>, PbResponseHeader), ApiError> {
+    line_at(backend, name, limit, 0).await
+}
+
+/// [`line`] as of the committed revision `as_of` (0: linearizable, the
+/// latest), as [`LockBackend::range_at`] reads.
+pub async fn line_at<B: LockBackend>(
+    backend: &B,
+    name: &[u8],
+    limit: i64,
+    as_of: i64,
+) -> Result<(Vec<PbKeyValue>, PbResponseHeader), ApiError> {
     let queue = queue_range(name);
     let resp = backend
-        .range(PbRangeRequest {
-            key: queue.start,
-            range_end: queue.end,
-            sort_order: SortOrder::Ascend as i32,
-            sort_target: SortTarget::Create as i32,
-            limit,
-            ..Default::default()
-        })
+        .range_at(
+            PbRangeRequest {
+                key: queue.start,
+                range_end: queue.end,
+                sort_order: SortOrder::Ascend as i32,
+                sort_target: SortTarget::Create as i32,
+                limit,
+                ..Default::default()
+            },
+            as_of,
+        )
         .await?;
     Ok((resp.kvs, resp.header.unwrap_or_default()))
 }
@@ -345,11 +359,7 @@ async fn wait<B: LockBackend>(
             ),
         )
         .await?;
-        // A read of an older revision waits for changes after that one.
-        let read_at = match line.header.as_ref().map_or(0, |h| h.revision) {
-            latest if as_of == 0 || as_of > latest => latest,
-            _ => as_of,
-        };
+        let read_at = read_at(as_of, line.header.as_ref().map_or(0, |h| h.revision));
         let mut keys = line.kvs.iter();
         // Still queued? Its lease may have expired while it waited.
         if keys.next().map(|kv| (&kv.key, kv.create_revision)) != Some((&place.key, place.revision))
@@ -398,6 +408,17 @@ async fn wait<B: LockBackend>(
                 .await?;
             }
         }
+    }
+}
+
+/// The revision a read as of `as_of` reflects, answered with the header
+/// revision `latest`: changes after it are what to wait for. A read that
+/// fell back to the latest state (or asked for it) reflects `latest`.
+pub(super) fn read_at(as_of: i64, latest: i64) -> i64 {
+    if as_of == 0 || as_of > latest {
+        latest
+    } else {
+        as_of
     }
 }
 

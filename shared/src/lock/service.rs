@@ -18,15 +18,11 @@ use crate::ApiError;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::mpsc;
-use tokio_stream::Stream;
+use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
 
 /// The longest a Lock or Campaign call without a deadline waits.
 pub const WAIT_LIMIT: Duration = Duration::from_secs(3600);
-
-/// Leader changes queued for one Observe stream.
-const OBSERVE_QUEUE: usize = 16;
 
 fn deadline() -> tokio::time::Instant {
     tokio::time::Instant::now() + WAIT_LIMIT
@@ -148,47 +144,16 @@ impl<B: LockBackend> Election for ElectionService<B> {
         if name.is_empty() {
             return Err(ApiError::invalid("an election needs a name").into());
         }
-        let (tx, rx) = mpsc::channel(OBSERVE_QUEUE);
-        let backend = self.backend.clone();
-        tokio::spawn(async move {
-            // The leader's key and mod revision last sent.
-            let mut sent: Option<(Vec<u8>, i64)> = None;
-            loop {
-                let (kv, header) = match election::leader(backend.as_ref(), &name).await {
-                    Ok(read) => read,
-                    Err(e) => {
-                        let _ = tx.send(Err(e.into())).await;
-                        return;
-                    }
-                };
-                let read_at = header.revision;
-                if let Some(kv) = kv {
-                    let now = (kv.key.clone(), kv.mod_revision);
-                    if sent.as_ref() != Some(&now) {
-                        sent = Some(now);
-                        let answer = LeaderResponse {
-                            header: Some(header),
-                            kv: Some(kv),
-                        };
-                        if tx.send(Ok(answer)).await.is_err() {
-                            return;
-                        }
-                    }
-                }
-                tokio::select! {
-                    _ = tx.closed() => return,
-                    changed = election::changed(backend.as_ref(), &name, read_at) => {
-                        if let Err(e) = changed {
-                            let _ = tx.send(Err(e.into())).await;
-                            return;
-                        }
-                    }
-                }
-            }
+        let leaders = election::observe(self.backend.clone(), name);
+        let answers = tokio_stream::wrappers::ReceiverStream::new(leaders).map(|observed| {
+            observed
+                .map(|(kv, header)| LeaderResponse {
+                    header: Some(header),
+                    kv: Some(kv),
+                })
+                .map_err(Status::from)
         });
-        Ok(Response::new(Box::pin(
-            tokio_stream::wrappers::ReceiverStream::new(rx),
-        )))
+        Ok(Response::new(Box::pin(answers)))
     }
 
     async fn resign(
