@@ -18,7 +18,7 @@ pub struct KeyRange {
 /// etcd's `range_end` for "every key from `start` on".
 const TO_THE_END: &[u8] = &[0];
 
-/// The keys latchkey keeps for itself (lock-delay markers, audit records,
+/// The keys latchkey keeps for itself (lock-delay records, audit records,
 /// idempotency records) start with this. A range that starts outside it
 /// never selects them, so `etcdctl get "" --prefix`, a delete of every key
 /// or a watch of everything neither shows nor touches them; a range that
@@ -139,7 +139,7 @@ mod tests {
         b"",
         b"\x00",
         b"\x00latchkey/audit/1",
-        b"\x00latchkey/lock-left/a",
+        b"\x00latchkey/lock-delay/a",
         b"a",
         b"a\x00",
         b"ab",
@@ -231,25 +231,28 @@ mod tests {
     #[test]
     fn reserved_keys_are_seen_only_by_ranges_that_start_inside_the_reserved_prefix() {
         let audit = b"\x00latchkey/audit/1".to_vec();
-        let marker = b"\x00latchkey/lock-left/a".to_vec();
+        let record = b"\x00latchkey/lock-delay/a".to_vec();
         // Every key, every key from "\0", the "\0" prefix: none of them.
         for range in [r(b"", &[0]), r(&[0], &[0]), KeyRange::prefix(b"\x00")] {
             let keys = agree(&range);
             assert!(
-                !keys.contains(&audit) && !keys.contains(&marker),
+                !keys.contains(&audit) && !keys.contains(&record),
                 "{range:?}"
             );
         }
         assert!(!r(b"", &[0]).contains(&audit));
         // Asked for by name or by a prefix inside the reserved one: seen.
-        assert_eq!(agree(&KeyRange::single(audit.clone())), [audit.clone()]);
+        assert_eq!(
+            agree(&KeyRange::single(audit.clone())),
+            std::slice::from_ref(&audit)
+        );
         assert_eq!(
             agree(&KeyRange::prefix(RESERVED_PREFIX)),
-            [audit.clone(), marker.clone()]
+            [audit.clone(), record.clone()]
         );
         assert_eq!(agree(&KeyRange::prefix(b"\x00latchkey/audit/")), [audit]);
         // latchkey's own records are reserved keys.
         assert!(is_reserved(crate::lock::audit::PREFIX));
-        assert!(is_reserved(&crate::lock::delay::marker(b"a")));
+        assert!(is_reserved(&crate::lock::delay::record(b"a")));
     }
 }

@@ -577,6 +577,56 @@ async fn lock_delay_holds_the_lock_after_an_expiry_but_not_after_a_release() {
     }
 }
 
+/// A holder with a lock-delay expires while nobody waits: the next
+/// contender to come along is not granted before the delay has passed;
+/// once it released, the one after it is granted at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_delay_holds_off_a_newcomer_after_an_expiry_with_nobody_waiting() {
+    use serde_json::json;
+    use tokio::time::Instant;
+    let proxy = ProxyProcess::dev(proxy_bin()).await;
+    let api = Api::of(&proxy);
+    let sessions = api.sessions(3).await;
+    let delay = Duration::from_millis(1500);
+    let acquire = |session: &str| {
+        api.post(
+            "/locks/lonely/acquire",
+            json!({"session_id": session, "lock_delay_ms": delay.as_millis() as u64, "timeout_ms": 10000}),
+        )
+    };
+    let (status, body) = acquire(&sessions[0]).await;
+    assert_eq!(status, 200, "{body}");
+    // The holder's session ends without a release; nobody waits.
+    let resp = api
+        .http
+        .delete(format!("{}/sessions/{}", api.base, sessions[0]))
+        .send()
+        .await
+        .expect("revoke");
+    assert_eq!(resp.status(), 200);
+    let expired = Instant::now();
+    let (status, body) = acquire(&sessions[1]).await;
+    assert_eq!(status, 200, "{body}");
+    let waited = expired.elapsed();
+    assert!(
+        waited >= delay,
+        "a newcomer was granted {waited:?} after the expiry"
+    );
+    // Released on purpose: the next newcomer does not wait.
+    let (status, _) = api
+        .post("/locks/lonely/release", json!({"session_id": sessions[1]}))
+        .await;
+    assert_eq!(status, 200);
+    let released = Instant::now();
+    let (status, body) = acquire(&sessions[2]).await;
+    assert_eq!(status, 200, "{body}");
+    let waited = released.elapsed();
+    assert!(
+        waited < Duration::from_millis(1000),
+        "granted {waited:?} after a release"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_force_release_fences_off_the_holder_and_is_in_the_audit_stream() {
     use futures::StreamExt;

@@ -2,18 +2,25 @@
 //! that, if its session EXPIRES while it holds the lock (it did not
 //! release it), the lock is not granted again for a while, so that a
 //! resource that cannot check tokens sees the old holder's last writes
-//! settle first. A release, or a waiter giving up, wakes the next at once.
+//! settle first. A release, or a waiter giving up, hands the lock on at
+//! once.
 //!
-//! The delay rides in the contender's queue key value. Telling a release
-//! from an expiry: whoever leaves the queue on purpose (release, give-up)
-//! deletes its key and, in the same txn, writes the key into the lock's
-//! marker key, whose mod revision is then the departure's. A key that
-//! vanished while the marker does not name it with a later mod revision
-//! went with its lease (or by a force-release), and the delay applies.
-//! A later departure overwrites the marker; a waiter that reads it late
-//! then takes a release for an expiry and waits the delay: slower, never
-//! unsafe.
+//! The delay a contender asks for rides in its queue key's value. A
+//! holder that asked for one writes the lock's delay record when it is
+//! granted (its key and delay); its release deletes the record in the same
+//! txn as its key, and nothing else does. So a record that names a holder
+//! whose key is gone says the holder did NOT leave on purpose: its lease
+//! expired (or an operator force-released it), and the delay is owed:
+//! - to the waiter its departure wakes, from the moment it wakes;
+//! - to a newcomer that finds the queue empty (the holder left while
+//!   nobody waited), from the moment it joins. It cannot tell how long ago
+//!   that was, so it may wait up to one delay longer than needed: slower,
+//!   never unsafe.
+//!
+//! The next holder replaces the record with its own, or deletes it.
 
+use crate::etcd_enums::{CompareResult, CompareTarget};
+use crate::etcdpb::{PbCompare, PbKeyValue, PbTargetUnion};
 use std::time::Duration;
 
 /// What a contender's queue key holds for a delay.
@@ -40,18 +47,53 @@ pub fn decode(value: &[u8]) -> Duration {
         .min(MAX_LOCK_DELAY)
 }
 
-/// The key naming the last contender that left the lock `name` on
-/// purpose.
-pub fn marker(name: &[u8]) -> Vec<u8> {
-    [b"\0latchkey/lock-left/".as_slice(), name].concat()
+/// The key of the lock `name`'s delay record.
+pub fn record(name: &[u8]) -> Vec<u8> {
+    [b"\0latchkey/lock-delay/".as_slice(), name].concat()
 }
 
-/// Whether the contender `key`, created at `revision` and now gone, left
-/// on purpose, by the lock's `marker` (its value and mod revision, if it
-/// exists). A lease cannot outlive its own key's expiry, so the same key
-/// created again later (a higher revision) was created by a live lease.
-pub fn left_on_purpose(marker: Option<(&[u8], i64)>, key: &[u8], revision: i64) -> bool {
-    marker.is_some_and(|(named, mod_revision)| named == key && mod_revision > revision)
+/// A delay record's value: the holder's key, a newline, the delay in ms.
+pub fn record_value(holder: &[u8], delay: Duration) -> Vec<u8> {
+    [holder, b"\n", delay.as_millis().to_string().as_bytes()].concat()
+}
+
+/// The holder and delay a record names (none for anything else).
+pub fn parse_record(value: &[u8]) -> Option<(&[u8], Duration)> {
+    let newline = value.iter().rposition(|b| *b == b'\n')?;
+    let ms = std::str::from_utf8(&value[newline + 1..])
+        .ok()?
+        .parse::<u64>()
+        .ok()?;
+    Some((
+        &value[..newline],
+        Duration::from_millis(ms).min(MAX_LOCK_DELAY),
+    ))
+}
+
+/// The delay `record` (a read delay record, if there is one) owes for the
+/// departed holder `holder`: the delay, if it names that holder.
+pub fn owed_for(record: Option<&PbKeyValue>, holder: &[u8]) -> Option<Duration> {
+    let (named, delay) = parse_record(&record?.value)?;
+    (named == holder && !delay.is_zero()).then_some(delay)
+}
+
+/// Compares that hold when the record of the lock `name` names `holder`:
+/// its value lies strictly between `holder\n` and `holder\x0b` (the byte
+/// after the newline), which is exactly "starts with `holder\n`" for a
+/// value with digits after the newline. A release deletes the record under
+/// these.
+pub fn names(name: &[u8], holder: &[u8]) -> [PbCompare; 2] {
+    let bound = |result: CompareResult, last: u8| PbCompare {
+        result: result as i32,
+        target: CompareTarget::Value as i32,
+        key: record(name),
+        range_end: Vec::new(),
+        target_union: Some(PbTargetUnion::Value([holder, &[last]].concat())),
+    };
+    [
+        bound(CompareResult::Greater, b'\n'),
+        bound(CompareResult::Less, b'\n' + 1),
+    ]
 }
 
 /// The lock name of a queue key (`name/<lease hex>`).
@@ -79,12 +121,42 @@ mod tests {
     }
 
     #[test]
-    fn a_departure_on_purpose_is_one_the_marker_names_after_the_key_was_created() {
-        let key = b"jobs/694d".as_slice();
-        assert!(left_on_purpose(Some((key, 12)), key, 10));
-        // No marker, another key, or a marker from before this key: expired.
-        assert!(!left_on_purpose(None, key, 10));
-        assert!(!left_on_purpose(Some((b"jobs/1", 12)), key, 10));
-        assert!(!left_on_purpose(Some((key, 8)), key, 10));
+    fn records_name_a_holder_and_its_delay() {
+        let value = record_value(b"jobs/694d", Duration::from_millis(1500));
+        assert_eq!(
+            parse_record(&value),
+            Some((b"jobs/694d".as_slice(), Duration::from_millis(1500)))
+        );
+        assert_eq!(parse_record(b"jobs/694d"), None);
+        let kv = PbKeyValue {
+            value,
+            ..Default::default()
+        };
+        assert_eq!(
+            owed_for(Some(&kv), b"jobs/694d"),
+            Some(Duration::from_millis(1500))
+        );
+        assert_eq!(owed_for(Some(&kv), b"jobs/694"), None);
+        assert_eq!(owed_for(None, b"jobs/694d"), None);
+        // The compares bracket exactly the values that name the holder.
+        let [above, below] = names(b"jobs", b"jobs/694d");
+        let between = |v: &[u8]| {
+            let (Some(PbTargetUnion::Value(lo)), Some(PbTargetUnion::Value(hi))) =
+                (&above.target_union, &below.target_union)
+            else {
+                unreachable!()
+            };
+            v > lo.as_slice() && v < hi.as_slice()
+        };
+        assert!(between(&kv.value));
+        assert!(!between(&record_value(
+            b"jobs/694",
+            Duration::from_millis(5)
+        )));
+        assert!(!between(&record_value(
+            b"jobs/694d0",
+            Duration::from_millis(5)
+        )));
+        assert_eq!(record(b"jobs"), b"\0latchkey/lock-delay/jobs");
     }
 }

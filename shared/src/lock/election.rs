@@ -37,17 +37,17 @@ pub async fn campaign<B: LockBackend>(
     if joined.existing_value.is_some_and(|v| v != value) {
         within(deadline, proclaim(backend.as_ref(), &leader, value)).await?;
     }
-    let header = wait_for_turn(
+    let turn = wait_for_turn(
         backend.as_ref(),
         name,
         lease,
         place,
         false,
-        joined.read_at,
+        joined.header.revision,
         deadline,
     )
     .await?;
-    Ok((leader, header))
+    Ok((leader, turn.header))
 }
 
 fn check(leader: &LeaderKey) -> Result<(), ApiError> {

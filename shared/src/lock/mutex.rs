@@ -3,9 +3,13 @@
 //! fencing token, higher for every later holder.
 
 use super::delay;
-use super::queue::{self, join, wait_for_turn, Place};
+use super::queue::{self, join, sleep_within, wait_for_turn, Joined, Place, Turn};
 use super::LockBackend;
-use crate::etcdpb::PbResponseHeader;
+use crate::etcd_enums::{CompareResult, CompareTarget};
+use crate::etcdpb::{
+    PbCompare, PbDeleteRequest, PbPutRequest, PbResponseHeader, PbTargetUnion, PbTxnOpRequest,
+    PbTxnRequest,
+};
 use crate::idempotency::{Guard, Outcome};
 use crate::ApiError;
 use std::sync::Arc;
@@ -46,22 +50,107 @@ pub async fn acquire<B: LockBackend>(
     }
     let value = delay::encode(lock_delay);
     let joined = join(backend.as_ref(), name, lease, value, guard).await?;
-    let place = Place::new(backend.clone(), &joined, guard.is_some());
-    let header = wait_for_turn(
-        backend.as_ref(),
-        name,
-        lease,
-        place,
-        true,
-        joined.read_at,
-        deadline,
-    )
-    .await?;
+    let mut place = Place::new(backend.clone(), &joined, guard.is_some());
+    // First in line at once, after a holder that did not leave on purpose
+    // while nobody waited: its lock-delay is owed from now.
+    let owed = joined
+        .delay_record
+        .as_ref()
+        .filter(|_| joined.first)
+        .and_then(|record| delay::parse_record(&record.value))
+        .filter(|(holder, owed)| *holder != joined.key.as_slice() && !owed.is_zero())
+        .map(|(_, owed)| owed);
+    let turn = match owed {
+        // Nobody can come before a contender that was first as of a
+        // committed revision: no read needed.
+        None if joined.first => {
+            place.armed = false;
+            Turn {
+                header: joined.header,
+                honoured: None,
+            }
+        }
+        _ => {
+            if let Some(owed) = owed {
+                metrics::counter!("latchkey_lock_delays_total").increment(1);
+                if let Err(e) = sleep_within(deadline, owed).await {
+                    place.give_up();
+                    return Err(e);
+                }
+            }
+            let mut turn = wait_for_turn(
+                backend.as_ref(),
+                name,
+                lease,
+                place,
+                true,
+                joined.header.revision,
+                deadline,
+            )
+            .await?;
+            if owed.is_some() {
+                turn.honoured = turn.honoured.or_else(|| joined.delay_record.clone());
+            }
+            turn
+        }
+    };
+    settle_delay_record(backend.as_ref(), name, lease, &joined, lock_delay, &turn).await?;
     Ok(Grant {
         key: joined.key,
         fencing_token: joined.revision,
-        header,
+        header: turn.header,
     })
+}
+
+/// A new holder's delay record: its own if it asked for a lock-delay (so
+/// that its expiry is honoured), else the one it honoured goes (unless
+/// replaced since), so nobody waits for that departure again.
+async fn settle_delay_record<B: LockBackend>(
+    backend: &B,
+    name: &[u8],
+    lease: i64,
+    joined: &Joined,
+    lock_delay: Duration,
+    turn: &Turn,
+) -> Result<(), ApiError> {
+    let record = delay::record(name);
+    if !lock_delay.is_zero() {
+        let put = PbTxnOpRequest::RequestPut(PbPutRequest {
+            key: record,
+            value: delay::record_value(&joined.key, lock_delay),
+            ..Default::default()
+        });
+        let written = backend
+            .txn(queue::if_created_at(&joined.key, joined.revision, put))
+            .await?;
+        if !written.succeeded {
+            // Its key went while it was being granted: not a holder.
+            return Err(ApiError::session_expired(crate::LeaseId(lease)));
+        }
+        return Ok(());
+    }
+    if let Some(honoured) = &turn.honoured {
+        let delete = PbTxnOpRequest::RequestDeleteRange(PbDeleteRequest {
+            key: record.clone(),
+            ..Default::default()
+        });
+        let unchanged = PbTxnRequest {
+            compare: vec![PbCompare {
+                result: CompareResult::Equal as i32,
+                target: CompareTarget::Mod as i32,
+                key: record,
+                range_end: Vec::new(),
+                target_union: Some(PbTargetUnion::ModRevision(honoured.mod_revision)),
+            }],
+            success: vec![queue::op(delete)],
+            failure: Vec::new(),
+        };
+        if let Err(e) = backend.txn(unchanged).await {
+            // Only costs a later newcomer one needless delay.
+            tracing::debug!(error = %e, "a honoured lock-delay record was not removed");
+        }
+    }
+    Ok(())
 }
 
 /// Releases a lock (or gives up a place in its queue): deletes the key an

@@ -93,14 +93,15 @@ pub(super) fn if_created_at(key: &[u8], revision: i64, then: PbTxnOpRequest) -> 
 }
 
 /// A contender leaving the queue on purpose (give-up): its key goes, if it
-/// is still the one created at `revision`, and the lock's marker names it
-/// in the same txn (see [`delay`]).
+/// is still the one created at `revision`, and with it the lock's delay
+/// record if that names it (see [`delay`]).
 pub(super) fn leave(key: &[u8], revision: i64) -> PbTxnRequest {
     leave_if(key, created_at(key, revision))
 }
 
 /// A holder releasing its lock: its key goes, whatever revision it was
-/// created at, with the marker naming it. One txn, no read first.
+/// created at, with the delay record if that names it. One txn, no read
+/// first.
 pub(super) fn release(key: &[u8]) -> PbTxnRequest {
     leave_if(
         key,
@@ -120,10 +121,13 @@ fn leave_if(key: &[u8], compare: PbCompare) -> PbTxnRequest {
         ..Default::default()
     }))];
     if let Some(name) = delay::name_of(key) {
-        success.push(op(PbTxnOpRequest::RequestPut(PbPutRequest {
-            key: delay::marker(name),
-            value: key.to_vec(),
-            ..Default::default()
+        success.push(op(PbTxnOpRequest::RequestTxn(PbTxnRequest {
+            compare: delay::names(name, key).to_vec(),
+            success: vec![op(PbTxnOpRequest::RequestDeleteRange(PbDeleteRequest {
+                key: delay::record(name),
+                ..Default::default()
+            }))],
+            failure: Vec::new(),
         })));
     }
     PbTxnRequest {
@@ -133,15 +137,52 @@ fn leave_if(key: &[u8], compare: PbCompare) -> PbTxnRequest {
     }
 }
 
+/// The reads a join makes in its own txn: the first key in line and the
+/// lock's delay record.
+fn lineup(name: &[u8]) -> [PbTxnRequestOp; 2] {
+    let queue = queue_range(name);
+    [
+        op(PbTxnOpRequest::RequestRange(PbRangeRequest {
+            key: queue.start,
+            range_end: queue.end,
+            sort_order: SortOrder::Ascend as i32,
+            sort_target: SortTarget::Create as i32,
+            limit: 1,
+            ..Default::default()
+        })),
+        op(PbTxnOpRequest::RequestRange(PbRangeRequest {
+            key: delay::record(name),
+            ..Default::default()
+        })),
+    ]
+}
+
+/// The range answers of a txn's responses, in order.
+fn ranges(responses: Vec<crate::etcdpb::PbResponseOp>) -> Vec<Vec<PbKeyValue>> {
+    responses
+        .into_iter()
+        .filter_map(|r| match r.response {
+            Some(PbTxnOpResponse::ResponseRange(range)) => Some(range.kvs),
+            _ => None,
+        })
+        .collect()
+}
+
 /// A contender's place: its key and the key's create revision.
 pub(super) struct Joined {
     pub key: Vec<u8>,
     pub revision: i64,
-    /// The revision the join was answered at: where waiting reads from.
-    pub read_at: i64,
+    /// The header the join was answered with: its revision is where
+    /// waiting reads from.
+    pub header: PbResponseHeader,
     /// The key's value when it was already there (a retry, or a second
     /// campaign of the same lease).
     pub existing_value: Option<Vec<u8>>,
+    /// Whether this contender was first in line when it joined: it holds
+    /// (and nobody before it can appear later).
+    pub first: bool,
+    /// The lock's delay record when it joined.
+    pub delay_record: Option<PbKeyValue>,
 }
 
 /// Puts `lease`'s key in the queue `name` with `value`, unless it is
@@ -167,18 +208,27 @@ pub(super) async fn join<B: LockBackend>(
         ));
     }
     let key = queue_key(name, lease);
+    let [first, record] = lineup(name);
     let join = PbTxnRequest {
         compare: vec![created_at(&key, 0)],
-        success: vec![op(PbTxnOpRequest::RequestPut(PbPutRequest {
-            key: key.clone(),
-            value,
-            lease,
-            ..Default::default()
-        }))],
-        failure: vec![op(PbTxnOpRequest::RequestRange(PbRangeRequest {
-            key: key.clone(),
-            ..Default::default()
-        }))],
+        success: vec![
+            op(PbTxnOpRequest::RequestPut(PbPutRequest {
+                key: key.clone(),
+                value,
+                lease,
+                ..Default::default()
+            })),
+            first.clone(),
+            record.clone(),
+        ],
+        failure: vec![
+            op(PbTxnOpRequest::RequestRange(PbRangeRequest {
+                key: key.clone(),
+                ..Default::default()
+            })),
+            first,
+            record,
+        ],
     };
     // Not cut short by the caller's deadline: a join whose outcome is
     // unknown may have queued the key, and an entry nobody waits for would
@@ -187,58 +237,79 @@ pub(super) async fn join<B: LockBackend>(
         None => backend.txn(join).await?,
         Some(guard) => match guard.outcome(backend.txn(guard.guard(join)).await?)? {
             Outcome::Done(joined) => joined,
-            Outcome::Replay(..) => return rejoin(backend, key).await,
+            Outcome::Replay(..) => return rejoin(backend, name, key).await,
         },
     };
     let header = joined.header.unwrap_or_default();
-    if joined.succeeded {
-        return Ok(Joined {
-            key,
-            revision: header.revision,
-            read_at: header.revision,
-            existing_value: None,
-        });
-    }
-    match joined.responses.first().and_then(|r| r.response.as_ref()) {
-        Some(PbTxnOpResponse::ResponseRange(range)) => {
-            // Gone between the compare and the read cannot happen in one
-            // txn; a lease that expired before it is gone for good.
-            let kv = range
-                .kvs
-                .first()
-                .ok_or_else(|| ApiError::session_expired(LeaseId(lease)))?;
-            Ok(Joined {
-                key,
-                revision: kv.create_revision,
-                read_at: header.revision,
-                existing_value: Some(kv.value.clone()),
-            })
-        }
-        _ => Err(ApiError::internal("a queue txn answered no range")),
-    }
+    let mut reads = ranges(joined.responses).into_iter();
+    let mine = if joined.succeeded {
+        None
+    } else {
+        // Gone between the compare and the read cannot happen in one txn;
+        // a lease that expired before it is gone for good.
+        let kv = reads
+            .next()
+            .and_then(|kvs| kvs.into_iter().next())
+            .ok_or_else(|| ApiError::session_expired(LeaseId(lease)))?;
+        Some(kv)
+    };
+    let revision = mine
+        .as_ref()
+        .map_or(header.revision, |kv| kv.create_revision);
+    let first_in_line = reads.next().and_then(|kvs| kvs.into_iter().next());
+    let delay_record = reads.next().and_then(|kvs| kvs.into_iter().next());
+    Ok(Joined {
+        first: first_in_line.is_some_and(|kv| kv.key == key && kv.create_revision == revision),
+        key,
+        revision,
+        header,
+        existing_value: mine.map(|kv| kv.value),
+        delay_record,
+    })
 }
 
 /// The place an earlier join under the same idempotency key made, if it is
 /// still there.
-async fn rejoin<B: LockBackend>(backend: &B, key: Vec<u8>) -> Result<Joined, ApiError> {
-    let current = backend
-        .range(PbRangeRequest {
-            key: key.clone(),
-            ..Default::default()
+async fn rejoin<B: LockBackend>(
+    backend: &B,
+    name: &[u8],
+    key: Vec<u8>,
+) -> Result<Joined, ApiError> {
+    let [first, record] = lineup(name);
+    let read = backend
+        .txn(PbTxnRequest {
+            compare: Vec::new(),
+            success: vec![
+                op(PbTxnOpRequest::RequestRange(PbRangeRequest {
+                    key: key.clone(),
+                    ..Default::default()
+                })),
+                first,
+                record,
+            ],
+            failure: Vec::new(),
         })
         .await?;
-    let read_at = current.header.as_ref().map_or(0, |h| h.revision);
-    let kv = current.kvs.into_iter().next().ok_or_else(|| {
-        ApiError::precondition_failed(
+    let header = read.header.unwrap_or_default();
+    let mut reads = ranges(read.responses).into_iter();
+    let kv = reads
+        .next()
+        .and_then(|kvs| kvs.into_iter().next())
+        .ok_or_else(|| {
+            ApiError::precondition_failed(
             "the queue entry this Idempotency-Key made is gone (released, or its session ended); \
              acquire again under a new key",
         )
-    })?;
+        })?;
+    let first_in_line = reads.next().and_then(|kvs| kvs.into_iter().next());
     Ok(Joined {
+        first: first_in_line
+            .is_some_and(|f| f.key == key && f.create_revision == kv.create_revision),
         key,
         revision: kv.create_revision,
-        read_at,
+        header,
         existing_value: Some(kv.value),
+        delay_record: reads.next().and_then(|kvs| kvs.into_iter().next()),
     })
 }
 
@@ -255,6 +326,9 @@ pub(super) struct Place<B: LockBackend> {
     /// retry comes back for this place. A deadline or an error still
     /// gives it up.
     pub kept_if_abandoned: bool,
+    /// The delay record of a departed holder whose lock-delay this
+    /// contender waited out.
+    pub honoured: Option<PbKeyValue>,
 }
 
 impl<B: LockBackend> Place<B> {
@@ -265,11 +339,12 @@ impl<B: LockBackend> Place<B> {
             revision: joined.revision,
             armed: true,
             kept_if_abandoned,
+            honoured: None,
         }
     }
 
     /// Removes the key now (on its own task), once.
-    fn give_up(&mut self) {
+    pub(super) fn give_up(&mut self) {
         if !self.armed {
             return;
         }
@@ -313,7 +388,7 @@ pub(super) async fn wait_for_turn<B: LockBackend>(
     honour_lock_delay: bool,
     from: i64,
     deadline: Instant,
-) -> Result<PbResponseHeader, ApiError> {
+) -> Result<Turn, ApiError> {
     let waited = wait(
         backend,
         name,
@@ -327,7 +402,19 @@ pub(super) async fn wait_for_turn<B: LockBackend>(
     if waited.is_err() {
         place.give_up();
     }
-    waited
+    Ok(Turn {
+        header: waited?,
+        honoured: place.honoured.take(),
+    })
+}
+
+/// A contender's turn.
+pub(super) struct Turn {
+    /// The header of the read that saw it first in line.
+    pub header: PbResponseHeader,
+    /// The delay record of a departed holder whose lock-delay it waited
+    /// out: the new holder replaces or removes it.
+    pub honoured: Option<PbKeyValue>,
 }
 
 async fn wait<B: LockBackend>(
@@ -392,23 +479,72 @@ async fn wait<B: LockBackend>(
         // One waiter woken by one departure: the count a test compares
         // with the departures.
         metrics::counter!("latchkey_lock_wakeups_total").increment(1);
-        let lock_delay = delay::decode(&predecessor_value);
-        if honour_lock_delay && !lock_delay.is_zero() {
-            let expired = within(
+        // A predecessor that asked for a lock-delay: if it held the lock
+        // and did not leave on purpose, the delay is owed from now.
+        if honour_lock_delay && !delay::decode(&predecessor_value).is_zero() {
+            let owed = within(
                 deadline,
-                expired(backend, name, &predecessor_key, predecessor_revision),
+                owed_after(backend, name, &predecessor_key, predecessor_revision, as_of),
             )
             .await?;
-            if expired {
+            if let Some((lock_delay, record)) = owed {
                 metrics::counter!("latchkey_lock_delays_total").increment(1);
-                within(deadline, async {
-                    tokio::time::sleep(lock_delay).await;
-                    Ok(())
-                })
-                .await?;
+                sleep_within(deadline, lock_delay).await?;
+                place.honoured = Some(record);
             }
         }
     }
+}
+
+/// Sleeps `delay`, or `lock_timeout` at `deadline`.
+pub(super) async fn sleep_within(
+    deadline: Instant,
+    delay: std::time::Duration,
+) -> Result<(), ApiError> {
+    within(deadline, async {
+        tokio::time::sleep(delay).await;
+        Ok(())
+    })
+    .await
+}
+
+/// The delay owed for the holder `key` (created at `revision`) of the lock
+/// `name`, as of the committed revision `as_of` (0: the latest): owed if
+/// its key is gone and the lock's delay record still names it (it did not
+/// release on purpose). With the record, for the next holder to clear.
+async fn owed_after<B: LockBackend>(
+    backend: &B,
+    name: &[u8],
+    key: &[u8],
+    revision: i64,
+    as_of: i64,
+) -> Result<Option<(std::time::Duration, PbKeyValue)>, ApiError> {
+    let record = backend
+        .range_at(
+            PbRangeRequest {
+                key: delay::record(name),
+                ..Default::default()
+            },
+            as_of,
+        )
+        .await?;
+    let Some(record) = record.kvs.into_iter().next() else {
+        return Ok(None);
+    };
+    let Some(lock_delay) = delay::owed_for(Some(&record), key) else {
+        return Ok(None);
+    };
+    let still = backend
+        .range_at(
+            PbRangeRequest {
+                key: key.to_vec(),
+                ..Default::default()
+            },
+            as_of,
+        )
+        .await?;
+    let gone = !still.kvs.iter().any(|kv| kv.create_revision == revision);
+    Ok(gone.then_some((lock_delay, record)))
 }
 
 /// The revision a read as of `as_of` reflects, answered with the header
@@ -420,42 +556,6 @@ pub(super) fn read_at(as_of: i64, latest: i64) -> i64 {
     } else {
         as_of
     }
-}
-
-/// Whether the contender `key` (created at `revision`) has left the lock
-/// `name` without leaving on purpose: its key is gone and the marker does
-/// not name it. Then its lease expired (or someone deleted the key by
-/// hand, which counts the same).
-async fn expired<B: LockBackend>(
-    backend: &B,
-    name: &[u8],
-    key: &[u8],
-    revision: i64,
-) -> Result<bool, ApiError> {
-    let still = backend
-        .range(PbRangeRequest {
-            key: key.to_vec(),
-            ..Default::default()
-        })
-        .await?;
-    if still
-        .kvs
-        .first()
-        .is_some_and(|kv| kv.create_revision == revision)
-    {
-        return Ok(false);
-    }
-    let marker = backend
-        .range(PbRangeRequest {
-            key: delay::marker(name),
-            ..Default::default()
-        })
-        .await?;
-    let marker = marker
-        .kvs
-        .first()
-        .map(|kv| (kv.value.as_slice(), kv.mod_revision));
-    Ok(!delay::left_on_purpose(marker, key, revision))
 }
 
 /// `work`, or `lock_timeout` at `deadline`.
