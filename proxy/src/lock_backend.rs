@@ -4,6 +4,7 @@
 //! every waiter behind the same key shares one upstream watch.
 
 use crate::grpc::kv::{DELETE_RANGE, RANGE, TXN};
+use crate::idempotency::Keyed;
 use crate::state::ProxyState;
 use crate::upstream::{Kind, Route};
 use crate::watch::{Cancel, Item, WatchKey};
@@ -12,6 +13,7 @@ use latchkey_shared::etcd_enums::{EventType, FilterType};
 use latchkey_shared::etcdpb::{
     PbDeleteRequest, PbDeleteResponse, PbRangeRequest, PbRangeResponse, PbTxnRequest, PbTxnResponse,
 };
+use latchkey_shared::idempotency::Guard;
 use latchkey_shared::lock::LockBackend;
 use latchkey_shared::{ApiError, KeyRange};
 use std::sync::Arc;
@@ -53,6 +55,15 @@ impl LockBackend for UpstreamLocks {
             // change; a member that has not says so.
             let cell = self.state.upstream.cell_for(&req.key);
             cell.call(Route::Leader, Kind::Read, RANGE, req).await
+        })
+    }
+
+    fn guard(&self, key: String, request: Vec<Vec<u8>>) -> BoxFuture<'_, Result<Guard, ApiError>> {
+        Box::pin(async move {
+            let keyed = Keyed { key, request };
+            crate::idempotency::guard(&self.state, Some(&keyed))
+                .await?
+                .ok_or_else(|| ApiError::internal("a named idempotency key gave no guard"))
         })
     }
 

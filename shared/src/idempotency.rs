@@ -44,6 +44,51 @@ pub fn check_key(key: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// The lease idempotency records are written with: a plain lease that
+/// nobody keeps alive, granted with the retention as its TTL and used for
+/// a tenth of it, so every record lives between the retention and 1.1
+/// times it, and the cell deletes the records with their lease (no
+/// sweeper). One grant per holder per tenth of the retention.
+pub struct RetentionLease {
+    retention: std::time::Duration,
+    /// The lease in use and when it was granted.
+    current: tokio::sync::Mutex<Option<(i64, tokio::time::Instant)>>,
+}
+
+impl RetentionLease {
+    pub fn new(retention: std::time::Duration) -> Self {
+        RetentionLease {
+            retention,
+            current: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    /// The lease for a record written now, granted by `grant(ttl_secs)`
+    /// when the one in use is older than a tenth of the retention.
+    pub async fn lease<F, Fut>(&self, grant: F) -> Result<i64, ApiError>
+    where
+        F: FnOnce(i64) -> Fut,
+        Fut: std::future::Future<Output = Result<i64, ApiError>>,
+    {
+        let mut current = self.current.lock().await;
+        if let Some((id, granted)) = *current {
+            if granted.elapsed() < self.retention / 10 {
+                return Ok(id);
+            }
+        }
+        let granted_at = tokio::time::Instant::now();
+        let id = grant(self.retention.as_secs().max(1) as i64).await?;
+        *current = Some((id, granted_at));
+        Ok(id)
+    }
+
+    /// Forgets the lease in use, when the cell says it is gone (revoked by
+    /// hand, or the cell was restored from an old backup).
+    pub async fn forget(&self) {
+        *self.current.lock().await = None;
+    }
+}
+
 /// One request's idempotency: its record's key, its fingerprint and the
 /// lease the record is written with.
 #[derive(Debug, Clone)]

@@ -4,6 +4,7 @@
 //! for a change read this member's history and then its watch hub.
 
 use super::kv::KvService;
+use super::lease::LeaseService;
 use crate::mvcc::keyspace::{Event, EventKind, KeyRange};
 use crate::node::CellNode;
 use crate::state_machine::watch_hub::Notice;
@@ -12,19 +13,28 @@ use latchkey_shared::etcdpb::{
     PbDeleteRequest, PbDeleteResponse, PbKvService, PbRangeRequest, PbRangeResponse, PbTxnRequest,
     PbTxnResponse,
 };
+use latchkey_shared::etcdpb::{PbLeaseGrantRequest, PbLeaseService};
+use latchkey_shared::idempotency::{Guard, RetentionLease};
 use latchkey_shared::lock::LockBackend;
 use latchkey_shared::ApiError;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::broadcast::error::RecvError;
 
 pub struct LocalLocks {
     kv: KvService,
+    /// The lease idempotency records of Lock and Unlock are written with.
+    retention: RetentionLease,
 }
+
+/// How long a Lock or Unlock idempotency key is remembered by a member.
+const IDEMPOTENCY_RETENTION: Duration = Duration::from_secs(24 * 3600);
 
 impl LocalLocks {
     pub fn new(node: Arc<CellNode>) -> LocalLocks {
         LocalLocks {
             kv: KvService { node },
+            retention: RetentionLease::new(IDEMPOTENCY_RETENTION),
         }
     }
 
@@ -87,6 +97,29 @@ impl LockBackend for LocalLocks {
         // Waits here are woken from this member's own history, so it has
         // applied the revisions they read at.
         Box::pin(async move { self.kv.range_inner(&req).await })
+    }
+
+    fn guard(&self, key: String, request: Vec<Vec<u8>>) -> BoxFuture<'_, Result<Guard, ApiError>> {
+        Box::pin(async move {
+            latchkey_shared::idempotency::check_key(&key)?;
+            let lease = self
+                .retention
+                .lease(|ttl| async move {
+                    let leases = LeaseService {
+                        node: self.kv.node.clone(),
+                    };
+                    let granted = PbLeaseService::lease_grant(
+                        &leases,
+                        tonic::Request::new(PbLeaseGrantRequest { ttl, id: 0 }),
+                    )
+                    .await
+                    .map_err(|status| ApiError::from_status(&status))?;
+                    Ok(granted.into_inner().id)
+                })
+                .await?;
+            let parts: Vec<&[u8]> = request.iter().map(Vec::as_slice).collect();
+            Guard::new(&key, &parts, lease)
+        })
     }
 
     fn delete(&self, req: PbDeleteRequest) -> BoxFuture<'_, Result<PbDeleteResponse, ApiError>> {

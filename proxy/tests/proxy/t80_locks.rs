@@ -111,6 +111,7 @@ async fn contenders(addr: &str) {
     let mut request = tonic::Request::new(LockRequest {
         name: b"jobs".to_vec(),
         lease: impatient_lease,
+        ..Default::default()
     });
     request.set_timeout(Duration::from_millis(500));
     let refused = LockClient::new(channel).lock(request).await;

@@ -275,3 +275,65 @@ async fn puts_and_txns_replay_under_their_keys_the_records_are_hidden_and_expire
     .await;
     assert!(rewritten["revision"].as_i64() > ran["revision"].as_i64());
 }
+
+/// etcd's Lock and Unlock with latchkey's `idempotency_key` field, through
+/// a proxy and on a cell follower: a retry answers the first answer, a
+/// different request under the key fails, a retry after the unlock does
+/// not lock again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_lock_and_unlock_under_an_idempotency_key_through_a_proxy_and_on_a_follower() {
+    use latchkey_shared::v3lockpb::lock_client::LockClient;
+    use latchkey_shared::v3lockpb::{LockRequest, UnlockRequest};
+    let cluster = Cluster::start(cell_binary(), 3, &[]).await;
+    let proxy = ProxyProcess::start(proxy_bin(), &member_addrs(&cluster), &[]).await;
+    let leader = cluster.wait_leader(Duration::from_secs(20)).await;
+    let follower = cluster.member(cluster.follower_of(leader)).client.clone();
+    // Keys are the cell's, whoever serves them: each round uses its own.
+    for (round, addr) in [proxy.grpc.clone(), follower].into_iter().enumerate() {
+        let (lock_key, unlock_key) = (format!("lock-{round}"), format!("unlock-{round}"));
+        let mut etcd = Client::connect([addr.as_str()], None)
+            .await
+            .expect("connect");
+        let mine = etcd.lease_grant(30, None).await.expect("grant").id();
+        let other = etcd.lease_grant(30, None).await.expect("grant").id();
+        let channel = latchkey_shared::client::connect(&addr)
+            .await
+            .expect("connect");
+        let mut locks = LockClient::new(channel);
+        let lock = |lease: i64| LockRequest {
+            name: b"grpc-idem".to_vec(),
+            lease,
+            idempotency_key: lock_key.clone(),
+        };
+        let first = locks.lock(lock(mine)).await.expect("lock").into_inner();
+        let again = locks.lock(lock(mine)).await.expect("retry").into_inner();
+        assert_eq!(again.key, first.key, "{addr}");
+        assert_eq!(
+            again.header.map(|h| h.revision),
+            first.header.map(|h| h.revision),
+            "{addr}: the retry answers the first grant's revision"
+        );
+        let refused = locks.lock(lock(other)).await.expect_err("refused");
+        assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{addr}");
+
+        let unlock = || UnlockRequest {
+            key: first.key.clone(),
+            idempotency_key: unlock_key.clone(),
+        };
+        let released = locks.unlock(unlock()).await.expect("unlock").into_inner();
+        let replayed = locks.unlock(unlock()).await.expect("retry").into_inner();
+        assert_eq!(
+            replayed.header.map(|h| h.revision),
+            released.header.map(|h| h.revision),
+            "{addr}"
+        );
+        // The lock's retry after the unlock does not queue again.
+        let gone = locks.lock(lock(mine)).await.expect_err("gone");
+        assert_eq!(gone.code(), tonic::Code::FailedPrecondition, "{addr}");
+        let queued = etcd
+            .get("grpc-idem/", Some(GetOptions::new().with_prefix()))
+            .await
+            .expect("queue");
+        assert_eq!(queued.count(), 0, "{addr}");
+    }
+}

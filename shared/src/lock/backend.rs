@@ -51,6 +51,15 @@ pub trait LockBackend: Send + Sync + 'static {
         })
     }
 
+    /// The guard of a write under the idempotency key `key`, `request`
+    /// being what makes the request what it is; its record is written with
+    /// this backend's retention lease.
+    fn guard(
+        &self,
+        key: String,
+        request: Vec<Vec<u8>>,
+    ) -> BoxFuture<'_, Result<crate::idempotency::Guard, ApiError>>;
+
     /// A delete, committed through the cell's leader.
     fn delete(&self, req: PbDeleteRequest) -> BoxFuture<'_, Result<PbDeleteResponse, ApiError>>;
 

@@ -7,6 +7,7 @@
 //! than [`WAIT_LIMIT`].
 
 use super::{election, mutex, LockBackend};
+use crate::idempotency::Guard;
 use crate::v3electionpb::election_server::Election;
 use crate::v3electionpb::{
     CampaignRequest, CampaignResponse, LeaderRequest, LeaderResponse, ProclaimRequest,
@@ -38,17 +39,38 @@ impl<B> LockService<B> {
     }
 }
 
+impl<B: LockBackend> LockService<B> {
+    /// The guard of a request that names an idempotency key (none
+    /// without).
+    async fn guard(&self, key: &str, request: Vec<Vec<u8>>) -> Result<Option<Guard>, ApiError> {
+        if key.is_empty() {
+            return Ok(None);
+        }
+        self.backend.guard(key.to_string(), request).await.map(Some)
+    }
+}
+
 #[tonic::async_trait]
 impl<B: LockBackend> Lock for LockService<B> {
     async fn lock(&self, request: Request<LockRequest>) -> Result<Response<LockResponse>, Status> {
         let req = request.into_inner();
+        let guard = self
+            .guard(
+                &req.idempotency_key,
+                vec![
+                    b"Lock".to_vec(),
+                    req.name.clone(),
+                    req.lease.to_be_bytes().to_vec(),
+                ],
+            )
+            .await?;
         let grant = mutex::acquire(
             self.backend.clone(),
             &req.name,
             req.lease,
             Duration::ZERO,
             deadline(),
-            None,
+            guard.as_ref(),
         )
         .await?;
         Ok(Response::new(LockResponse {
@@ -61,8 +83,14 @@ impl<B: LockBackend> Lock for LockService<B> {
         &self,
         request: Request<UnlockRequest>,
     ) -> Result<Response<UnlockResponse>, Status> {
-        let (header, _) =
-            mutex::release(self.backend.as_ref(), request.into_inner().key, None).await?;
+        let req = request.into_inner();
+        let guard = self
+            .guard(
+                &req.idempotency_key,
+                vec![b"Unlock".to_vec(), req.key.clone()],
+            )
+            .await?;
+        let (header, _) = mutex::release(self.backend.as_ref(), req.key, guard.as_ref()).await?;
         Ok(Response::new(UnlockResponse {
             header: Some(header),
         }))
