@@ -9,6 +9,7 @@
 #
 #   scripts/bench-locks.sh                          # 16 clients, 10 s per run
 #   scripts/bench-locks.sh --seconds 30 --latchkey-only
+#   scripts/bench-locks.sh --pick random             # each acquisition a random lock
 #   scripts/bench-locks.sh --help                   # every option
 #
 # A benchmark, not a test: the test suite does not run it.

@@ -4,9 +4,12 @@
 //! member (its leader), and a 3-member etcd 3.4 for reference.
 //!
 //! Each client has its own lease and connection and, until the time is
-//! up, locks `bench/<i mod locks>` and unlocks it at once. An acquisition's
-//! latency runs from the Lock call to its answer (queueing behind the other
-//! clients of the same lock included).
+//! up, locks a lock and unlocks it at once: `bench/<i mod locks>` for
+//! client i (`--pick own`: with as many locks as clients, nobody waits),
+//! or a lock drawn at random each time (`--pick random`: clients collide
+//! and hand locks over). An acquisition's latency runs from the Lock call
+//! to its answer (queueing behind the other clients of the same lock
+//! included).
 //!
 //! `scripts/bench-locks.sh` builds it (release) and runs it. A benchmark,
 //! not a test.
@@ -35,6 +38,9 @@ struct Args {
     /// Lock counts, one run each.
     #[arg(long, value_delimiter = ',', default_value = "1,16")]
     locks: Vec<usize>,
+    /// Which lock each acquisition takes.
+    #[arg(long, value_enum, default_value_t = Pick::Own)]
+    pick: Pick,
     /// Skip etcd.
     #[arg(long)]
     latchkey_only: bool,
@@ -49,18 +55,46 @@ struct Args {
     proxy_bin: Option<std::path::PathBuf>,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Pick {
+    /// Client i always takes lock i mod locks.
+    Own,
+    /// Each acquisition takes a lock drawn at random.
+    Random,
+}
+
+/// A small xorshift generator: the draws need no quality, only spread.
+struct Draw(u64);
+
+impl Draw {
+    fn next(&mut self, below: usize) -> usize {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 % below.max(1) as u64) as usize
+    }
+}
+
 struct Run {
     target: String,
     locks: usize,
     rate: f64,
     p50_ms: f64,
+    p90_ms: f64,
     p99_ms: f64,
     errors: u64,
     first_error: Option<String>,
 }
 
 /// `clients` clients of `endpoint` locking and unlocking for `seconds`.
-async fn run(target: &str, endpoint: &str, clients: usize, locks: usize, seconds: u64) -> Run {
+async fn run(
+    target: &str,
+    endpoint: &str,
+    clients: usize,
+    locks: usize,
+    pick: Pick,
+    seconds: u64,
+) -> Run {
     let deadline = Instant::now() + Duration::from_secs(seconds);
     let started = Instant::now();
     let mut tasks = Vec::new();
@@ -69,10 +103,16 @@ async fn run(target: &str, endpoint: &str, clients: usize, locks: usize, seconds
             .await
             .expect("connect a client");
         let lease = client.lease_grant(60, None).await.expect("a lease").id();
-        let name = format!("bench/{}", c % locks.max(1));
+        let mut draw =
+            Draw(0x9e37_79b9_7f4a_7c15 ^ (c as u64 + 1).wrapping_mul(0xbf58_476d_1ce4_e5b9));
         tasks.push(tokio::spawn(async move {
             let (mut latencies, mut errors, mut first_error) = (Vec::new(), 0u64, None);
             while Instant::now() < deadline {
+                let lock = match pick {
+                    Pick::Own => c % locks.max(1),
+                    Pick::Random => draw.next(locks),
+                };
+                let name = format!("bench/{lock}");
                 let t = Instant::now();
                 let locked = client
                     .lock(name.as_str(), Some(LockOptions::new().with_lease(lease)))
@@ -111,6 +151,7 @@ async fn run(target: &str, endpoint: &str, clients: usize, locks: usize, seconds
         locks,
         rate: all.len() as f64 / elapsed,
         p50_ms: percentile_ms(&all, 0.50),
+        p90_ms: percentile_ms(&all, 0.90),
         p99_ms: percentile_ms(&all, 0.99),
         errors,
         first_error,
@@ -138,7 +179,17 @@ async fn main() -> anyhow::Result<()> {
         for (target, endpoint) in &targets {
             for &locks in &args.locks {
                 eprintln!("{target}, {} clients on {locks} lock(s) ...", args.clients);
-                runs.push(run(target, endpoint, args.clients, locks, args.seconds).await);
+                runs.push(
+                    run(
+                        target,
+                        endpoint,
+                        args.clients,
+                        locks,
+                        args.pick,
+                        args.seconds,
+                    )
+                    .await,
+                );
             }
         }
         drop(proxy);
@@ -149,7 +200,17 @@ async fn main() -> anyhow::Result<()> {
         let endpoint = format!("http://{}", etcd.clients[0]);
         for &locks in &args.locks {
             eprintln!("etcd, {} clients on {locks} lock(s) ...", args.clients);
-            runs.push(run("etcd 3.4", &endpoint, args.clients, locks, args.seconds).await);
+            runs.push(
+                run(
+                    "etcd 3.4",
+                    &endpoint,
+                    args.clients,
+                    locks,
+                    args.pick,
+                    args.seconds,
+                )
+                .await,
+            );
         }
     }
     let result: Vec<serde_json::Value> = runs
@@ -157,21 +218,23 @@ async fn main() -> anyhow::Result<()> {
         .map(|r| {
             serde_json::json!({
                 "target": r.target, "locks": r.locks, "clients": args.clients,
-                "acquisitions_per_second": r.rate, "p50_ms": r.p50_ms, "p99_ms": r.p99_ms,
+                "pick": format!("{:?}", args.pick).to_lowercase(),
+                "acquisitions_per_second": r.rate, "p50_ms": r.p50_ms, "p90_ms": r.p90_ms,
+                "p99_ms": r.p99_ms,
                 "errors": r.errors,
             })
         })
         .collect();
     println!("{}", serde_json::Value::Array(result));
     println!(
-        "\n{} clients, lock then unlock, {} s per run",
-        args.clients, args.seconds
+        "\n{} clients, lock then unlock, {} s per run, locks picked: {:?}",
+        args.clients, args.seconds, args.pick
     );
-    println!("target            locks   acquisitions/s    p50 ms    p99 ms  errors");
+    println!("target            locks   acquisitions/s    p50 ms    p90 ms    p99 ms  errors");
     for r in &runs {
         println!(
-            "{:<16} {:>6} {:>16.0} {:>9.1} {:>9.1} {:>7}",
-            r.target, r.locks, r.rate, r.p50_ms, r.p99_ms, r.errors
+            "{:<16} {:>6} {:>16.0} {:>9.1} {:>9.1} {:>9.1} {:>7}",
+            r.target, r.locks, r.rate, r.p50_ms, r.p90_ms, r.p99_ms, r.errors
         );
         if let Some(e) = &r.first_error {
             println!("                 first error: {e}");
