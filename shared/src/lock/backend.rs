@@ -1,7 +1,8 @@
 //! [`LockBackend`]: what the lock recipe needs from whoever serves it.
 //! The cell answers over its own node; the proxy over its upstream client
-//! and its coalesced watches. Every operation is linearizable: the recipe
-//! decides who holds a lock from what it reads.
+//! and its coalesced watches. Every read is linearizable, or a snapshot as
+//! of a revision the recipe knows is committed: the recipe decides who
+//! holds a lock from what it reads.
 
 use crate::etcdpb::{
     PbDeleteRequest, PbDeleteResponse, PbRangeRequest, PbRangeResponse, PbTxnRequest, PbTxnResponse,
