@@ -26,6 +26,9 @@
 //!   stopped, recording what was acknowledged (for membership changes and
 //!   failover under load).
 //! - [`errors`]: [`err_text`], an etcd-client error as `"Code: message"`.
+//! - [`linearizability`]: the checker of recorded key-value histories
+//!   (Wing-Gong search with Lowe's memo, per key; unknown outcomes may
+//!   have happened any time after their invocation, or never).
 //! - [`etcd`]: [`EtcdCluster`], real etcd members on 127.0.0.1, the
 //!   reference latchkey is compared with.
 //! - [`proxy`]: [`ProxyProcess`], a real `latchkey-proxy` in front of a
@@ -47,6 +50,7 @@ pub mod etcd;
 pub mod etcdctl;
 pub mod etcdctl_session;
 pub mod eventually;
+pub mod linearizability;
 pub mod metrics;
 pub mod ports;
 pub mod process;
