@@ -15,6 +15,7 @@ mod t70_read_cache;
 mod t80_locks;
 mod t81_fencing;
 mod t82_idempotency;
+mod t83_elections;
 
 use latchkey_shared::etcdpb::{PbWatchRequest, PbWatchResponse};
 use std::path::Path;
