@@ -1,0 +1,200 @@
+{{/*
+Names. Every resource is <fullname>-<component>; fullname is the release
+name, with the chart name appended unless the release name contains it.
+*/}}
+{{- define "latchkey.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "latchkey.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Truncated to 40 above so that "<fullname>-cell-headless" and the pod
+names under it stay within DNS's 63-character labels. */}}
+{{- define "latchkey.cell.name" -}}{{ include "latchkey.fullname" . }}-cell{{- end -}}
+{{- define "latchkey.cell.headless" -}}{{ include "latchkey.fullname" . }}-cell-headless{{- end -}}
+{{- define "latchkey.proxy.name" -}}{{ include "latchkey.fullname" . }}-proxy{{- end -}}
+{{- define "latchkey.backup.name" -}}{{ include "latchkey.fullname" . }}-backup{{- end -}}
+
+{{- define "latchkey.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "latchkey.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Labels. Call with (dict "ctx" $ "component" "cell"). */}}
+{{- define "latchkey.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "latchkey.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "latchkey.labels" -}}
+{{ include "latchkey.selectorLabels" . }}
+helm.sh/chart: {{ printf "%s-%s" .ctx.Chart.Name .ctx.Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/version: {{ .ctx.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
+app.kubernetes.io/part-of: latchkey
+{{- with .ctx.Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+
+{{/* The image: repository@digest, else repository:tag (appVersion by default). */}}
+{{- define "latchkey.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "latchkey.backup.image" -}}
+{{- $b := .Values.backup.image -}}
+{{- if not $b.repository -}}
+{{- include "latchkey.image" . -}}
+{{- else if $b.digest -}}
+{{- printf "%s@%s" $b.repository $b.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $b.repository (default .Chart.AppVersion $b.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The cell's voters at bootstrap, its quorum, and every pod. */}}
+{{- define "latchkey.cell.quorum" -}}
+{{- add (div (int .Values.cell.replicas) 2) 1 -}}
+{{- end -}}
+
+{{/*
+The PodDisruptionBudget's minAvailable: every pod but the failures the
+bootstrap voters tolerate, (replicas-1)/2. With no learners it is the
+quorum; with learners (promoted or not) no eviction can take the voters
+below their quorum either, whichever pods it picks.
+*/}}
+{{- define "latchkey.cell.minAvailable" -}}
+{{- add (include "latchkey.cell.quorum" . | int) (int .Values.cell.learners) -}}
+{{- end -}}
+
+{{- define "latchkey.cell.pods" -}}
+{{- add (int .Values.cell.replicas) (int .Values.cell.learners) -}}
+{{- end -}}
+
+{{/* <headless service>.<namespace>.svc.<cluster domain> */}}
+{{- define "latchkey.cell.peerDomain" -}}
+{{- printf "%s.%s.svc.%s" (include "latchkey.cell.headless" .) .Release.Namespace .Values.clusterDomain -}}
+{{- end -}}
+
+{{/*
+host:port of the client API of the first `count` pods, comma separated (all
+pods: the proxies' --cells). Call with (dict "ctx" $ "count" N).
+*/}}
+{{- define "latchkey.cell.clientAddrs" -}}
+{{- $ctx := .ctx -}}
+{{- $addrs := list -}}
+{{- range $i := until (int .count) -}}
+{{- $addrs = append $addrs (printf "%s-%d.%s:%d" (include "latchkey.cell.name" $ctx) $i (include "latchkey.cell.peerDomain" $ctx) (int $ctx.Values.cell.ports.client)) -}}
+{{- end -}}
+{{- join "," $addrs -}}
+{{- end -}}
+
+{{/* The proxies' gRPC Service as host:port. */}}
+{{- define "latchkey.proxy.grpcAddr" -}}
+{{- printf "%s.%s.svc.%s:%d" (include "latchkey.proxy.name" .) .Release.Namespace .Values.clusterDomain (int .Values.proxy.ports.grpc) -}}
+{{- end -}}
+
+{{/*
+Scheduling: topology spread over zones and nodes, and node anti-affinity.
+Call with (dict "ctx" $ "component" "cell" "values" .Values.cell).
+*/}}
+{{- define "latchkey.topologySpread" -}}
+{{- if .values.topologySpreadConstraints }}
+{{- toYaml .values.topologySpreadConstraints }}
+{{- else }}
+- maxSkew: 1
+  topologyKey: topology.kubernetes.io/zone
+  whenUnsatisfiable: {{ .values.spread.zone }}
+  labelSelector:
+    matchLabels:
+      {{- include "latchkey.selectorLabels" . | nindent 6 }}
+- maxSkew: 1
+  topologyKey: kubernetes.io/hostname
+  whenUnsatisfiable: {{ .values.spread.node }}
+  labelSelector:
+    matchLabels:
+      {{- include "latchkey.selectorLabels" . | nindent 6 }}
+{{- end }}
+{{- end -}}
+
+{{- define "latchkey.affinity" -}}
+{{- if .values.affinity }}
+{{- toYaml .values.affinity }}
+{{- else if eq .values.antiAffinity "hard" }}
+podAntiAffinity:
+  requiredDuringSchedulingIgnoredDuringExecution:
+    - topologyKey: kubernetes.io/hostname
+      labelSelector:
+        matchLabels:
+          {{- include "latchkey.selectorLabels" . | nindent 10 }}
+{{- else if eq .values.antiAffinity "soft" }}
+podAntiAffinity:
+  preferredDuringSchedulingIgnoredDuringExecution:
+    - weight: 100
+      podAffinityTerm:
+        topologyKey: kubernetes.io/hostname
+        labelSelector:
+          matchLabels:
+            {{- include "latchkey.selectorLabels" . | nindent 12 }}
+{{- end }}
+{{- end -}}
+
+{{/* An httpGet probe on the metrics port. Call with (dict "path" "/readyz" "probe" .Values.cell.readinessProbe). */}}
+{{- define "latchkey.probe" -}}
+httpGet:
+  path: {{ .path }}
+  port: metrics
+initialDelaySeconds: {{ .probe.initialDelaySeconds }}
+periodSeconds: {{ .probe.periodSeconds }}
+timeoutSeconds: {{ .probe.timeoutSeconds }}
+failureThreshold: {{ .probe.failureThreshold }}
+successThreshold: {{ .probe.successThreshold }}
+{{- end -}}
+
+{{/*
+Prometheus label matchers for each tier's series, as the Prometheus
+Operator labels them (namespace, and job = the scraped Service's name).
+*/}}
+{{- define "latchkey.cell.promSelector" -}}
+namespace="{{ .Release.Namespace }}", job="{{ include "latchkey.cell.headless" . }}"
+{{- end -}}
+{{- define "latchkey.proxy.promSelector" -}}
+namespace="{{ .Release.Namespace }}", job="{{ include "latchkey.proxy.name" . }}"
+{{- end -}}
+
+{{/*
+The cell's bootstrap voter count is fixed at install: Raft membership lives
+in the cell. On an upgrade, refuse a changed cell.replicas rather than let a
+resized StatefulSet start pods that bootstrap a second cell. (lookup sees the
+cluster only in a real install or upgrade, not in `helm template`.)
+*/}}
+{{- define "latchkey.cell.guardReplicas" -}}
+{{- $sts := lookup "apps/v1" "StatefulSet" .Release.Namespace (include "latchkey.cell.name" .) -}}
+{{- if $sts -}}
+{{- $was := index ($sts.metadata.annotations | default dict) "latchkey.io/voters" | default "" -}}
+{{- if and $was (ne $was (toString .Values.cell.replicas)) -}}
+{{- fail (printf "cell.replicas is the cell's bootstrap voter count (%s at install) and cannot change: a resized StatefulSet does not change Raft membership. Keep cell.replicas=%s; to grow, raise cell.learners and promote the new member (etcdctl member promote); to shrink, etcdctl member remove first. See the README, Running on Kubernetes." $was $was) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
