@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The one command that runs every test: installs what is missing, checks
 # formatting, then builds once (debug profile) and runs the script tests,
-# unit tests, integration tests and the etcd Go client compatibility
-# suite (compat/etcd-go) against latchkey and against etcd itself.
+# the Helm chart checks, unit tests, integration tests and the etcd Go
+# client compatibility suite (compat/etcd-go) against latchkey and against
+# etcd itself.
 #
 # Integration tests run one at a time: each starts real three-member cells,
 # and their timing assertions (a new leader within 3 s, expiry within
@@ -15,6 +16,11 @@ cargo build --workspace --all-targets
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 scripts/test-install-deps.sh 2>&1 | tee "$log"
+# The Helm chart and the Dockerfile, offline (helm lint and template, the
+# Kubernetes API schemas, hadolint: nothing deployed, nothing built), then
+# the chart's start script against real latchkey-cell processes.
+scripts/test-helm.sh 2>&1 | tee -a "$log"
+scripts/test-cell-start.sh "${CARGO_TARGET_DIR:-target}/debug" 2>&1 | tee -a "$log"
 cargo test --workspace -- --test-threads=1 2>&1 | tee -a "$log"
 # The official etcd Go client against a 3-member latchkey cell, and the
 # same program against Debian's etcd 3.4 as the reference it must match.
