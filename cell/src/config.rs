@@ -91,10 +91,12 @@ pub struct Config {
     #[arg(long, env = "LATCHKEY_HEARTBEAT_MS", default_value_t = 150)]
     pub heartbeat_ms: u64,
 
-    /// Minimum Raft election timeout in milliseconds; the maximum is twice
+    /// Minimum Raft election timeout in milliseconds; the maximum is 5/4 of
     /// this. openraft also gives a leader a lease of the maximum, during
     /// which followers refuse to vote, so a dead leader is replaced after
-    /// roughly 3x to 4x this value (1.2-1.6 s at the default 400).
+    /// roughly 2.25x to 2.5x this value (0.9-1 s at the default 400), or
+    /// up to 5x for a member that lost an earlier election on the length
+    /// of its log.
     #[arg(long, env = "LATCHKEY_ELECTION_TIMEOUT_MS", default_value_t = 400)]
     pub election_timeout_ms: u64,
 
@@ -166,6 +168,13 @@ pub struct Config {
     /// Log filter (tracing's EnvFilter syntax), e.g. "info" or "latchkey_cell=debug".
     #[arg(long, env = "LATCHKEY_LOG", default_value = "info")]
     pub log: String,
+
+    /// TEST-ONLY (a `--features chaos` build): a defect to switch on, for
+    /// the safety suite to prove it notices (repeatable). Never in
+    /// production.
+    #[cfg(feature = "chaos")]
+    #[arg(long, value_enum)]
+    pub unsafe_break: Vec<crate::chaos::Break>,
 }
 
 /// The configuration after `--dev` and defaults are resolved.

@@ -14,7 +14,7 @@ use crate::config::{Limits, Resolved};
 use crate::lease::leader_leases::{LeaderLeases, LeaseTtl};
 use crate::lease::lessor::Lessor;
 use crate::membership::Membership;
-use crate::peer::client::{leader, PeerClients};
+use crate::peer::client::{leader, send_to_leader, PeerClients};
 use crate::peer::protocol::{Forward, ForwardHandler, ForwardReply, MembershipChange};
 use crate::raft::command::{Request, Response};
 use crate::raft::leadership::leads_with_quorum;
@@ -164,7 +164,7 @@ impl CellNode {
                     .await
                     .unwrap_or_else(|_| Err(ApiError::timeout()))
             } else {
-                self.peers.send(&addr, &req, deadline).await
+                send_to_leader(&self.raft, &self.peers, (leader, &addr), &req, deadline).await
             };
             let resend = result
                 .as_ref()
@@ -415,7 +415,8 @@ fn start_forwarder(
                 if leader == id {
                     return vec![Err(ApiError::not_leader(Some(id))); count];
                 }
-                match peers.send(&addr, &Forward::Writes(writes), deadline).await {
+                let req = Forward::Writes(writes);
+                match send_to_leader(&raft, &peers, (leader, &addr), &req, deadline).await {
                     Ok(ForwardReply::WrittenMany(answers)) if answers.len() == count => answers,
                     Ok(other) => vec![Err(unexpected(other)); count],
                     Err(e) => vec![Err(e); count],

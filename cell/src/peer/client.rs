@@ -55,6 +55,43 @@ impl PeerClients {
     }
 }
 
+/// Sends `req` to `leader` at `addr` once (as [`PeerClients::send`]), and
+/// gives up as soon as this member no longer names `leader` as leader: a
+/// leader cut off or paused never answers, and waiting out the request
+/// timeout for it would stall every request forwarded meanwhile long after
+/// a new leader took over. The outcome is then unknown (the old leader
+/// may have committed it before it went), as etcd's "leader changed".
+pub async fn send_to_leader(
+    raft: &Raft,
+    peers: &PeerClients,
+    (leader, addr): (NodeId, &str),
+    req: &Forward,
+    deadline: Instant,
+) -> Result<ForwardReply, ApiError> {
+    tokio::select! {
+        biased;
+        reply = peers.send(addr, req, deadline) => reply,
+        () = leader_gone(raft, leader) => Err(ApiError::write_outcome_unknown(format!(
+            "the leader changed while the request was with member {leader}"
+        ))),
+    }
+}
+
+/// Resolves once this member's Raft no longer names `leader` as leader (a
+/// new one was elected, or an election is under way).
+async fn leader_gone(raft: &Raft, leader: NodeId) {
+    let mut rx = raft.metrics();
+    loop {
+        if rx.borrow_and_update().current_leader != Some(leader) {
+            return;
+        }
+        if rx.changed().await.is_err() {
+            // Raft stopped: the request's own deadline ends the wait.
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
 /// The current leader and its peer address, waiting for one to be elected
 /// until `deadline`.
 pub async fn leader(raft: &Raft, deadline: Instant) -> Result<(NodeId, String), ApiError> {
