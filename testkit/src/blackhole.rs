@@ -13,6 +13,78 @@ fn tag() -> String {
     format!("latchkey-testkit-{}", std::process::id())
 }
 
+/// Packets dropped between members' addresses, any port: a partition of
+/// any shape (symmetric, one-way, lossy). Each member must have its own
+/// loopback address ([`Cluster::start_apart`]); clients on 127.0.0.1 are
+/// never affected. Removed on [`NetFaults::heal`] and on drop.
+#[derive(Default)]
+pub struct NetFaults {
+    rules: Vec<Vec<String>>,
+}
+
+impl NetFaults {
+    pub fn new() -> NetFaults {
+        NetFaults::default()
+    }
+
+    /// Drops packets from `from` to `to` (IP addresses), each with
+    /// probability `loss` (1.0: all). TCP needs both directions, so a
+    /// one-way cut stops connections opened either way, but differently:
+    /// `to`'s connections to `from` get their requests through and lose
+    /// the answers, as in Jepsen's one-way partitions.
+    pub fn drop(&mut self, from: &str, to: &str, loss: f64) -> Result<(), String> {
+        let mut r: Vec<String> = ["INPUT", "-s", from, "-d", to]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        if loss < 1.0 {
+            r.extend(
+                ["-m", "statistic", "--mode", "random", "--probability"]
+                    .iter()
+                    .map(|s| s.to_string()),
+            );
+            r.push(format!("{loss:.3}"));
+        }
+        r.extend(["-m".into(), "comment".into(), "--comment".into(), tag()]);
+        r.extend(["-j".into(), "DROP".into()]);
+        iptables("-I", &r)?;
+        self.rules.push(r);
+        Ok(())
+    }
+
+    /// Cuts every address of `side` off from every address of `other`,
+    /// both ways.
+    pub fn split(&mut self, side: &[String], other: &[String]) -> Result<(), String> {
+        for a in side {
+            for b in other {
+                self.drop(a, b, 1.0)?;
+                self.drop(b, a, 1.0)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether any rule is in place.
+    pub fn active(&self) -> bool {
+        !self.rules.is_empty()
+    }
+
+    /// Removes every rule: the network heals.
+    pub fn heal(&mut self) {
+        for r in self.rules.drain(..) {
+            if let Err(e) = iptables("-D", &r) {
+                eprintln!("could not remove a partition rule: {e}");
+            }
+        }
+    }
+}
+
+impl Drop for NetFaults {
+    fn drop(&mut self) {
+        self.heal();
+    }
+}
+
 /// The rules that cut one member off from its peers; removed on drop.
 pub struct PeerBlackhole {
     rules: Vec<Vec<String>>,

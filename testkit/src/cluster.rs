@@ -244,7 +244,8 @@ impl Cluster {
         args
     }
 
-    fn log_path(&self, id: u64) -> PathBuf {
+    /// Where member `id`'s output goes (deleted with the cluster).
+    pub fn log_path(&self, id: u64) -> PathBuf {
         self.dir.path().join(format!("m{id}.log"))
     }
 

@@ -29,6 +29,10 @@
 //! - [`linearizability`]: the checker of recorded key-value histories
 //!   (Wing-Gong search with Lowe's memo, per key; unknown outcomes may
 //!   have happened any time after their invocation, or never).
+//! - [`lock_holders`]: [`Holders`], lock holders as `sh`+`curl`
+//!   processes through a proxy (pausable as a whole), and [`FencedLog`],
+//!   the fenced resource they write to, with its one-holder-at-a-time
+//!   check.
 //! - [`etcd`]: [`EtcdCluster`], real etcd members on 127.0.0.1, the
 //!   reference latchkey is compared with.
 //! - [`proxy`]: [`ProxyProcess`], a real `latchkey-proxy` in front of a
@@ -51,6 +55,7 @@ pub mod etcdctl;
 pub mod etcdctl_session;
 pub mod eventually;
 pub mod linearizability;
+pub mod lock_holders;
 pub mod metrics;
 pub mod ports;
 pub mod process;
@@ -65,7 +70,7 @@ pub mod proxy;
 pub const CLOCK_SLACK: std::time::Duration = std::time::Duration::from_millis(50);
 
 pub use background_writer::BackgroundWriter;
-pub use blackhole::PeerBlackhole;
+pub use blackhole::{NetFaults, PeerBlackhole};
 pub use bulk::{
     attach_keys, count_keys, grant_kept_alive, grant_leases, numbered, put_all, IN_FLIGHT,
 };
@@ -74,6 +79,7 @@ pub use errors::err_text;
 pub use etcd::EtcdCluster;
 pub use etcdctl::{etcdctl, member_id_in, try_etcdctl, EtcdctlProcess};
 pub use eventually::eventually;
-pub use metrics::{http_get, metric_value};
+pub use lock_holders::{FencedLog, FencedSummary, FencedWrite, Holders, HOLDER_TTL_SECS};
+pub use metrics::{http_get, http_request, metric_value};
 pub use ports::free_port;
 pub use proxy::{proxy_binary, ProxyProcess};

@@ -6,11 +6,21 @@ use tokio::time::{timeout, Duration};
 /// A minimal HTTP/1.1 GET on loopback: the whole response (status line,
 /// headers and body), or `None` if the member did not answer in time.
 pub async fn http_get(addr: &str, path: &str) -> Option<String> {
+    http_request(addr, "GET", path, "").await
+}
+
+/// A minimal HTTP/1.1 request on loopback with a text body: the whole
+/// response, or `None` if nothing answered in time.
+pub async fn http_request(addr: &str, method: &str, path: &str, body: &str) -> Option<String> {
     let mut s = timeout(Duration::from_secs(2), tokio::net::TcpStream::connect(addr))
         .await
         .ok()?
         .ok()?;
-    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
     s.write_all(req.as_bytes()).await.ok()?;
     let mut buf = Vec::new();
     timeout(Duration::from_secs(5), s.read_to_end(&mut buf))
