@@ -112,11 +112,14 @@ async fn readyz(State(s): State<AdminState>) -> (StatusCode, String) {
 }
 
 pub fn router(node: Arc<CellNode>, prometheus: Option<PrometheusHandle>) -> Router {
-    Router::new()
+    let router = Router::new()
         .route("/metrics", get(metrics_text))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
-        .with_state(AdminState { node, prometheus })
+        .with_state(AdminState { node, prometheus });
+    #[cfg(feature = "chaos")]
+    let router = router.merge(crate::chaos::router());
+    router
 }
 
 #[cfg(test)]

@@ -45,6 +45,7 @@ pub mod admin;
 pub mod api;
 pub mod batching;
 pub mod cell;
+pub mod chaos;
 pub mod config;
 pub mod ids;
 pub mod jobs;

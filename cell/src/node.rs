@@ -185,6 +185,9 @@ impl CellNode {
         self.check_quota(&req)?;
         let started = Instant::now();
         let result = self.proposer.propose(req).await;
+        if result.is_ok() {
+            crate::crash_point!(crate::chaos::COMMITTED_BEFORE_ANSWER);
+        }
         metrics::histogram!("latchkey_proposal_commit_seconds")
             .record(started.elapsed().as_secs_f64());
         result
@@ -261,6 +264,17 @@ impl CellNode {
     }
 
     async fn barrier(&self) -> Result<(), ApiError> {
+        use crate::chaos::{broken, Break};
+        if broken(Break::FollowerLocalReads) || broken(Break::LeaderLocalReads) {
+            let leads = self.raft.metrics().borrow().current_leader == Some(self.id);
+            if broken(if leads {
+                Break::LeaderLocalReads
+            } else {
+                Break::FollowerLocalReads
+            }) {
+                return Ok(());
+            }
+        }
         let confirmed = self
             .barrier_rounds
             .join(|| async {

@@ -90,6 +90,13 @@ pub struct Config {
     /// Log filter (tracing's EnvFilter syntax), e.g. "info" or "latchkey_proxy=debug".
     #[arg(long, env = "LATCHKEY_LOG", default_value = "info")]
     pub log: String,
+
+    /// TEST-ONLY (a `--features chaos` build): retry writes whose outcome
+    /// is unknown, a defect for the safety suite to catch. Never in
+    /// production.
+    #[cfg(feature = "chaos")]
+    #[arg(long)]
+    pub unsafe_retry_ambiguous_writes: bool,
 }
 
 /// Shortest refresh tick: below it the batches are mostly empty, and the

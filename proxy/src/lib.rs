@@ -38,6 +38,7 @@
 
 pub mod admin;
 pub mod cache;
+pub mod chaos;
 pub mod config;
 pub mod dev;
 pub mod grpc;

@@ -21,6 +21,10 @@ fn main() -> ExitCode {
 
 async fn run(mut cfg: Config) -> anyhow::Result<()> {
     telemetry::init_tracing(&cfg.log);
+    #[cfg(feature = "chaos")]
+    if cfg.unsafe_retry_ambiguous_writes {
+        latchkey_proxy::chaos::retry_ambiguous_writes();
+    }
     let prometheus = telemetry::install_prometheus().map_err(anyhow::Error::msg)?;
     let cell = if cfg.dev {
         let cell = dev::start_cell(&cfg.data_dir, Some(prometheus.clone())).await?;

@@ -68,6 +68,9 @@ impl LeaderLeases {
         if !self.leads() {
             return Err(ApiError::not_leader(None));
         }
+        if crate::chaos::broken(crate::chaos::Break::UnconfirmedKeepAlives) {
+            return Ok(Instant::now());
+        }
         let confirmed = tokio::time::timeout(self.confirm_timeout, self.read_index.confirm())
             .await
             .map_err(|_| {

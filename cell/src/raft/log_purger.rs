@@ -91,6 +91,7 @@ impl LogPurger {
 
 /// Deletes the log through `upto` and records that it starts after it.
 pub fn delete_through(db: &DB, upto: LogId) -> std::io::Result<()> {
+    crate::crash_point!(crate::chaos::LOG_PURGE);
     let cf = |name| db.cf_handle(name).expect("column family created at open");
     let mut batch = WriteBatch::default();
     batch.put_cf(

@@ -143,6 +143,7 @@ fn flusher(db: Arc<DB>, rx: mpsc::Receiver<Flush>) {
         }
         let started = std::time::Instant::now();
         let result = db.flush_wal(true);
+        crate::crash_point!(crate::chaos::LOG_APPEND_AFTER_FSYNC);
         metrics::histogram!("latchkey_log_fsync_seconds").record(started.elapsed().as_secs_f64());
         metrics::histogram!("latchkey_log_appends_per_fsync").record(batch.len() as f64);
         let writes: usize = batch.iter().map(|f| f.writes).sum();
@@ -213,6 +214,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn save_vote(&mut self, vote: &Vote) -> Result<(), StorageError> {
         let bytes = encode(vote).map_err(|e| StorageIOError::write_vote(&e))?;
+        crate::crash_point!(crate::chaos::VOTE_SAVE);
         self.db
             .put_cf_opt(self.cf_meta(), keys::META_VOTE, bytes, &sync_opts())
             .map_err(|e| StorageIOError::write_vote(&e))?;
@@ -261,6 +263,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.db
             .write(batch)
             .map_err(|e| StorageIOError::write_logs(&e))?;
+        crate::crash_point!(crate::chaos::LOG_APPEND_BEFORE_FSYNC);
         if self.flusher.send(Flush { callback, writes }).is_err() {
             let stopped = std::io::Error::other("log flusher stopped");
             return Err(StorageIOError::write_logs(&stopped).into());

@@ -142,6 +142,7 @@ fn write_synced(tmp: &Path, file: &SnapshotFile) -> std::io::Result<()> {
 
 /// Renames `tmp` over `snapshot.bin` and syncs the directory.
 fn move_into_place(dir: &Path, tmp: &Path) -> std::io::Result<()> {
+    crate::crash_point!(crate::chaos::SNAPSHOT_BEFORE_RENAME);
     std::fs::rename(tmp, dir.join(SNAPSHOT_FILE))?;
     std::fs::File::open(dir)?.sync_all()
 }

@@ -295,7 +295,7 @@ impl CellClient {
         }
         match error.retry() {
             Retry::Safe => true,
-            Retry::OutcomeUnknown => kind == Kind::Read,
+            Retry::OutcomeUnknown => kind == Kind::Read || crate::chaos::retries_ambiguous_writes(),
             Retry::Never => false,
         }
     }
