@@ -1,0 +1,532 @@
+//! `latchkey-loadtest chaos`: the fault-injection safety suite.
+//!
+//! One run starts a three-member cell (each member on its own loopback
+//! address, so iptables rules can tell them apart) and a proxy in front of
+//! it, then runs at once:
+//!
+//! - the recorded workload ([`workload`]): clients straight to each member
+//!   and through the proxy doing linearizable reads, writes and
+//!   compare-and-sets, and a watcher through the proxy;
+//! - lock holders (separate `sh`+`curl` processes through the proxy, 1 s
+//!   sessions) writing to a fenced resource with their tokens;
+//! - the nemesis ([`nemesis`]) doing the seeded plan ([`schedule`]) of
+//!   faults, each healed before the next.
+//!
+//! After the last heal it checks ([`checks`], and the linearizability
+//! checker of the test kit) and prints a verdict; on a violation it writes
+//! the history and a picture of it ([`report`]).
+
+mod checks;
+mod nemesis;
+mod report;
+mod schedule;
+mod workload;
+
+use etcd_client::{Client, GetOptions, SortOrder, SortTarget};
+use latchkey_testkit::linearizability::{self, Answer, Call, Operation, Verdict};
+use latchkey_testkit::{Cluster, FencedLog, Holders, ProxyProcess};
+use nemesis::Nemesis;
+use schedule::FaultKind;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use workload::{Entry, Recorder, Seen, Worker, KEY_PREFIX};
+
+#[derive(clap::Args, Debug)]
+pub struct ChaosArgs {
+    /// How long the faults go on (30-60 s is a CI run).
+    #[arg(long, default_value = "45s", value_parser = humantime::parse_duration)]
+    duration: Duration,
+    /// Draws the faults, their order, timing and targets: the same seed
+    /// gives the same plan.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// The fault kinds to draw from, comma separated (default: all).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    faults: Vec<FaultKind>,
+    /// The `latchkey-cell` binary (default: next to this one).
+    #[arg(long)]
+    cell_bin: Option<PathBuf>,
+    /// The `latchkey-proxy` binary (default: next to this one).
+    #[arg(long)]
+    proxy_bin: Option<PathBuf>,
+    /// An extra argument for every member, e.g. one of a chaos build's
+    /// `--unsafe-*` flags (repeatable).
+    #[arg(long, allow_hyphen_values = true)]
+    cell_arg: Vec<String>,
+    /// An extra argument for the proxy (repeatable).
+    #[arg(long, allow_hyphen_values = true)]
+    proxy_arg: Vec<String>,
+    /// Workload clients straight to a member (spread over the members in
+    /// turn).
+    #[arg(long, default_value_t = 3)]
+    member_clients: usize,
+    /// Workload clients through the proxy.
+    #[arg(long, default_value_t = 2)]
+    proxy_clients: usize,
+    /// Fewer checked operations than this fails the run: nothing happened.
+    #[arg(long, default_value_t = 1000)]
+    min_ops: usize,
+    /// Fewer injected faults than this fails the run.
+    #[arg(long, default_value_t = 4)]
+    min_faults: usize,
+    /// The longest write outage allowed after a single-member fault.
+    #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+    max_outage: Duration,
+    /// Where a failing run writes its history and report.
+    #[arg(long, default_value = "chaos-report")]
+    out: PathBuf,
+    /// Write the history and report even when every check passes.
+    #[arg(long)]
+    keep_history: bool,
+}
+
+/// A fault as the run did it, on the recorder's clock.
+#[derive(Debug, Clone)]
+pub struct Done {
+    pub kind: FaultKind,
+    pub detail: String,
+    pub at_us: u64,
+    pub healed_us: u64,
+}
+
+/// What a run found.
+pub struct Findings {
+    pub seed: u64,
+    pub operations: usize,
+    pub faults: Vec<Done>,
+    pub skipped: usize,
+    pub violations: Vec<String>,
+    /// Per fault kind: how many, and the longest write outage after one.
+    pub outages: Vec<(FaultKind, usize, Duration)>,
+    pub lock_grants: usize,
+    pub stale_refused: usize,
+    pub linearizable: Option<bool>,
+    /// The key whose history has no legal order.
+    pub bad_key: Option<String>,
+}
+
+fn beside_this_binary(name: &str) -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|d| d.join(name)))
+        .unwrap_or_else(|| PathBuf::from(name))
+}
+
+pub async fn main(args: ChaosArgs) -> ExitCode {
+    let cell_bin = args
+        .cell_bin
+        .clone()
+        .unwrap_or_else(|| beside_this_binary("latchkey-cell"));
+    let proxy_bin = args
+        .proxy_bin
+        .clone()
+        .unwrap_or_else(|| beside_this_binary("latchkey-proxy"));
+    for bin in [&cell_bin, &proxy_bin] {
+        if !bin.exists() {
+            eprintln!(
+                "chaos: {} does not exist (--cell-bin, --proxy-bin)",
+                bin.display()
+            );
+            return ExitCode::from(2);
+        }
+    }
+    let kinds = if args.faults.is_empty() {
+        FaultKind::ALL.to_vec()
+    } else {
+        args.faults.clone()
+    };
+    match run(&args, &cell_bin, &proxy_bin, &kinds).await {
+        Ok((findings, entries)) => {
+            report::finish(&args.out, args.keep_history, &findings, &entries)
+        }
+        Err(e) => {
+            eprintln!("chaos: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn run(
+    args: &ChaosArgs,
+    cell_bin: &std::path::Path,
+    proxy_bin: &std::path::Path,
+    kinds: &[FaultKind],
+) -> Result<(Findings, Vec<Entry>), String> {
+    let mut cell_args: Vec<&str> = vec!["--min-ttl", "1"];
+    cell_args.extend(args.cell_arg.iter().map(String::as_str));
+    let mut cluster = Cluster::start_apart(cell_bin, 3, &cell_args).await;
+    let needs_fail_points = kinds
+        .iter()
+        .any(|k| matches!(k, FaultKind::LogAppendCrash | FaultKind::CommitCrash));
+    if needs_fail_points && !nemesis::has_fail_points(&cluster, 1).await {
+        return Err(format!(
+            "{} has no fail points: build it with scripts/build-chaos.sh (--features chaos) \
+             and pass --cell-bin, or leave out --faults log-append-crash,commit-crash",
+            cell_bin.display()
+        ));
+    }
+    let members: Vec<String> = cluster.members.iter().map(|m| m.client.clone()).collect();
+    let mut proxy_args: Vec<&str> = vec!["--refresh-tick", "100ms"];
+    proxy_args.extend(args.proxy_arg.iter().map(String::as_str));
+    let proxy = ProxyProcess::start(proxy_bin, &members, &proxy_args).await;
+
+    let (fenced, fenced_addr) = FencedLog::serve().await;
+    let holders = Holders::start(3, &proxy.http, "fenced", fenced_addr);
+
+    let start_revision = {
+        let mut c = cluster.client(cluster.leader_at_start()).await;
+        c.status()
+            .await
+            .map_err(|e| format!("status: {e}"))?
+            .header()
+            .map_or(1, |h| h.revision())
+            + 1
+    };
+    let rec = Arc::new(Recorder::new());
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut workers = Vec::new();
+    let mut endpoints: Vec<(String, String)> = (0..args.member_clients)
+        .map(|i| {
+            let m = &cluster.members[i % cluster.members.len()];
+            (format!("member {}", m.id), format!("http://{}", m.client))
+        })
+        .collect();
+    for _ in 0..args.proxy_clients {
+        endpoints.push(("proxy".into(), format!("http://{}", proxy.grpc)));
+    }
+    for (id, (via, endpoint)) in endpoints.into_iter().enumerate() {
+        let w = Worker {
+            id,
+            via,
+            endpoint,
+            seed: args.seed,
+        };
+        workers.push(tokio::spawn(w.run(rec.clone(), stop.clone())));
+    }
+    let watched = Arc::new(Mutex::new(Vec::new()));
+    let watch_stop = Arc::new(AtomicBool::new(false));
+    let watcher = tokio::spawn(workload::watch_all(
+        format!("http://{}", proxy.grpc),
+        start_revision,
+        watched.clone(),
+        watch_stop.clone(),
+    ));
+
+    let plan = schedule::plan(args.seed, args.duration, kinds);
+    let mut done = Vec::new();
+    let mut skipped = 0;
+    {
+        let mut nemesis = Nemesis::new(&mut cluster, &holders);
+        for step in &plan {
+            tokio::time::sleep(step.at.saturating_sub(rec.elapsed())).await;
+            let at_us = rec.now_us();
+            match nemesis.inject(step).await {
+                Ok(injected) => {
+                    println!(
+                        "chaos: {:>6.1}s {} ({}) at {}",
+                        at_us as f64 / 1e6,
+                        injected.kind.name(),
+                        injected.detail,
+                        humantime::format_rfc3339_millis(std::time::SystemTime::now())
+                    );
+                    let before = nemesis.leader_before;
+                    let healing = tokio::time::Instant::now() + step.hold;
+                    while tokio::time::Instant::now() < healing {
+                        if let Some(l) = nemesis.leader().await.filter(|l| Some(*l) != before) {
+                            println!("chaos: {:>6.1}s new leader {l}", rec.now_us() as f64 / 1e6);
+                            break;
+                        }
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    tokio::time::sleep_until(healing).await;
+                    nemesis.heal().await;
+                    done.push(Done {
+                        kind: injected.kind,
+                        detail: injected.detail,
+                        at_us,
+                        healed_us: rec.now_us(),
+                    });
+                }
+                Err(why) => {
+                    println!(
+                        "chaos: {:>6.1}s {} skipped: {why}",
+                        at_us as f64 / 1e6,
+                        step.kind.name()
+                    );
+                    nemesis.heal().await;
+                    skipped += 1;
+                }
+            }
+        }
+        tokio::time::sleep(args.duration.saturating_sub(rec.elapsed())).await;
+        nemesis.heal().await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    for w in workers {
+        let _ = w.await;
+    }
+    drop(holders);
+    let end_us = rec.now_us();
+
+    // After heal: one leader, then the checks.
+    cluster.wait_leader(Duration::from_secs(20)).await;
+    let mut violations = Vec::new();
+    let mut entries = rec.entries();
+    let final_reads = final_reads(&cluster, &entries, &rec).await?;
+    entries.extend(final_reads);
+
+    let committed = committed_history(&cluster, start_revision).await?;
+    let last = committed.last().map_or(0, |s| s.revision);
+    if !wait_watched(&watched, last).await {
+        violations.push(format!(
+            "the watch through the proxy did not reach revision {last} within 10 s of heal"
+        ));
+    }
+    watch_stop.store(true, Ordering::Relaxed);
+    match watcher.await {
+        Ok(Err(e)) => violations.push(e),
+        Err(e) => violations.push(format!("the watcher failed: {e}")),
+        Ok(Ok(())) => {}
+    }
+    let watched = watched.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    violations.extend(checks::watch_history(&watched, &committed, &entries));
+    violations.extend(checks::writes_at_most_once(&committed));
+    violations.extend(checks::revisions_per_client(&entries));
+    violations.extend(hashes_agree(&cluster).await);
+    let fencing = fenced.check();
+    let (lock_grants, stale_refused) = match &fencing {
+        Ok(s) => (s.grants, s.stale_refused),
+        Err(e) => {
+            violations.push(format!("fencing: {e}"));
+            (0, 0)
+        }
+    };
+
+    let history: Vec<Operation> = entries.iter().map(|e| e.op.clone()).collect();
+    let verdict = tokio::time::timeout(
+        Duration::from_secs(120),
+        tokio::task::spawn_blocking(move || linearizability::check(&history)),
+    )
+    .await;
+    let (linearizable, operations, bad_key) = match verdict {
+        Ok(Ok(Verdict::Linearizable { operations })) => (Some(true), operations, None),
+        Ok(Ok(Verdict::NotLinearizable { key })) => {
+            violations.push(format!("not linearizable: key {key}"));
+            (Some(false), entries.len(), Some(key))
+        }
+        Ok(Err(e)) => return Err(format!("the checker failed: {e}")),
+        Err(_) => {
+            violations.push("the checker found no answer within 120 s".into());
+            (None, entries.len(), None)
+        }
+    };
+
+    let writes = rec.write_completions();
+    let mut outages: Vec<(FaultKind, usize, Duration)> = Vec::new();
+    for d in &done {
+        let gap = Duration::from_micros(checks::longest_outage(
+            &writes,
+            d.at_us,
+            d.healed_us,
+            end_us,
+        ));
+        if d.kind.single_member() && gap > args.max_outage {
+            violations.push(format!(
+                "{} at {:.1}s: no write succeeded for {} ms (at most {} ms)",
+                d.kind.name(),
+                d.at_us as f64 / 1e6,
+                gap.as_millis(),
+                args.max_outage.as_millis()
+            ));
+        }
+        match outages.iter_mut().find(|o| o.0 == d.kind) {
+            Some(o) => {
+                o.1 += 1;
+                o.2 = o.2.max(gap);
+            }
+            None => outages.push((d.kind, 1, gap)),
+        }
+    }
+    outages.sort_by_key(|o| o.0);
+    if operations < args.min_ops {
+        violations.push(format!(
+            "only {operations} operations checked (at least {})",
+            args.min_ops
+        ));
+    }
+    if done.len() < args.min_faults {
+        violations.push(format!(
+            "only {} faults injected (at least {})",
+            done.len(),
+            args.min_faults
+        ));
+    }
+    if !violations.is_empty() || args.keep_history {
+        // The members' own account of the run, beside the history.
+        let _ = std::fs::create_dir_all(&args.out);
+        for m in &cluster.members {
+            let _ = std::fs::copy(
+                cluster.log_path(m.id),
+                args.out.join(format!("member-{}.log", m.id)),
+            );
+        }
+    }
+    let upstream_errors: Vec<String> = proxy
+        .metrics()
+        .await
+        .lines()
+        .filter(|l| l.starts_with("latchkey_proxy_upstream_errors_total"))
+        .map(|l| {
+            l.trim_start_matches("latchkey_proxy_upstream_errors_total")
+                .to_string()
+        })
+        .collect();
+    println!(
+        "chaos: proxy upstream errors: {}",
+        upstream_errors.join(", ")
+    );
+    drop(proxy);
+    Ok((
+        Findings {
+            seed: args.seed,
+            operations,
+            faults: done,
+            skipped,
+            violations,
+            outages,
+            lock_grants,
+            stale_refused,
+            linearizable,
+            bad_key,
+        },
+        entries,
+    ))
+}
+
+/// A linearizable read of every key the workload touched, after heal:
+/// what every acknowledged write must have left behind.
+async fn final_reads(
+    cluster: &Cluster,
+    entries: &[Entry],
+    rec: &Recorder,
+) -> Result<Vec<Entry>, String> {
+    let mut keys: Vec<&str> = entries.iter().map(|e| e.op.key.as_str()).collect();
+    keys.sort_unstable();
+    keys.dedup();
+    let mut client = cluster.client(cluster.running()[0]).await;
+    let mut reads = Vec::new();
+    for key in keys {
+        let invoke = rec.now_us();
+        let got = client
+            .get(key, None)
+            .await
+            .map_err(|e| format!("final read of {key}: {e}"))?;
+        reads.push(Entry {
+            client: usize::MAX,
+            via: "final read".into(),
+            op: Operation {
+                key: key.to_string(),
+                call: Call::Read,
+                answer: Answer::Read(
+                    got.kvs()
+                        .first()
+                        .map(|kv| String::from_utf8_lossy(kv.value()).into_owned()),
+                ),
+                invoke,
+                complete: rec.now_us(),
+            },
+            revision: got.header().map(|h| h.revision()),
+        });
+    }
+    Ok(reads)
+}
+
+/// Every event under `chaos/` from `start`, read after heal by a fresh
+/// watch on a member, up to the newest write there is.
+async fn committed_history(cluster: &Cluster, start: i64) -> Result<Vec<Seen>, String> {
+    let mut client: Client = cluster.client(cluster.running()[0]).await;
+    let newest = client
+        .get(
+            KEY_PREFIX,
+            Some(
+                GetOptions::new()
+                    .with_prefix()
+                    .with_sort(SortTarget::Mod, SortOrder::Descend)
+                    .with_limit(1),
+            ),
+        )
+        .await
+        .map_err(|e| format!("newest write: {e}"))?
+        .kvs()
+        .first()
+        .map_or(0, |kv| kv.mod_revision());
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let endpoint = format!("http://{}", cluster.member(cluster.running()[0]).client);
+    let task = tokio::spawn(workload::watch_all(
+        endpoint,
+        start,
+        seen.clone(),
+        stop.clone(),
+    ));
+    let reached = wait_watched(&seen, newest).await;
+    stop.store(true, Ordering::Relaxed);
+    task.await
+        .map_err(|e| format!("history watch: {e}"))?
+        .map_err(|e| format!("history watch: {e}"))?;
+    if !reached {
+        return Err(format!(
+            "a fresh watch did not reach revision {newest} in 10 s"
+        ));
+    }
+    let got = seen.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    Ok(got)
+}
+
+/// Waits (up to 10 s) until the events in `seen` reach `revision`.
+async fn wait_watched(seen: &Mutex<Vec<Seen>>, revision: i64) -> bool {
+    for _ in 0..100 {
+        let last = seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .last()
+            .map_or(0, |s| s.revision);
+        if last >= revision {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
+/// Every member's hash of the keyspace history (HashKV, etcd's
+/// corruption check) at the lowest revision all of them have applied.
+async fn hashes_agree(cluster: &Cluster) -> Vec<String> {
+    let mut clients = Vec::new();
+    let mut lowest = i64::MAX;
+    for id in cluster.running() {
+        let mut c = cluster.client(id).await;
+        match c.status().await {
+            Ok(s) => lowest = lowest.min(s.header().map_or(0, |h| h.revision())),
+            Err(e) => return vec![format!("member {id} gives no status after heal: {e}")],
+        }
+        clients.push((id, c));
+    }
+    let mut hashes = Vec::new();
+    for (id, c) in &mut clients {
+        match c.hash_kv(lowest).await {
+            Ok(h) => hashes.push((*id, h.hash())),
+            Err(e) => return vec![format!("member {id} HashKV({lowest}): {e}")],
+        }
+    }
+    if hashes.windows(2).all(|w| w[0].1 == w[1].1) {
+        Vec::new()
+    } else {
+        vec![format!(
+            "members' state hashes differ at revision {lowest}: {hashes:?}"
+        )]
+    }
+}
