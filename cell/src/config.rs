@@ -386,6 +386,16 @@ impl Config {
         if self.election_timeout_ms <= self.heartbeat_ms * 2 {
             bail!("--election-timeout-ms must be more than twice --heartbeat-ms");
         }
+        // A new leader covers the refreshes the old one confirmed but never
+        // checkpointed with the grace (crate::lease::lessor).
+        if self.lease_grace_ms <= self.lease_checkpoint_interval_ms.max(50) {
+            bail!(
+                "--lease-grace-ms ({}) must be more than --lease-checkpoint-interval-ms ({}), \
+                 or a leader change could end a lease before the time a keep-alive promised",
+                self.lease_grace_ms,
+                self.lease_checkpoint_interval_ms
+            );
+        }
         let retention =
             parse_retention(&self.auto_compaction_mode, &self.auto_compaction_retention)?;
         let name = self.name.clone().unwrap_or_else(|| format!("cell-{id}"));

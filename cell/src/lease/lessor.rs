@@ -18,14 +18,23 @@
 //! of its own term (its lease table is then complete) and gives each lease
 //!
 //! ```text
-//! deadline = max(base, min(now + grace, base + grace))
+//! deadline = base + grace
 //! ```
 //!
-//! A healthy lease (base still ahead) gets at least `grace` to reach the
-//! new leader; a dead one dies no later than `base + grace`, however many
-//! times leadership changes, because the grace is never checkpointed: bases
-//! move only when a client refreshes. (etcd restarts every TTL on election,
-//! so under leader churn its dead leases can live forever.)
+//! The old leader may have confirmed refreshes it never checkpointed (at
+//! most a checkpoint interval, plus the checkpoints' lag, before it lost
+//! its quorum): each promised its client the lease until that refresh plus
+//! the TTL, a base the new leader never saw. The grace covers them, so
+//! long as it exceeds the checkpoint interval and lag; and it gives a
+//! lease near its end time to reach the new leader. A dead lease dies no
+//! later than `base + grace`, however many times leadership changes,
+//! because the grace is never checkpointed: bases move only when a client
+//! refreshes. (etcd restarts every TTL on election, so under leader churn
+//! its dead leases can live forever.) An earlier formula, `max(base,
+//! min(now + grace, base + grace))`, gave a lease whose base was more than
+//! the grace ahead only its base: a lease with a 60 s TTL refreshed just
+//! before a leader change died up to a checkpoint interval before the
+//! time its client had been promised.
 
 use crate::mvcc::lease_table::LeaseSeed;
 use crate::state_machine::store::LeaseObserver;
@@ -194,13 +203,12 @@ impl Lessor {
                 },
                 |c| c.base,
             );
-            let floor = after(now, grace).min(after(base, grace));
             s.set(
                 id,
                 Clock {
                     ttl,
                     base,
-                    deadline: base.max(floor),
+                    deadline: after(base, grace),
                 },
             );
         }
@@ -453,7 +461,7 @@ mod tests {
     }
 
     #[test]
-    fn a_new_leader_gives_healthy_leases_grace_and_dead_ones_no_more_than_grace() {
+    fn a_new_leader_gives_every_lease_its_base_plus_grace_and_dead_ones_no_more() {
         let t0 = Instant::now();
         let secs = Duration::from_secs;
         // A follower learned both leases from their grant at t0 (TTL 10).
@@ -463,12 +471,14 @@ mod tests {
         // The old leader checkpointed lease 1 refreshed at t0+8 (base t0+18)
         // and saw nothing from lease 2's client again.
         follower.on_checkpoint(&[(1, 10_000)], t0 + secs(8));
-        // It becomes leader at t0+9: lease 1 keeps its base (t0+18, past
-        // now+grace), lease 2 (base t0+10) gets until now+grace = t0+12.
+        // It becomes leader at t0+9. Lease 1's client may have refreshed it
+        // again after t0+8 and been promised until then + 10 s: it gets its
+        // base plus the grace, t0+21. Lease 2 (base t0+10) gets until
+        // base + grace = t0+13.
         let seeds = [(1, 10, None), (2, 10, None)];
         follower.promote(&seeds, t0 + secs(9), GRACE);
-        assert_eq!(follower.remaining(1, t0 + secs(9)), Ok(9));
-        assert_eq!(follower.remaining(2, t0 + secs(9)), Ok(3));
+        assert_eq!(follower.remaining(1, t0 + secs(9)), Ok(12));
+        assert_eq!(follower.remaining(2, t0 + secs(9)), Ok(4));
         // Leadership moves on at t0+11.5 and back at t0+11.9: the grace is
         // never checkpointed, so dead lease 2 still dies by base + grace =
         // t0+13, not a fresh now + grace each time.
