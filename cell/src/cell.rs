@@ -16,6 +16,7 @@ use crate::membership::discover_identity;
 use crate::node::CellNode;
 use crate::peer::client::PeerClients;
 use crate::peer::server::PeerService;
+use crate::raft::election_nudge::ElectionNudge;
 use crate::raft::log_purger::LogPurger;
 use crate::raft::log_store::{self, LogStore};
 use crate::raft::network::{
@@ -324,18 +325,23 @@ impl Cell {
         let log = LogStore::new(db.clone(), purger).context("starting the log store")?;
         let shared = sm.shared();
         let channels = PeerChannels::new(cfg.cluster_id, peer_addr);
+        let nudge = ElectionNudge::default();
         let raft = Raft::new(
             cfg.id,
             config,
             NetworkFactory {
                 channels: channels.clone(),
+                nudge: nudge.clone(),
             },
             log.clone(),
             sm,
         )
         .await;
         let raft = match raft {
-            Ok(raft) => raft,
+            Ok(raft) => {
+                nudge.attach(raft.clone());
+                raft
+            }
             Err(e) => {
                 log.stop_flusher();
                 return Err(e).context("starting raft");

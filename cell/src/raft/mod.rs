@@ -17,6 +17,7 @@
 //!   the server side is `crate::peer::server`.
 
 pub mod command;
+pub mod election_nudge;
 pub mod errors;
 pub mod leadership;
 pub mod log_purger;

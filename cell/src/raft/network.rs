@@ -7,6 +7,7 @@
 //! encoded `Result` carrying openraft's own error, so a remote Raft error
 //! reaches openraft unchanged.
 
+use super::election_nudge::ElectionNudge;
 use super::{Member, NodeId, TypeConfig};
 use crate::storage::codec::{decode, encode};
 use dashmap::DashMap;
@@ -140,10 +141,12 @@ impl PeerChannels {
 #[derive(Clone, Default)]
 pub struct NetworkFactory {
     pub channels: PeerChannels,
+    pub nudge: ElectionNudge,
 }
 
 pub struct PeerConnection {
     target: NodeId,
+    nudge: ElectionNudge,
     client: Option<PeerClient<Channel>>,
     channels: PeerChannels,
     addr: String,
@@ -156,6 +159,7 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
         let client = self.channels.get(&node.peer_addr).ok();
         PeerConnection {
             target,
+            nudge: self.nudge.clone(),
             client,
             channels: self.channels.clone(),
             addr: node.peer_addr.clone(),
@@ -266,6 +270,9 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
             })
             .await
             .map_err(rpc_error)?;
+        if let Ok(resp) = &reply {
+            self.nudge.after_vote(&rpc, resp);
+        }
         reply.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
     }
 
