@@ -17,6 +17,7 @@
 //! the history and a picture of it ([`report`]).
 
 mod checks;
+mod leases;
 mod nemesis;
 mod report;
 mod schedule;
@@ -155,7 +156,17 @@ async fn run(
     proxy_bin: &std::path::Path,
     kinds: &[FaultKind],
 ) -> Result<(Findings, Vec<Entry>), String> {
-    let mut cell_args: Vec<&str> = vec!["--min-ttl", "1"];
+    // A short grace on leader change (default 5 s) lets leases expire
+    // within a fault's hold, where the lease invariant can see it; it
+    // must exceed the checkpoint interval (the cell refuses otherwise).
+    let mut cell_args: Vec<&str> = vec![
+        "--min-ttl",
+        "1",
+        "--lease-grace-ms",
+        "1000",
+        "--lease-checkpoint-interval-ms",
+        "250",
+    ];
     cell_args.extend(args.cell_arg.iter().map(String::as_str));
     let mut cluster = Cluster::start_apart(cell_bin, 3, &cell_args).await;
     let needs_fail_points = kinds
@@ -205,6 +216,22 @@ async fn run(
             seed: args.seed,
         };
         workers.push(tokio::spawn(w.run(rec.clone(), stop.clone())));
+    }
+    let leases_seen = Arc::new(Mutex::new(Vec::new()));
+    let started = std::time::Instant::now();
+    let mut keepers = Vec::new();
+    for (i, m) in cluster.members.iter().enumerate() {
+        let next = &cluster.members[(i + 1) % cluster.members.len()];
+        let k = leases::Keeper {
+            id: i,
+            keep: format!("http://{}", m.client),
+            read: format!("http://{}", next.client),
+        };
+        keepers.push(tokio::spawn(k.run(
+            started,
+            leases_seen.clone(),
+            stop.clone(),
+        )));
     }
     let watched = Arc::new(Mutex::new(Vec::new()));
     let watch_stop = Arc::new(AtomicBool::new(false));
@@ -265,7 +292,7 @@ async fn run(
         nemesis.heal().await;
     }
     stop.store(true, Ordering::Relaxed);
-    for w in workers {
+    for w in workers.into_iter().chain(keepers) {
         let _ = w.await;
     }
     drop(holders);
@@ -294,6 +321,11 @@ async fn run(
     let watched = watched.lock().unwrap_or_else(|p| p.into_inner()).clone();
     violations.extend(checks::watch_history(&watched, &committed, &entries));
     violations.extend(checks::writes_at_most_once(&committed));
+    let leases_seen = leases_seen
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    violations.extend(leases::expired_while_confirmed(&leases_seen));
     violations.extend(checks::revisions_per_client(&entries));
     violations.extend(hashes_agree(&cluster).await);
     let fencing = fenced.check();
