@@ -13,6 +13,9 @@ cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 cargo fmt --all -- --check
 cargo build --workspace --all-targets
+# The chaos variants of the cell and the proxy (crash points, test-only
+# defects) for the safety suite, loadtest/tests/chaos.rs.
+scripts/build-chaos.sh
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 scripts/test-install-deps.sh 2>&1 | tee "$log"

@@ -1,0 +1,189 @@
+//! The fault-injection safety suite in CI (issue 14): seeded chaos runs
+//! against the chaos build of the cell and the proxy (crash points
+//! compiled in, no defect switched on) must end linearizable with every
+//! invariant held, and the same runs with a defect switched on must
+//! report it. Needs root and iptables (the partitions), and the binaries
+//! scripts/build-chaos.sh builds.
+
+use serde_json::Value;
+use std::path::PathBuf;
+use std::process::Command;
+
+fn target_bin(name: &str) -> PathBuf {
+    let loadtest = PathBuf::from(env!("CARGO_BIN_EXE_latchkey-loadtest"));
+    let bin = loadtest.with_file_name(name);
+    assert!(
+        bin.exists(),
+        "{} is missing: run scripts/build-chaos.sh (the README's test command does)",
+        bin.display()
+    );
+    bin
+}
+
+/// What one run printed and how it ended.
+struct Run {
+    code: i32,
+    result: Value,
+    output: String,
+}
+
+fn chaos(seed: u64, duration: &str, extra: &[&str]) -> Run {
+    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "chaos-seed-{seed}{}",
+        if extra.is_empty() { "" } else { "-broken" }
+    ));
+    let _ = std::fs::remove_dir_all(&out);
+    let cell = target_bin("latchkey-cell-chaos");
+    let proxy = target_bin("latchkey-proxy-chaos");
+    let output = Command::new(env!("CARGO_BIN_EXE_latchkey-loadtest"))
+        .args(["chaos", "--seed", &seed.to_string(), "--duration", duration])
+        .arg("--cell-bin")
+        .arg(&cell)
+        .arg("--proxy-bin")
+        .arg(&proxy)
+        .arg("--out")
+        .arg(&out)
+        .args(extra)
+        .output()
+        .expect("run latchkey-loadtest chaos");
+    let text = String::from_utf8_lossy(&output.stdout).into_owned()
+        + &String::from_utf8_lossy(&output.stderr);
+    let result = text
+        .lines()
+        .find(|l| l.starts_with('{'))
+        .and_then(|l| serde_json::from_str(l).ok())
+        .unwrap_or(Value::Null);
+    // The run's own account, in the test's output.
+    for line in text.lines().filter(|l| l.starts_with("chaos:")) {
+        println!("{line}");
+    }
+    Run {
+        code: output.status.code().unwrap_or(-1),
+        result,
+        output: text,
+    }
+}
+
+fn violations(run: &Run) -> Vec<String> {
+    run.result["violations"]
+        .as_array()
+        .map(|v| v.iter().filter_map(|s| s.as_str().map(String::from)).collect())
+        .unwrap_or_default()
+}
+
+/// Every kind of fault the issue names; each seed draws most of them, the
+/// five together all of them.
+const REQUIRED: [&str; 8] = [
+    "leader-partition",
+    "minority-partition",
+    "one-way-partition",
+    "leader-kill",
+    "leader-pause",
+    "client-pause",
+    "log-append-crash",
+    "cell-restart",
+];
+
+#[test]
+fn five_seeded_schedules_end_linearizable_with_every_invariant_held() {
+    let mut seen: Vec<String> = Vec::new();
+    for seed in 1..=5 {
+        let run = chaos(seed, "45s", &[]);
+        assert_eq!(
+            run.result["verdict"], "linearizable",
+            "seed {seed}:\n{}",
+            run.output
+        );
+        assert_eq!(
+            run.code,
+            0,
+            "seed {seed}: violations {:?}; rerun with `latchkey-loadtest chaos --seed {seed}`",
+            violations(&run)
+        );
+        // The run itself fails below its minimums (1000 operations, 4
+        // faults); these say what happened.
+        let ops = run.result["operations"].as_u64().unwrap_or(0);
+        let faults = run.result["faults"].as_u64().unwrap_or(0);
+        assert!(ops >= 1000 && faults >= 4, "seed {seed}: {ops} ops, {faults} faults");
+        if let Some(kinds) = run.result["outages_ms"].as_object() {
+            seen.extend(kinds.keys().cloned());
+        }
+    }
+    for kind in REQUIRED {
+        assert!(
+            seen.iter().any(|k| k == kind),
+            "no run injected {kind}; injected: {seen:?}"
+        );
+    }
+}
+
+/// A broken build's run must fail (exit 1) with a violation whose text
+/// contains `expect`.
+fn caught(seed: u64, extra: &[&str], expect: &[&str]) {
+    let run = chaos(seed, "30s", extra);
+    let found = violations(&run);
+    assert_eq!(run.code, 1, "the defect went unnoticed ({extra:?}):\n{}", run.output);
+    assert!(
+        found.iter().any(|v| expect.iter().any(|e| v.contains(e))),
+        "expected a violation containing one of {expect:?}, got {found:?}"
+    );
+}
+
+#[test]
+fn a_follower_serving_linearizable_reads_from_its_own_state_is_caught() {
+    caught(
+        11,
+        &[
+            "--faults",
+            "minority-partition,leader-partition",
+            "--cell-arg=--unsafe-break",
+            "--cell-arg=follower-local-reads",
+        ],
+        &["not linearizable", "saw revision"],
+    );
+}
+
+#[test]
+fn keep_alives_acknowledged_without_confirming_leadership_are_caught() {
+    caught(
+        12,
+        &[
+            "--faults",
+            "leader-partition",
+            "--cell-arg=--unsafe-break",
+            "--cell-arg=unconfirmed-keep-alives",
+        ],
+        &["though a keep-alive sent at"],
+    );
+}
+
+#[test]
+fn a_leader_serving_linearizable_reads_without_a_quorum_round_is_caught() {
+    caught(
+        13,
+        &[
+            "--faults",
+            "leader-partition,leader-pause",
+            "--cell-arg=--unsafe-break",
+            "--cell-arg=leader-local-reads",
+        ],
+        &["not linearizable", "saw revision"],
+    );
+}
+
+#[test]
+fn a_write_retried_after_an_ambiguous_failure_is_caught() {
+    caught(
+        14,
+        &[
+            "--faults",
+            "commit-crash",
+            "--member-clients",
+            "0",
+            "--proxy-clients",
+            "4",
+            "--proxy-arg=--unsafe-retry-ambiguous-writes",
+        ],
+        &["took effect 2 times", "not linearizable"],
+    );
+}
