@@ -148,7 +148,7 @@ async fn settle_identity(cfg: &mut Resolved, db: &rocksdb::DB) -> anyhow::Result
         }
         None if !cfg.join.is_empty() => {
             let (id, cluster_id) =
-                discover_identity(&cfg.join, &cfg.cfg.peer_addr, JOIN_TIMEOUT).await?;
+                discover_identity(&cfg.join, cfg.cfg.advertised_peer_addr(), JOIN_TIMEOUT).await?;
             if cfg.id != 0 && cfg.id != id {
                 bail!(
                     "--id {} but the cell added this peer address as member {id}",

@@ -31,6 +31,19 @@ pub struct Config {
     #[arg(long, env = "LATCHKEY_PEER_ADDR", default_value = "127.0.0.1:7901")]
     pub peer_addr: String,
 
+    /// The peer address the other members dial, and the one
+    /// --initial-cluster names for this member: host:port, where host may
+    /// be a DNS name (default: --peer-addr). Needed when --peer-addr binds
+    /// a wildcard (0.0.0.0:7901), e.g. in Kubernetes, where the pod's
+    /// stable DNS name outlives its IP.
+    #[arg(long, env = "LATCHKEY_ADVERTISE_PEER_ADDR")]
+    pub advertise_peer_addr: Option<String>,
+
+    /// The client address MemberList publishes for this member (host:port;
+    /// default: --client-addr).
+    #[arg(long, env = "LATCHKEY_ADVERTISE_CLIENT_ADDR")]
+    pub advertise_client_addr: Option<String>,
+
     /// Every voting member as id=peer-address, comma separated, e.g.
     /// 1=127.0.0.1:7901,2=127.0.0.1:7902,3=127.0.0.1:7903. The same on
     /// every member; used only to bootstrap a new cell.
@@ -329,7 +342,45 @@ impl Resolved {
 }
 
 impl Config {
+    /// The peer address the other members dial.
+    pub fn advertised_peer_addr(&self) -> &str {
+        self.advertise_peer_addr
+            .as_deref()
+            .unwrap_or(&self.peer_addr)
+    }
+
+    /// The client address published for this member.
+    pub fn advertised_client_addr(&self) -> &str {
+        self.advertise_client_addr
+            .as_deref()
+            .unwrap_or(&self.client_addr)
+    }
+
     pub fn resolve(self) -> anyhow::Result<Resolved> {
+        for (flag, addr, advertised) in [
+            ("--peer-addr", &self.peer_addr, &self.advertise_peer_addr),
+            (
+                "--client-addr",
+                &self.client_addr,
+                &self.advertise_client_addr,
+            ),
+        ] {
+            let wildcard = addr
+                .parse::<std::net::SocketAddr>()
+                .is_ok_and(|a| a.ip().is_unspecified());
+            if wildcard && advertised.is_none() {
+                bail!(
+                    "{flag} {addr} binds every interface: give the address others reach this \
+                     member at with --advertise-{}",
+                    &flag[2..]
+                );
+            }
+            if let Some(a) = advertised {
+                if !a.contains(':') || a.starts_with(':') || a.ends_with(':') {
+                    bail!("--advertise-{} '{a}' is not host:port", &flag[2..]);
+                }
+            }
+        }
         let join: Vec<String> = self
             .join
             .as_deref()
@@ -357,7 +408,7 @@ impl Config {
         };
         let initial_cluster = match (&self.initial_cluster, self.dev) {
             (Some(s), _) => parse_initial_cluster(s)?,
-            (None, true) => BTreeMap::from([(id, self.peer_addr.clone())]),
+            (None, true) => BTreeMap::from([(id, self.advertised_peer_addr().to_string())]),
             (None, false) if !join.is_empty() => BTreeMap::new(),
             (None, false) => {
                 bail!("--initial-cluster (or --join) is required, or --dev for a one-member cell")
@@ -365,10 +416,11 @@ impl Config {
         };
         match initial_cluster.get(&id) {
             _ if !join.is_empty() => {}
-            Some(addr) if addr != &self.peer_addr => {
+            Some(addr) if addr != self.advertised_peer_addr() => {
                 bail!(
-                    "--initial-cluster gives member {id} the address {addr} but --peer-addr is {}",
-                    self.peer_addr
+                    "--initial-cluster gives member {id} the address {addr} but its advertised \
+                     peer address (--advertise-peer-addr, else --peer-addr) is {}",
+                    self.advertised_peer_addr()
                 )
             }
             None => bail!("--initial-cluster does not name this member (id {id})"),
@@ -425,6 +477,61 @@ mod tests {
         assert!(parse_initial_cluster("x=a:1").is_err());
         assert!(parse_initial_cluster("0=a:1").is_err());
         assert!(parse_initial_cluster("").is_err());
+    }
+
+    #[test]
+    fn a_wildcard_bind_needs_an_advertised_address_and_initial_cluster_names_that() {
+        let member = |extra: &[&str]| {
+            let mut args = vec![
+                "latchkey-cell",
+                "--id",
+                "1",
+                "--data-dir",
+                "/tmp/x",
+                "--initial-cluster",
+                "1=cell-0.peers:7901,2=cell-1.peers:7901",
+            ];
+            args.extend_from_slice(extra);
+            Config::parse_from(args).resolve()
+        };
+        let ok = member(&[
+            "--peer-addr",
+            "0.0.0.0:7901",
+            "--advertise-peer-addr",
+            "cell-0.peers:7901",
+            "--client-addr",
+            "0.0.0.0:7801",
+            "--advertise-client-addr",
+            "cell-0.peers:7801",
+        ])
+        .expect("a wildcard bind with DNS names advertised");
+        assert_eq!(ok.cfg.advertised_peer_addr(), "cell-0.peers:7901");
+        assert_eq!(ok.cfg.advertised_client_addr(), "cell-0.peers:7801");
+        let err = |extra: &[&str]| format!("{:#}", member(extra).expect_err("refused"));
+        assert!(err(&["--peer-addr", "0.0.0.0:7901"]).contains("--advertise-peer-addr"));
+        assert!(err(&[
+            "--peer-addr",
+            "0.0.0.0:7901",
+            "--advertise-peer-addr",
+            "cell-0.peers:7901",
+            "--client-addr",
+            "0.0.0.0:7801",
+        ])
+        .contains("--advertise-client-addr"));
+        assert!(err(&[
+            "--peer-addr",
+            "0.0.0.0:7901",
+            "--advertise-peer-addr",
+            "cell-9.peers:7901",
+        ])
+        .contains("advertised"));
+        assert!(err(&[
+            "--peer-addr",
+            "0.0.0.0:7901",
+            "--advertise-peer-addr",
+            "cell-0"
+        ])
+        .contains("not host:port"));
     }
 
     #[test]

@@ -93,7 +93,7 @@ impl CellNode {
             id: cfg.id,
             cluster_id: cfg.cluster_id,
             name: cfg.name.clone(),
-            client_url: format!("http://{}", cfg.cfg.client_addr),
+            client_url: format!("http://{}", cfg.cfg.advertised_client_addr()),
             leases: LeaderLeases {
                 id: cfg.id,
                 raft: raft.clone(),

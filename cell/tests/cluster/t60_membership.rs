@@ -401,3 +401,101 @@ async fn a5_adding_a_voter_while_another_is_down_is_refused_and_writes_go_on() {
     admin.put("c", "3", None).await.expect("writes go on");
     assert_eq!(members(&mut admin).await.len(), 4);
 }
+
+/// Kubernetes gives a pod a new IP whenever it is recreated, but a stable
+/// DNS name: members bind wildcard addresses and advertise names, the
+/// cell forms over the names, MemberList publishes them, and a restart of
+/// every member at once comes back with its data.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_bound_to_wildcards_find_each_other_by_advertised_names() {
+    use std::process::{Child, Command, Stdio};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let ports: Vec<(u16, u16, u16)> = (0..3)
+        .map(|_| (free_port(), free_port(), free_port()))
+        .collect();
+    let initial = ports
+        .iter()
+        .enumerate()
+        .map(|(i, p)| format!("{}=localhost:{}", i + 1, p.1))
+        .collect::<Vec<_>>()
+        .join(",");
+    let spawn = |i: usize| -> Child {
+        let (client, peer, metrics) = ports[i];
+        Command::new(CELL_BIN)
+            .args(["--id", &(i + 1).to_string()])
+            .arg("--data-dir")
+            .arg(dir.path().join(format!("m{i}")))
+            .args(["--initial-cluster", &initial])
+            .args(["--client-addr", &format!("0.0.0.0:{client}")])
+            .args(["--advertise-client-addr", &format!("localhost:{client}")])
+            .args(["--peer-addr", &format!("0.0.0.0:{peer}")])
+            .args(["--advertise-peer-addr", &format!("localhost:{peer}")])
+            .args(["--metrics-addr", &format!("127.0.0.1:{metrics}")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start a member")
+    };
+    struct Members(Vec<Child>);
+    impl Drop for Members {
+        fn drop(&mut self) {
+            for c in &mut self.0 {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+    let mut members = Members((0..3).map(spawn).collect());
+    let endpoint = format!("http://127.0.0.1:{}", ports[0].0);
+    let write = async || {
+        let mut c = etcd_client::Client::connect([endpoint.as_str()], None)
+            .await
+            .map_err(|e| e.to_string())?;
+        c.put("named/k", "v", None)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok::<_, String>(c)
+    };
+    let mut c = eventually(Duration::from_secs(20), write).await;
+    let mut want: Vec<String> = ports
+        .iter()
+        .map(|p| format!("http://localhost:{}", p.0))
+        .collect();
+    want.sort();
+    // Each member publishes its client URL once it runs.
+    eventually(Duration::from_secs(10), async || {
+        let list = c.member_list().await.map_err(|e| e.to_string())?;
+        let mut urls: Vec<String> = list
+            .members()
+            .iter()
+            .flat_map(|m| m.client_urls().to_vec())
+            .collect();
+        urls.sort();
+        if urls == want {
+            Ok(())
+        } else {
+            Err(format!(
+                "MemberList publishes {urls:?}, not the advertised {want:?}"
+            ))
+        }
+    })
+    .await;
+
+    // Every member at once, as when every pod is recreated.
+    for c in &mut members.0 {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    members.0 = (0..3).map(spawn).collect();
+    let read = async || {
+        let mut c = etcd_client::Client::connect([endpoint.as_str()], None)
+            .await
+            .map_err(|e| e.to_string())?;
+        let got = c.get("named/k", None).await.map_err(|e| e.to_string())?;
+        match got.kvs().first().map(|kv| kv.value().to_vec()) {
+            Some(v) if v == b"v" => Ok(()),
+            other => Err(format!("named/k after the restart: {other:?}")),
+        }
+    };
+    eventually(Duration::from_secs(30), read).await;
+}
