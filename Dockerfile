@@ -76,7 +76,7 @@ SHELL ["/bin/bash", "-eo", "pipefail", "-c"]
 # etcdctl (Debian's etcd-client, the version the compatibility tests run)
 # is the operator's tool for this service: member add/promote/remove, the
 # backup CronJob's `snapshot save`, and the chart's start script, which
-# updates a member's peer address after its pod came back with a new IP.
+# lists the members and adds a learner pod to the cell.
 # No CA certificates: latchkey speaks plain HTTP/gRPC and dials nothing on
 # the internet. Versions: see the builder stage.
 # hadolint ignore=DL3008

@@ -93,18 +93,20 @@ RENDERS = {name: load(f"{name}.yaml") for name in ("default", "five", "productio
 DEFAULT, FIVE, PROD, LEARN = (RENDERS[n] for n in ("default", "five", "production", "learners"))
 
 
-def start_script_args(docs, ordinal, running=False):
+def start_script_args(docs, ordinal, running=False, has_data=False, pod_ip=None):
     """Runs the rendered start script as pod `ordinal` with the rendered
-    environment. latchkey-cell, getent and etcdctl are stubs: getent
-    resolves this cell's pod names (recording each name asked for); etcdctl
-    finds no cell, or with `running` a cell of the first three pods that
-    accepts a member add. Returns (latchkey-cell's args, names resolved,
-    etcdctl calls)."""
+    environment. latchkey-cell and etcdctl are stubs, and so are getent,
+    host, nslookup and dig, which only record that they were asked (the
+    script must resolve nothing). etcdctl finds no cell, or with `running`
+    a cell of the first three pods, known by their DNS names, that accepts
+    a member add. `has_data`: the data directory holds a member's files.
+    Returns (latchkey-cell's args, names looked up, etcdctl calls, exit
+    status, stderr)."""
     sts = one(docs, "StatefulSet", CELL)
     cm = one(docs, "ConfigMap", f"{CELL}-scripts")
     (container,) = [c for c in sts["spec"]["template"]["spec"]["containers"] if c["name"] == "cell"]
     env = {k: v for k, v in env_of(container).items() if v is not None}
-    env.update(POD_NAME=f"{CELL}-{ordinal}", POD_IP=f"10.1.0.{ordinal + 1}")
+    env.update(POD_NAME=f"{CELL}-{ordinal}", POD_IP=pod_ip or f"10.1.0.{ordinal + 1}")
     with tempfile.TemporaryDirectory() as tmp:
         def stub(name, body):
             with open(f"{tmp}/{name}", "w") as f:
@@ -112,25 +114,58 @@ def start_script_args(docs, ordinal, running=False):
             os.chmod(f"{tmp}/{name}", 0o755)
 
         stub("latchkey-cell", f'for a in "$@"; do echo "$a"; done >{tmp}/args\n')
-        # getent ahostsv4 NAME: 10.2.0.<ordinal+1> for this cell's pods.
-        stub("getent", f'echo "$2" >>{tmp}/names\n'
-             f'case "$2" in {CELL}-*.{HEADLESS}.*) n=${{2%%.*}}; n=${{n##*-}}; echo "10.2.0.$((n + 1)) STREAM $2" ;; *) exit 2 ;; esac\n')
-        members = "".join(f"{i + 1}, started, {CELL}-{i}, http://10.2.0.{i + 1}:7901, http://0.0.0.0:7801, false\n" for i in range(3))
+        for resolver in ("getent", "host", "nslookup", "dig"):
+            stub(resolver, f'echo "{resolver} $*" >>{tmp}/names\nexit 2\n')
+        peer, client = env["CELL_PEER_PORT"], env["CELL_CLIENT_PORT"]
+        members = "".join(f"{i + 1}, started, {CELL}-{i}, http://{pod_host(i)}:{peer}, http://{pod_host(i)}:{client}, false\n"
+                          for i in range(3))
         stub("etcdctl", f'echo "$*" >>{tmp}/etcdctl.calls\n' + (
             f'case "$*" in *"member list"*) printf "{members}" ;; *"member add"*) echo added ;; *) exit 1 ;; esac\n'
             if running else "exit 1\n"))
         with open(f"{tmp}/start.sh", "w") as f:
             f.write(cm["data"]["cell-start.sh"])
-        env.update(PATH=f"{tmp}:/usr/bin:/bin", CELL_DATA_ROOT=f"{tmp}/root", CELL_DNS_WAIT_SECONDS="2")
+        if has_data:
+            os.makedirs(f"{tmp}/root/data")
+            open(f"{tmp}/root/data/CURRENT", "w").close()
+        env.update(PATH=f"{tmp}:/usr/bin:/bin", CELL_DATA_ROOT=f"{tmp}/root")
         run = subprocess.run(container["command"][:1] + [f"{tmp}/start.sh"], env=env, capture_output=True, text=True, timeout=60)
-        if run.returncode != 0:
-            raise RuntimeError(f"start script exited {run.returncode}: {run.stderr.strip()}")
         read = lambda name: open(f"{tmp}/{name}").read().split("\n")[:-1] if os.path.exists(f"{tmp}/{name}") else []
-        return read("args"), read("names"), read("etcdctl.calls")
+        return read("args"), read("names"), read("etcdctl.calls"), run.returncode, run.stderr
+
+
+def started(docs, ordinal, **kw):
+    """start_script_args of a start that must exec latchkey-cell."""
+    args, names, calls, status, stderr = start_script_args(docs, ordinal, **kw)
+    if status != 0 or not args:
+        raise RuntimeError(f"start script exited {status}: {stderr.strip()}")
+    return args, names, calls
+
+
+def pod_host(i):
+    return f"{CELL}-{i}.{HEADLESS}.{NAMESPACE}.svc.{DOMAIN}"
 
 
 def flag(args, name):
     return args[args.index(name) + 1]
+
+
+def ports(docs):
+    svc = one(docs, "Service", HEADLESS)["spec"]["ports"]
+    return {p["name"]: p["port"] for p in svc}
+
+
+def addresses_wrong(args, ordinal, docs, wildcard="0.0.0.0"):
+    """Why the bind and advertised addresses of pod `ordinal` are wrong, or
+    None: every port binds the wildcard, and the member advertises its own
+    pod's DNS name for peers and clients."""
+    p = ports(docs)
+    want = {"--peer-addr": f"{wildcard}:{p['peer']}", "--client-addr": f"{wildcard}:{p['client']}",
+            "--metrics-addr": f"{wildcard}:{p['metrics']}",
+            "--advertise-peer-addr": f"{pod_host(ordinal)}:{p['peer']}",
+            "--advertise-client-addr": f"{pod_host(ordinal)}:{p['client']}"}
+    got = {k: flag(args, k) if k in args else None for k in want}
+    if got != want:
+        return f"pod {ordinal}: {got}, want {want}"
 
 
 for render, n in (("default", 3), ("five", 5)):
@@ -147,22 +182,54 @@ for render, n in (("default", 3), ("five", 5)):
         if sts["selector"]["matchLabels"] != svc["selector"]:
             return "headless service selects other pods than the StatefulSet"
 
-    @check(f"{render}: --initial-cluster has exactly the {n} voters' pod names and ids 1..{n}")
+    @check(f"{render}: every voter's --initial-cluster is exactly the {n} voters' DNS names, ids 1..{n}, nothing resolved")
     def _(docs=docs, n=n):
-        peer_port = one(docs, "Service", HEADLESS)["spec"]["ports"]
-        peer_port = [p["port"] for p in peer_port if p["name"] == "peer"][0]
-        for ordinal in (0, n - 1):
-            args, names, _ = start_script_args(docs, ordinal)
-            want_names = [f"{CELL}-{i}.{HEADLESS}.{NAMESPACE}.svc.{DOMAIN}" for i in range(n)]
-            if names != want_names:
-                return f"pod {ordinal} resolved {names}, want {want_names}"
-            want = ",".join(f"{i + 1}=10.2.0.{i + 1}:{peer_port}" for i in range(n))
+        want = ",".join(f"{i + 1}={pod_host(i)}:{ports(docs)['peer']}" for i in range(n))
+        for ordinal in range(n):
+            args, names, calls = started(docs, ordinal)
+            if names:
+                return f"pod {ordinal} looked up {names}"
             if flag(args, "--initial-cluster") != want:
                 return f"pod {ordinal}: --initial-cluster {flag(args, '--initial-cluster')}, want {want}"
-            if flag(args, "--id") != str(ordinal + 1):
-                return f"pod {ordinal} starts as --id {flag(args, '--id')}"
-            if flag(args, "--peer-addr") != f"10.1.0.{ordinal + 1}:{peer_port}":
-                return f"pod {ordinal}: --peer-addr {flag(args, '--peer-addr')} is not its pod IP"
+            if flag(args, "--id") != str(ordinal + 1) or "--join" in args:
+                return f"pod {ordinal} starts with {args}"
+            if any("10.1.0." in a for a in args):
+                return f"pod {ordinal} passes its pod IP: {args}"
+
+    @check(f"{render}: every voter binds 0.0.0.0 and advertises its own pod's DNS name (peer and client)")
+    def _(docs=docs, n=n):
+        for ordinal in range(n):
+            why = addresses_wrong(started(docs, ordinal)[0], ordinal, docs)
+            if why:
+                return why
+
+
+@check("IPv6 pod: the member binds [::] and still advertises its DNS name")
+def _():
+    args, names, _ = started(DEFAULT, 1, pod_ip="fd00::2")
+    return addresses_wrong(args, 1, DEFAULT, wildcard="[::]") or (f"looked up {names}" if names else None)
+
+
+@check("a restarted member (data on its volume) starts from it: no member update, no --initial-cluster, same names")
+def _():
+    for ordinal in (0, 2, 3):
+        args, names, calls = started(LEARN, ordinal, running=True, has_data=True)
+        client = ports(LEARN)["client"]
+        everyone = ",".join(f"http://{pod_host(i)}:{client}" for i in range(5))
+        if calls or names:
+            return f"pod {ordinal}: etcdctl {calls}, looked up {names}"
+        if "--initial-cluster" in args or "--id" in args or flag(args, "--join") != everyone:
+            return f"pod {ordinal} restarted with {args}"
+        why = addresses_wrong(args, ordinal, LEARN)
+        if why:
+            return why
+
+
+@check("a voter with no data whose member has run in the cell (lost volume) is refused, naming member remove")
+def _():
+    args, _, calls, status, stderr = start_script_args(DEFAULT, 2, running=True)
+    if status == 0 or args or "member remove 3" not in stderr or any("member add" in c for c in calls):
+        return f"exit {status}, args {args}, etcdctl {calls}, stderr {stderr.strip()}"
 
 
 @check("PDB minAvailable is the quorum: 2 of 3, 3 of 5, 3 of 5 in production")
@@ -183,21 +250,22 @@ def _():
         return f"minAvailable {pdb.get('minAvailable')} of {sts['replicas']} pods"
 
 
-@check("a learner pod (ordinal >= cell.replicas) adds itself as a learner and joins, never bootstraps")
+@check("a learner pod (ordinal >= cell.replicas) adds its DNS name as a learner and joins, never bootstraps")
 def _():
     sts = one(LEARN, "StatefulSet", CELL)
     (c,) = sts["spec"]["template"]["spec"]["containers"]
     env = env_of(c)
     if (env.get("CELL_VOTERS"), env.get("CELL_PODS")) != ("3", "5"):
         return f"CELL_VOTERS={env.get('CELL_VOTERS')} CELL_PODS={env.get('CELL_PODS')}"
-    args, names, calls = start_script_args(LEARN, 3, running=True)
+    args, names, calls = started(LEARN, 3, running=True)
     client = env["CELL_CLIENT_PORT"]
-    others = ",".join(f"http://{CELL}-{i}.{HEADLESS}.{NAMESPACE}.svc.{DOMAIN}:{client}" for i in (0, 1, 2, 4))
-    if "--initial-cluster" in args or "--id" in args or flag(args, "--join") != others:
-        return f"pod 3 started with {args}"
+    others = ",".join(f"http://{pod_host(i)}:{client}" for i in (0, 1, 2, 4))
+    if "--initial-cluster" in args or "--id" in args or flag(args, "--join") != others or names:
+        return f"pod 3 started with {args}, looked up {names}"
     adds = [c for c in calls if "member add" in c]
-    if len(adds) != 1 or f"--peer-urls=http://10.1.0.4:{env['CELL_PEER_PORT']}" not in adds[0] or "--learner" not in adds[0]:
+    if len(adds) != 1 or f"--peer-urls=http://{pod_host(3)}:{env['CELL_PEER_PORT']}" not in adds[0] or "--learner" not in adds[0]:
         return f"etcdctl calls {calls}"
+    return addresses_wrong(args, 3, LEARN)
 
 
 def probe_on(container, kind, path):
@@ -312,7 +380,7 @@ def declared_env(path):
         return set(re.findall(r'env\s*=\s*"(LATCHKEY_[A-Z_]+)"', f.read()))
 
 
-@check("every LATCHKEY_* setting the chart passes is a flag of the binary it goes to")
+@check("every LATCHKEY_* setting and every flag the start script passes is a flag of the binary it goes to")
 def _():
     cell_env = declared_env("cell/src/config.rs")
     proxy_env = declared_env("proxy/src/config.rs")
@@ -325,9 +393,18 @@ def _():
                 return f"ConfigMap {cm}: {unknown} are no flags of the binary"
         (c,) = one(docs, "StatefulSet", CELL)["spec"]["template"]["spec"]["containers"]
         # The start script passes these itself; a LATCHKEY_ variable would fight it.
-        clash = sorted(k for k in env_of(c) if k in ("LATCHKEY_ID", "LATCHKEY_JOIN", "LATCHKEY_INITIAL_CLUSTER", "LATCHKEY_RESTORE", "LATCHKEY_PEER_ADDR"))
+        clash = sorted(k for k in env_of(c) if k in (
+            "LATCHKEY_ID", "LATCHKEY_JOIN", "LATCHKEY_INITIAL_CLUSTER", "LATCHKEY_RESTORE", "LATCHKEY_PEER_ADDR",
+            "LATCHKEY_CLIENT_ADDR", "LATCHKEY_ADVERTISE_PEER_ADDR", "LATCHKEY_ADVERTISE_CLIENT_ADDR"))
         if clash:
             return f"cell env sets {clash}"
+    # The flags the start script gives latchkey-cell, on each of its paths.
+    with open(os.path.join(ROOT, "cell/src/config.rs")) as f:
+        fields = set(re.findall(r"pub ([a-z_]+):", f.read()))
+    for args in (started(LEARN, 0)[0], started(LEARN, 3, running=True)[0], started(LEARN, 1, has_data=True)[0]):
+        unknown = sorted(a for a in args if a.startswith("--") and a[2:].replace("-", "_") not in fields)
+        if unknown:
+            return f"the start script passes {unknown}, which latchkey-cell does not have"
 
 
 def metric_names():

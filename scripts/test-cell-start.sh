@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
 # Runs the chart's start script (helm/latchkey/files/cell-start.sh) as the
-# StatefulSet would, against real latchkey-cell processes on 127.0.0.x:
+# StatefulSet would, against real latchkey-cell processes, each "pod" on
+# its own 127.0.0.x and known by its name in a private /etc/hosts (which
+# plays the headless service):
 #
-#   1. three voters bootstrap from their DNS names (a private /etc/hosts
-#      plays the headless service);
-#   2. pod 2 is "recreated" with a new IP on its old volume: the script
-#      must update its peer URL, and the member must catch up;
-#   3. a fourth pod past the voters adds itself as a learner and joins.
+#   1. three voters bootstrap from their names alone (the names resolve only
+#      once the members serve);
+#   2. every member is killed at once and started again on its volume with
+#      a NEW IP behind its name: the cell comes back by itself, elects a
+#      leader and still holds what was written before;
+#   3. a fourth pod past the voters adds itself as a learner by its name
+#      and joins.
 #
 #   scripts/test-cell-start.sh BIN_DIR     # BIN_DIR holds latchkey-cell
 #
-# Needs root (a private mount namespace for /etc/hosts) and etcdctl. Each
-# step prints one "ok"/"FAIL" line; exits non-zero if any failed.
+# Needs root (a private mount namespace for /etc/hosts), etcdctl and curl. Each
+# scenario prints one "ok"/"FAIL" line; exits non-zero if any failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin_dir=${1:?usage: scripts/test-cell-start.sh BIN_DIR}
@@ -52,13 +56,14 @@ host() {
   printf '%s\n%s lk-cell-%s.%s\n' "$rest" "$2" "$1" "$domain" >"$hosts"
 }
 
-# start ORDINAL IP PODS: runs the start script as pod ORDINAL would.
+# start ORDINAL IP PODS: runs the start script as pod ORDINAL would, its
+# ports on IP (in a pod: every interface).
 start() {
   mkdir -p "$work/pod-$1"
   env -i PATH="$bin_dir:$PATH" POD_NAME="lk-cell-$1" POD_IP="$2" \
     CELL_STS=lk-cell CELL_PEER_DOMAIN="$domain" CELL_VOTERS=3 CELL_PODS="$3" \
     CELL_CLIENT_PORT="$client_port" CELL_PEER_PORT="$peer_port" CELL_METRICS_PORT="$metrics_port" \
-    CELL_DATA_ROOT="$work/pod-$1" CELL_LISTEN_IP="$2" CELL_DNS_WAIT_SECONDS=30 \
+    CELL_DATA_ROOT="$work/pod-$1" CELL_LISTEN_IP="$2" \
     LATCHKEY_ELECTION_TIMEOUT_MS=400 \
     sh helm/latchkey/files/cell-start.sh >>"$work/pod-$1.log" 2>&1 &
   pids[$1]=$!
@@ -78,50 +83,68 @@ check() {
 
 # eventually SECONDS COMMAND...: COMMAND succeeds within SECONDS.
 eventually() {
-  local until=$(($(date +%s) + $1)); shift
+  local seconds=$1; shift
+  local until=$(($(date +%s) + seconds))
   until "$@" >/dev/null 2>&1; do
-    [ "$(date +%s)" -lt "$until" ] || return 1
+    [ "$(date +%s)" -lt "$until" ] || { echo "     not within $seconds s: $*"; return 1; }
     sleep 0.5
   done
 }
 
-ep() { echo "lk-cell-$1.$domain:$client_port"; }
+name() { echo "lk-cell-$1.$domain"; }
+ep() { echo "$(name "$1"):$client_port"; }
 voters="$(ep 0),$(ep 1),$(ep 2)"
 ctl() { etcdctl --dial-timeout=2s --command-timeout=5s "$@"; }
 members() { ctl --endpoints="$voters" member list; }
-peer_url_of() { members | awk -F', ' -v n="lk-cell-$1" '$3 == n { print $4 }'; }
-has_peer_url() { [ "$(peer_url_of "$1")" = "$2" ]; }
-reads() { [ "$(ctl --endpoints="$(ep "$1")" get "$2" --consistency=s --print-value-only)" = "$3" ]; }
+# The member list line of pod ORDINAL, known by its name: id ORDINAL+1 for
+# a voter, any id for a learner (LEARNER true).
+listed() {
+  local id=$(($1 + 1)) learner=${2:-false}
+  [ "$learner" = false ] || id='[0-9a-f]*'
+  members | grep -qx "$id, started, lk-cell-$1, http://$(name "$1"):$peer_port, http://$(name "$1"):$client_port, $learner"
+}
+# reads ORDINAL KEY VALUE [--consistency=s]: the member returns VALUE.
+reads() { [ "$(ctl --endpoints="$(ep "$1")" get "$2" --print-value-only ${4:+"$4"})" = "$3" ]; }
 
-for i in 0 1 2; do host "$i" "127.0.0.$((11 + i))"; done
-for i in 0 1 2; do start "$i" "127.0.0.$((11 + i))" 3; done
-check "three voters bootstrap from their DNS names" \
-  eventually 60 ctl --endpoints="$voters" put k v1
-check "each voter is member ordinal+1 at its pod IP" \
-  eventually 10 bash -c "$(declare -f ctl members); domain=$domain; voters=$voters
-    members | grep -q '^1, started, lk-cell-0, http://127.0.0.11:$peer_port, ' &&
-    members | grep -q '^2, started, lk-cell-1, http://127.0.0.12:$peer_port, ' &&
-    members | grep -q '^3, started, lk-cell-2, http://127.0.0.13:$peer_port, '"
+# serves IP: the member on IP answers /healthz.
+serves() { curl -sf "http://$1:$metrics_port/healthz" >/dev/null; }
 
-# Pod 2 is recreated: new IP, same volume.
-kill "${pids[2]}"; wait "${pids[2]}" 2>/dev/null || true
-host 2 127.0.0.23
-ctl --endpoints="$(ep 0)" put k v2 >/dev/null
-start 2 127.0.0.23 3
-check "a restarted member tells the cell its new IP" \
-  eventually 60 has_peer_url 2 "http://127.0.0.23:$peer_port"
-check "the restarted member catches up at its new IP" \
-  eventually 30 reads 2 k v2
+# 1. Bootstrap. The members start, and serve, before their names resolve
+# (a pod's DNS record may come after the pod): the script must not need them.
+bootstrap() {
+  local i
+  for i in 0 1 2; do start "$i" "127.0.0.$((11 + i))" 3; done
+  for i in 0 1 2; do eventually 30 serves "127.0.0.$((11 + i))" || return 1; done
+  for i in 0 1 2; do host "$i" "127.0.0.$((11 + i))"; done
+  eventually 60 ctl --endpoints="$voters" put k before-restart &&
+    eventually 10 listed 0 && eventually 10 listed 1 && eventually 10 listed 2
+}
+check "three voters bootstrap from their DNS names, each member ordinal+1 at its name" bootstrap
 
-# A pod past the voters: a learner.
-host 3 127.0.0.14
-start 3 127.0.0.14 4
-check "a pod past the voters adds itself as a learner and joins" \
-  eventually 90 bash -c "$(declare -f ctl members); domain=$domain; voters=$voters
-    members | grep -q ', started, lk-cell-3, http://127.0.0.14:$peer_port, .*, true\$'"
-ctl --endpoints="$voters" put k v3 >/dev/null || true
-check "the learner applies the cell's writes" \
-  eventually 30 reads 3 k v3
+# 2. Every pod recreated at once (say, all nodes lost), each with a new IP.
+full_restart() {
+  local i
+  for i in 0 1 2; do kill -KILL "${pids[$i]}"; done
+  for i in 0 1 2; do wait "${pids[$i]}" 2>/dev/null || true; done
+  for i in 0 1 2; do host "$i" "127.0.0.$((21 + i))"; done
+  for i in 0 1 2; do start "$i" "127.0.0.$((21 + i))" 3; done
+  # A linearizable read on each member needs a leader that they all know.
+  eventually 60 reads 0 k before-restart && eventually 10 reads 1 k before-restart &&
+    eventually 10 reads 2 k before-restart &&
+    eventually 10 ctl --endpoints="$voters" put k after-restart &&
+    eventually 10 listed 0 && eventually 10 listed 1 && eventually 10 listed 2
+}
+check "every member killed at once and back with new IPs: a leader again, the earlier write kept" full_restart
+
+# 3. A pod past the voters: a learner.
+learner() {
+  host 3 127.0.0.14
+  start 3 127.0.0.14 4
+  eventually 90 listed 3 true &&
+    ctl --endpoints="$voters" put k learner >/dev/null &&
+    eventually 30 reads 3 k learner --consistency=s
+}
+check "a pod past the voters adds itself as a learner by its name, joins and applies writes" learner
 
 echo "test result: $([ "$failed" -eq 0 ] && echo ok || echo FAILED). $passed passed; $failed failed; (scripts/test-cell-start.sh)"
 [ "$failed" -eq 0 ]

@@ -9,7 +9,8 @@
 #   values.schema.json       rejects cell.replicas=4 (even), =three (a
 #                            string) and an unknown key
 #   chart_checks.py          assertions on the rendered objects (replicas,
-#                            --initial-cluster, PDB = quorum, probes,
+#                            --initial-cluster of DNS names, advertised
+#                            addresses, PDB = quorum, probes,
 #                            securityContext, alerts' metric names, ...)
 #   shellcheck               the cell's start script
 #   hadolint, dockerfile_checks.py   the Dockerfile (nothing is built)
