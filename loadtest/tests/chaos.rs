@@ -53,10 +53,14 @@ fn chaos(seed: u64, duration: &str, extra: &[&str]) -> Run {
         .find(|l| l.starts_with('{'))
         .and_then(|l| serde_json::from_str(l).ok())
         .unwrap_or(Value::Null);
-    // The run's own account, in the test's output.
-    for line in text.lines().filter(|l| l.starts_with("chaos:")) {
+    // The run's own account, in the test's output (shown when it fails)
+    // and in a file beside its report (kept either way).
+    let account: Vec<&str> = text.lines().filter(|l| l.starts_with("chaos:")).collect();
+    for line in &account {
         println!("{line}");
     }
+    let _ = std::fs::create_dir_all(&out);
+    let _ = std::fs::write(out.join("summary.txt"), account.join("\n") + "\n");
     Run {
         code: output.status.code().unwrap_or(-1),
         result,
@@ -67,7 +71,11 @@ fn chaos(seed: u64, duration: &str, extra: &[&str]) -> Run {
 fn violations(run: &Run) -> Vec<String> {
     run.result["violations"]
         .as_array()
-        .map(|v| v.iter().filter_map(|s| s.as_str().map(String::from)).collect())
+        .map(|v| {
+            v.iter()
+                .filter_map(|s| s.as_str().map(String::from))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -104,7 +112,10 @@ fn five_seeded_schedules_end_linearizable_with_every_invariant_held() {
         // faults); these say what happened.
         let ops = run.result["operations"].as_u64().unwrap_or(0);
         let faults = run.result["faults"].as_u64().unwrap_or(0);
-        assert!(ops >= 1000 && faults >= 4, "seed {seed}: {ops} ops, {faults} faults");
+        assert!(
+            ops >= 1000 && faults >= 4,
+            "seed {seed}: {ops} ops, {faults} faults"
+        );
         if let Some(kinds) = run.result["outages_ms"].as_object() {
             seen.extend(kinds.keys().cloned());
         }
@@ -122,7 +133,11 @@ fn five_seeded_schedules_end_linearizable_with_every_invariant_held() {
 fn caught(seed: u64, extra: &[&str], expect: &[&str]) {
     let run = chaos(seed, "30s", extra);
     let found = violations(&run);
-    assert_eq!(run.code, 1, "the defect went unnoticed ({extra:?}):\n{}", run.output);
+    assert_eq!(
+        run.code, 1,
+        "the defect went unnoticed ({extra:?}):\n{}",
+        run.output
+    );
     assert!(
         found.iter().any(|v| expect.iter().any(|e| v.contains(e))),
         "expected a violation containing one of {expect:?}, got {found:?}"

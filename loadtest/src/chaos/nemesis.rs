@@ -159,7 +159,7 @@ impl<'a> Nemesis<'a> {
                 let target = match self.leader().await {
                     // The leader appends every write; a follower only
                     // what it is sent. Either may be picked.
-                    Some(l) if step.pick % 2 == 0 => l,
+                    Some(l) if step.pick.is_multiple_of(2) => l,
                     _ => any,
                 };
                 arm_fail_point(self.cluster, target, LOG_APPEND_FAIL_POINT, "return").await?;
