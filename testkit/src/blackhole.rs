@@ -85,11 +85,6 @@ impl Drop for NetFaults {
     }
 }
 
-/// The rules that cut one member off from its peers; removed on drop.
-pub struct PeerBlackhole {
-    rules: Vec<Vec<String>>,
-}
-
 fn iptables(action: &str, rule: &[String]) -> Result<(), String> {
     let out = Command::new("iptables")
         .arg(action)
@@ -100,69 +95,46 @@ fn iptables(action: &str, rule: &[String]) -> Result<(), String> {
         Ok(())
     } else {
         Err(format!(
-            "iptables {action} {}: {} (the blackhole needs root)",
+            "iptables {action} {}: {} (partitions need root)",
             rule.join(" "),
             String::from_utf8_lossy(&out.stderr).trim()
         ))
     }
 }
 
-fn split(addr: &str) -> (String, String) {
-    let (ip, port) = addr.rsplit_once(':').expect("ip:port");
-    (ip.to_string(), port.to_string())
+fn ip_of(addr: &str) -> String {
+    addr.rsplit_once(':').map_or(addr, |(ip, _)| ip).to_string()
 }
 
+/// One member cut off from its peers, both ways, while it keeps serving
+/// clients (on 127.0.0.1, never cut): [`NetFaults`] between its address
+/// and theirs. Removed on drop.
+pub struct PeerBlackhole(NetFaults);
+
 impl PeerBlackhole {
-    /// Drops every packet member `id` sends to a peer's peer port and every
-    /// packet sent to its own peer port: Raft and forwarded requests in
-    /// both directions vanish (no reset, as when a network drops them).
-    /// Its client and metrics ports stay reachable.
+    /// Drops every packet between member `id` and each of its peers (no
+    /// reset, as when a network drops them).
     pub fn cut(cluster: &Cluster, id: u64) -> PeerBlackhole {
-        let (own_ip, own_port) = split(&cluster.member(id).peer);
-        let rule = |src: Option<&str>, dst: &str, port: &str| {
-            let mut r: Vec<String> = vec!["INPUT".into(), "-p".into(), "tcp".into()];
-            if let Some(src) = src {
-                r.extend(["-s".into(), src.to_string()]);
-            }
-            r.extend([
-                "-d".into(),
-                dst.to_string(),
-                "--dport".into(),
-                port.to_string(),
-            ]);
-            r.extend(["-m".into(), "comment".into(), "--comment".into(), tag()]);
-            r.extend(["-j".into(), "DROP".into()]);
-            r
-        };
-        let mut rules = vec![rule(None, &own_ip, &own_port)];
-        for m in &cluster.members {
-            if m.id != id {
-                let (ip, port) = split(&m.peer);
-                assert_ne!(
-                    ip, own_ip,
-                    "members share an address: use Cluster::start_apart"
-                );
-                rules.push(rule(Some(&own_ip), &ip, &port));
-            }
-        }
-        let mut hole = PeerBlackhole { rules: Vec::new() };
-        for r in rules {
-            iptables("-I", &r).unwrap_or_else(|e| panic!("{e}"));
-            hole.rules.push(r);
-        }
-        hole
+        let own = ip_of(&cluster.member(id).peer);
+        let others: Vec<String> = cluster
+            .members
+            .iter()
+            .filter(|m| m.id != id)
+            .map(|m| ip_of(&m.peer))
+            .collect();
+        assert!(
+            !others.contains(&own),
+            "members share an address: use Cluster::start_apart"
+        );
+        let mut faults = NetFaults::new();
+        faults
+            .split(std::slice::from_ref(&own), &others)
+            .unwrap_or_else(|e| panic!("{e}"));
+        PeerBlackhole(faults)
     }
 
     /// Removes the rules: the partition heals.
-    pub fn heal(self) {}
-}
-
-impl Drop for PeerBlackhole {
-    fn drop(&mut self) {
-        for r in self.rules.drain(..) {
-            if let Err(e) = iptables("-D", &r) {
-                eprintln!("could not remove a blackhole rule: {e}");
-            }
-        }
+    pub fn heal(mut self) {
+        self.0.heal();
     }
 }

@@ -6,7 +6,8 @@
 //! that expired while the cell was confirming its keep-alives (etcd's
 //! field failure, and the cell review's defect S1).
 
-use etcd_client::{Client, ConnectOptions, PutOptions};
+use super::workload::client_options;
+use etcd_client::{Client, PutOptions};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -44,12 +45,6 @@ pub struct Keeper {
     pub read: String,
 }
 
-fn options() -> ConnectOptions {
-    ConnectOptions::new()
-        .with_timeout(CALL_TIMEOUT)
-        .with_connect_timeout(Duration::from_secs(1))
-}
-
 impl Keeper {
     pub async fn run(self, start: Instant, log: Arc<Mutex<Vec<Seen>>>, stop: Arc<AtomicBool>) {
         let now = || start.elapsed().as_micros() as u64;
@@ -57,8 +52,8 @@ impl Keeper {
         let key = format!("leases/{}", self.id);
         while !stop.load(Ordering::Relaxed) {
             let (Ok(mut keep), Ok(mut read)) = (
-                Client::connect([self.keep.as_str()], Some(options())).await,
-                Client::connect([self.read.as_str()], Some(options())).await,
+                Client::connect([self.keep.as_str()], Some(client_options(CALL_TIMEOUT))).await,
+                Client::connect([self.read.as_str()], Some(client_options(CALL_TIMEOUT))).await,
             ) else {
                 tokio::time::sleep(EVERY).await;
                 continue;

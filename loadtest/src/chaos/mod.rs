@@ -266,7 +266,9 @@ async fn run(
                             println!("chaos: {:>6.1}s new leader {l}", rec.now_us() as f64 / 1e6);
                             break;
                         }
-                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        // Each look asks every member over a new connection:
+                        // not so often that it loads the cell under test.
+                        tokio::time::sleep(Duration::from_millis(250)).await;
                     }
                     tokio::time::sleep_until(healing).await;
                     nemesis.heal().await;

@@ -91,15 +91,17 @@ pub struct Worker {
     pub seed: u64,
 }
 
-fn connect_options() -> ConnectOptions {
+/// Options for a client of one member or proxy that waits `timeout` for
+/// an answer (the lease keepers use them too).
+pub fn client_options(timeout: Duration) -> ConnectOptions {
     ConnectOptions::new()
-        .with_timeout(OP_TIMEOUT)
+        .with_timeout(timeout)
         .with_connect_timeout(Duration::from_secs(1))
 }
 
 async fn connect(endpoint: &str, stop: &AtomicBool) -> Option<Client> {
     while !stop.load(Ordering::Relaxed) {
-        if let Ok(c) = Client::connect([endpoint], Some(connect_options())).await {
+        if let Ok(c) = Client::connect([endpoint], Some(client_options(OP_TIMEOUT))).await {
             return Some(c);
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
