@@ -28,6 +28,9 @@ async fn metrics_text(State(s): State<AdminState>) -> String {
     metrics::gauge!("latchkey_is_leader").set(if s.node.is_leader() { 1.0 } else { 0.0 });
     metrics::gauge!("latchkey_has_leader").set(if m.current_leader.is_some() { 1.0 } else { 0.0 });
     metrics::gauge!("latchkey_last_log_index").set(m.last_log_index.unwrap_or(0) as f64);
+    // Entries up to here are gone from the log: a member behind it catches
+    // up only from a snapshot.
+    metrics::gauge!("latchkey_log_purged_index").set(m.purged.map_or(0, |id| id.index) as f64);
     s.prometheus
         .as_ref()
         .map(PrometheusHandle::render)

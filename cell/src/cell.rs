@@ -15,7 +15,7 @@ use crate::lease::lessor_loop::LessorLoop;
 use crate::membership::discover_identity;
 use crate::node::CellNode;
 use crate::peer::client::PeerClients;
-use crate::peer::server::PeerService;
+use crate::peer::server::{PeerService, AFTER_SNAPSHOT_CHUNK};
 use crate::raft::election_nudge::ElectionNudge;
 use crate::raft::log_purger::LogPurger;
 use crate::raft::log_store::{self, LogStore};
@@ -23,6 +23,7 @@ use crate::raft::network::{
     NetworkFactory, PeerChannels, MAX_PEER_MESSAGE_BYTES, PEER_CONNECTION_WINDOW,
     PEER_STREAM_WINDOW, SNAPSHOT_CHUNK_BYTES,
 };
+use crate::raft::snapshot_receipt::SnapshotReceipt;
 use crate::raft::{LogId, Member, NodeId, Raft, StoredMembership};
 use crate::state_machine::backup::{decode_state_file, state_file_digest};
 use crate::state_machine::snapshot_file::has_snapshot;
@@ -366,6 +367,7 @@ impl Cell {
             cluster_id: cfg.cluster_id,
             raft: raft.clone(),
             handler: node.clone(),
+            snapshot_receipt: SnapshotReceipt::new(raft.clone(), AFTER_SNAPSHOT_CHUNK),
         })
         .max_decoding_message_size(MAX_PEER_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES);

@@ -6,8 +6,8 @@
 //! protocol, not an API error.
 
 use super::protocol::{Forward, ForwardHandler};
-use crate::raft::leadership::SitOutElections;
 use crate::raft::network::CLUSTER_ID_HEADER;
+use crate::raft::snapshot_receipt::SnapshotReceipt;
 use crate::raft::{NodeId, Raft, TypeConfig};
 use crate::storage::codec::{decode, encode};
 use latchkey_shared::peer::peer_server::Peer;
@@ -19,15 +19,18 @@ use serde::Serialize;
 use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
-/// How long a member that installed a snapshot keeps sitting out elections
-/// after it: a few heartbeats, for the leader's to arrive.
-const AFTER_INSTALL: std::time::Duration = std::time::Duration::from_secs(1);
+/// How long a member that took a snapshot chunk keeps sitting out
+/// elections after it: a few heartbeats, for the leader's next chunk or
+/// heartbeat to arrive.
+pub const AFTER_SNAPSHOT_CHUNK: std::time::Duration = std::time::Duration::from_secs(1);
 
 pub struct PeerService<H> {
     /// The cell this member belongs to; requests for another are refused.
     pub cluster_id: u64,
     pub raft: Raft,
     pub handler: Arc<H>,
+    /// Holds this member's elections off while a snapshot arrives.
+    pub snapshot_receipt: Arc<SnapshotReceipt>,
 }
 
 impl<H> PeerService<H> {
@@ -80,22 +83,14 @@ impl<H: ForwardHandler> Peer for PeerService<H> {
 
     async fn install_snapshot(&self, req: Request<Payload>) -> Result<Response<Payload>, Status> {
         let rpc: InstallSnapshotRequest<TypeConfig> = self.decode_req(req)?;
-        // The last chunk installs the snapshot before it is answered, and
-        // meanwhile the leader sends this member nothing else. Its election
-        // timer must not fire then: it would depose the leader, the
-        // transfer would start over under the next one, and a snapshot
-        // that takes longer than an election timeout to install would
-        // never be installed (seen with a 1.2 GB snapshot).
-        // It sits out a moment after, too: its timer still counts from the
-        // last chunk, and the leader's next heartbeat is a moment away.
-        let installing = rpc.done.then(|| SitOutElections::new(&self.raft));
+        // No election while a chunk is handled (the last installs the whole
+        // image before it is answered: over a second for a large snapshot)
+        // nor for a moment after one: an election would depose the leader
+        // and the transfer would start over under the next one, forever
+        // for a snapshot that takes longer than an election timeout.
+        let chunk = self.snapshot_receipt.chunk(rpc.vote);
         let result = self.raft.install_snapshot(rpc).await;
-        if let Some(hold) = installing {
-            tokio::spawn(async move {
-                tokio::time::sleep(AFTER_INSTALL).await;
-                drop(hold);
-            });
-        }
+        chunk.answered(result.as_ref().ok().map(|resp| &resp.vote));
         reply(&result)
     }
 

@@ -36,10 +36,11 @@ pub fn leads_with_quorum(
 }
 
 /// Keeps this member from campaigning while it lives: the old leader
-/// during a leader transfer, and a follower installing a snapshot (see
-/// `crate::peer::server`). Not nested: the two never overlap on one member
-/// (a leader receives no snapshot), and if they did, the first to end would
-/// let the member campaign again, which costs only time.
+/// during a leader transfer. Not nested with the other hold, a follower's
+/// while it receives a snapshot (`super::snapshot_receipt`): the two never
+/// overlap on one member (a leader receives no snapshot), and if they did,
+/// the first to end would let the member campaign again, which costs only
+/// time.
 pub struct SitOutElections(Raft);
 
 impl SitOutElections {

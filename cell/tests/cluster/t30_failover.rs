@@ -235,8 +235,10 @@ async fn without_a_quorum_requests_wait_then_fail_unavailable_and_recover() {
 /// over the 1 GiB peer message cap (the default quota is 2 GiB) could never
 /// be sent and the follower never caught up. Snapshots now go in 4 MiB
 /// chunks: here a follower that missed a purge catches up from a snapshot
-/// of several chunks. (A snapshot over 1 GiB is too slow for the suite; the
-/// closing note of the review issue reports one.)
+/// of several chunks. It must not campaign between chunks either: it did
+/// once in CI, deposed the leader, and the transfer started over under each
+/// new one. (A snapshot over 1 GiB is too slow for the suite; the closing
+/// note of the review issue reports one.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a3_a_snapshot_of_many_chunks_catches_a_follower_up() {
     let mut cluster = Cluster::start(
@@ -254,6 +256,10 @@ async fn a3_a_snapshot_of_many_chunks_catches_a_follower_up() {
     .await;
     let leader = cluster.leader_at_start();
     let lagger = cluster.follower();
+    let lagger_last = cluster
+        .metric(lagger, "latchkey_last_log_index")
+        .await
+        .expect("the lagger's last log index");
     cluster.kill(lagger);
     let mut c = cluster.client(leader).await;
     // 24 MiB of values: six chunks and more. One at a time: a batch of
@@ -266,6 +272,24 @@ async fn a3_a_snapshot_of_many_chunks_catches_a_follower_up() {
             .expect("put");
     }
     let small = put_all(&c, numbered("small/", 100, "s")).await;
+    // Snapshots are built and the log purged in the background: once every
+    // member that runs has purged past the lagger's last entry, whichever
+    // leads can catch it up from a snapshot only.
+    eventually(Duration::from_secs(30), async || {
+        for id in cluster.running() {
+            let purged = cluster
+                .metric(id, "latchkey_log_purged_index")
+                .await
+                .unwrap_or(0.0);
+            if purged <= lagger_last {
+                return Err(format!(
+                    "member {id} has purged up to {purged}, the lagger holds up to {lagger_last}"
+                ));
+            }
+        }
+        Ok(())
+    })
+    .await;
     cluster.spawn(lagger);
     cluster.wait_member_holds(lagger, "small/", &small).await;
     // Every large value, one at a time (all at once is over a client's
@@ -286,8 +310,11 @@ async fn a3_a_snapshot_of_many_chunks_catches_a_follower_up() {
         .metric(lagger, "latchkey_snapshot_installed_bytes")
         .await
         .unwrap_or(0.0);
+    // The snapshot holds what was applied when it was taken: at least the
+    // first 20 entries (the first snapshot), so 17 MiB of values and more,
+    // five 4 MiB chunks; the rest may come after it from the log.
     assert!(
-        installed > 24.0 * 1024.0 * 1024.0,
+        installed > 16.0 * 1024.0 * 1024.0,
         "the follower installed a snapshot of {installed} bytes"
     );
 }
