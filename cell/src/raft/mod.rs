@@ -9,6 +9,10 @@
 //!   quorum round at a time.
 //! - [`leadership`]: check-quorum: a leader cut off from its quorum does
 //!   not count as leading.
+//! - [`election_nudge`]: a candidate refused for a shorter log's sake
+//!   campaigns again at once.
+//! - [`snapshot_receipt`]: a follower receiving a snapshot does not
+//!   campaign.
 //! - [`command`]: what the log carries (a command) and what applying it
 //!   returns.
 //! - [`snapshot_data`]: a snapshot's image as openraft moves it, a region
@@ -26,6 +30,7 @@ pub mod network;
 pub mod proposer;
 pub mod read_index;
 pub mod snapshot_data;
+pub mod snapshot_receipt;
 
 use command::{Request, Response};
 use serde::{Deserialize, Serialize};
