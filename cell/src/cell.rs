@@ -54,6 +54,9 @@ const DB_RELEASE: Duration = Duration::from_secs(5);
 /// How long a `--join`ing member keeps asking the cell for its identity
 /// (MemberAdd may come just after the process starts).
 const JOIN_TIMEOUT: Duration = Duration::from_secs(60);
+/// How many streams a peer may reset before the peer server has accepted
+/// them (h2's guard against the rapid-reset attack; its default is 20).
+const PEER_PENDING_RESETS: usize = 10_000;
 /// How long a removed member goes on answering (the MemberRemove that
 /// removed a leader must reach its client) before it stops.
 const REMOVED_LINGER: Duration = Duration::from_secs(2);
@@ -355,7 +358,10 @@ impl Cell {
             lessor.clone(),
             hub,
             db.clone(),
-            PeerClients::new(channels),
+            // Forwarded client requests on connections of their own: a
+            // burst of them, or a large txn's answer, never holds up the
+            // heartbeats and votes on Raft's connections.
+            PeerClients::new(PeerChannels::new(cfg.cluster_id, peer_addr)),
         ));
         let lifecycle = node.lifecycle.clone();
         let (stopped_tx, stopped) = tokio::sync::watch::channel(None);
@@ -374,6 +380,14 @@ impl Cell {
         servers.push(spawn_server(&lifecycle, &stopped_tx, "peer server", {
             let token = lifecycle.token();
             tonic::transport::Server::builder()
+                // A peer cancels every Raft request that outlives its
+                // timeout (one heartbeat for AppendEntries). After a stall
+                // or a healed partition many such resets arrive together,
+                // and at h2's default limit of 20 the server closed the
+                // connection (ENHANCE_YOUR_CALM), failing the requests
+                // that were still good: seen in the safety suite's member
+                // logs. Peers are members of this cell, not strangers.
+                .http2_max_pending_accept_reset_streams(Some(PEER_PENDING_RESETS))
                 .initial_stream_window_size(PEER_STREAM_WINDOW)
                 .initial_connection_window_size(PEER_CONNECTION_WINDOW)
                 .add_service(peer_server)
