@@ -175,9 +175,10 @@ fn keep_alives_acknowledged_without_confirming_leadership_are_caught() {
 #[test]
 fn a_leader_serving_linearizable_reads_without_a_quorum_round_is_caught() {
     // A client of the cut-off old leader reads stale only once a new leader
-    // has taken writes, and its first write there blocks it until its
-    // timeout: three clients per member, and partitions only, so some
-    // of them read late in a partition.
+    // has taken writes (a second or so into the partition), and its first
+    // write there blocks it until its timeout: with the default 3 s that
+    // left too few late reads in a 2-4.5 s partition, and a run went
+    // uncaught. Partitions only, three clients per member, 500 ms timeouts.
     caught(
         13,
         &[
@@ -185,6 +186,8 @@ fn a_leader_serving_linearizable_reads_without_a_quorum_round_is_caught() {
             "leader-partition",
             "--member-clients",
             "9",
+            "--op-timeout",
+            "500ms",
             "--cell-arg=--unsafe-break",
             "--cell-arg=leader-local-reads",
         ],

@@ -67,6 +67,10 @@ pub struct ChaosArgs {
     /// Workload clients through the proxy.
     #[arg(long, default_value_t = 2)]
     proxy_clients: usize,
+    /// How long a workload operation waits for its answer before its
+    /// outcome is unknown and the client goes on.
+    #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+    op_timeout: Duration,
     /// Fewer checked operations than this fails the run: nothing happened.
     #[arg(long, default_value_t = 1000)]
     min_ops: usize,
@@ -214,6 +218,7 @@ async fn run(
             via,
             endpoint,
             seed: args.seed,
+            op_timeout: args.op_timeout,
         };
         workers.push(tokio::spawn(w.run(rec.clone(), stop.clone())));
     }

@@ -20,7 +20,6 @@ pub const KEY_PREFIX: &str = "chaos/";
 const KEYS_PER_EPOCH: u64 = 3;
 const EPOCH: Duration = Duration::from_secs(3);
 /// A client's wait for one answer; past it the outcome is unknown.
-const OP_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// One operation a client did, as recorded.
 #[derive(Debug, Clone)]
@@ -89,6 +88,8 @@ pub struct Worker {
     pub via: String,
     pub endpoint: String,
     pub seed: u64,
+    /// How long an operation waits for its answer (then it is unknown).
+    pub op_timeout: Duration,
 }
 
 /// Options for a client of one member or proxy that waits `timeout` for
@@ -99,9 +100,9 @@ pub fn client_options(timeout: Duration) -> ConnectOptions {
         .with_connect_timeout(Duration::from_secs(1))
 }
 
-async fn connect(endpoint: &str, stop: &AtomicBool) -> Option<Client> {
+async fn connect(endpoint: &str, op_timeout: Duration, stop: &AtomicBool) -> Option<Client> {
     while !stop.load(Ordering::Relaxed) {
-        if let Ok(c) = Client::connect([endpoint], Some(client_options(OP_TIMEOUT))).await {
+        if let Ok(c) = Client::connect([endpoint], Some(client_options(op_timeout))).await {
             return Some(c);
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -113,7 +114,7 @@ impl Worker {
     /// Runs operations back to back until `stop`.
     pub async fn run(self, rec: Arc<Recorder>, stop: Arc<AtomicBool>) {
         let mut rng = ChaCha8Rng::seed_from_u64(self.seed ^ (self.id as u64).wrapping_mul(0x9e37));
-        let Some(mut client) = connect(&self.endpoint, &stop).await else {
+        let Some(mut client) = connect(&self.endpoint, self.op_timeout, &stop).await else {
             return;
         };
         let mut last_read: std::collections::HashMap<String, Option<String>> = Default::default();
@@ -199,6 +200,10 @@ pub struct Seen {
     pub delete: bool,
 }
 
+/// How long the watcher's calls wait (the stream's messages have their
+/// own wait).
+const WATCH_CALL_TIMEOUT: Duration = Duration::from_secs(3);
+
 /// Watches `chaos/` from `start` through `endpoint` until `stop`, and on
 /// any break watches again from the revision after the last event seen.
 pub async fn watch_all(
@@ -209,7 +214,7 @@ pub async fn watch_all(
 ) -> Result<(), String> {
     let mut next = start;
     while !stop.load(Ordering::Relaxed) {
-        let Some(mut client) = connect(&endpoint, &stop).await else {
+        let Some(mut client) = connect(&endpoint, WATCH_CALL_TIMEOUT, &stop).await else {
             break;
         };
         let opts = WatchOptions::new().with_prefix().with_start_revision(next);
