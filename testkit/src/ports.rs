@@ -25,9 +25,13 @@ pub fn free_port() -> u16 {
     let span = highest - LOWEST;
     let mut next = NEXT_PORT.lock().unwrap_or_else(|e| e.into_inner());
     if *next == 0 {
-        // Start from a spread based on the pid so concurrent test binaries
-        // rarely collide; the bind check below settles the rest.
-        *next = LOWEST + (std::process::id() % u32::from(span)) as u16;
+        // Start from a spread based on the pid so concurrent processes
+        // rarely collide; the bind check below settles the rest. Hashed:
+        // processes started together have neighbouring pids, and with the
+        // pid itself as the start their sequences overlapped (two
+        // `latchkey-loadtest cluster up` at once bound one port twice).
+        let spread = u64::from(std::process::id()).wrapping_mul(2_654_435_761);
+        *next = LOWEST + (spread % u64::from(span)) as u16;
     }
     loop {
         *next = if *next >= highest { LOWEST } else { *next + 1 };
