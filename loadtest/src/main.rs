@@ -5,8 +5,12 @@
 //!   of partitions, crashes, pauses, disk fail points and restarts under a
 //!   recorded workload, ending with a verdict (linearizable or not, and
 //!   every invariant).
+//! - `cluster up | down`: a local cell and proxies (or etcd) as processes
+//!   that outlive the command ([`cluster`]).
 
+mod binaries;
 mod chaos;
+mod cluster;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -24,6 +28,8 @@ enum Command {
     /// heal, check, verdict. Exit status 0: linearizable and every
     /// invariant held; 1: a violation (history and report written).
     Chaos(chaos::ChaosArgs),
+    /// Starts (`up`) or stops (`down`) a local cluster of real processes.
+    Cluster(cluster::ClusterArgs),
 }
 
 fn main() -> ExitCode {
@@ -40,5 +46,6 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Command::Chaos(args) => runtime.block_on(chaos::main(args)),
+        Command::Cluster(args) => runtime.block_on(cluster::main(args)),
     }
 }

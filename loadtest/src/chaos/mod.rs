@@ -47,19 +47,8 @@ pub struct ChaosArgs {
     /// The fault kinds to draw from, comma separated (default: all).
     #[arg(long, value_enum, value_delimiter = ',')]
     faults: Vec<FaultKind>,
-    /// The `latchkey-cell` binary (default: next to this one).
-    #[arg(long)]
-    cell_bin: Option<PathBuf>,
-    /// The `latchkey-proxy` binary (default: next to this one).
-    #[arg(long)]
-    proxy_bin: Option<PathBuf>,
-    /// An extra argument for every member, e.g. one of a chaos build's
-    /// `--unsafe-*` flags (repeatable).
-    #[arg(long, allow_hyphen_values = true)]
-    cell_arg: Vec<String>,
-    /// An extra argument for the proxy (repeatable).
-    #[arg(long, allow_hyphen_values = true)]
-    proxy_arg: Vec<String>,
+    #[command(flatten)]
+    bins: crate::binaries::Binaries,
     /// Workload clients straight to a member (spread over the members in
     /// turn).
     #[arg(long, default_value_t = 3)]
@@ -113,31 +102,14 @@ pub struct Findings {
     pub bad_key: Option<String>,
 }
 
-fn beside_this_binary(name: &str) -> PathBuf {
-    std::env::current_exe()
-        .ok()
-        .and_then(|exe| exe.parent().map(|d| d.join(name)))
-        .unwrap_or_else(|| PathBuf::from(name))
-}
-
 pub async fn main(args: ChaosArgs) -> ExitCode {
-    let cell_bin = args
-        .cell_bin
-        .clone()
-        .unwrap_or_else(|| beside_this_binary("latchkey-cell"));
-    let proxy_bin = args
-        .proxy_bin
-        .clone()
-        .unwrap_or_else(|| beside_this_binary("latchkey-proxy"));
-    for bin in [&cell_bin, &proxy_bin] {
-        if !bin.exists() {
-            eprintln!(
-                "chaos: {} does not exist (--cell-bin, --proxy-bin)",
-                bin.display()
-            );
+    let (cell_bin, proxy_bin) = match (args.bins.cell(), args.bins.proxy()) {
+        (Ok(cell), Ok(proxy)) => (cell, proxy),
+        (Err(e), _) | (_, Err(e)) => {
+            eprintln!("chaos: {e}");
             return ExitCode::from(2);
         }
-    }
+    };
     let kinds = if args.faults.is_empty() {
         FaultKind::ALL.to_vec()
     } else {
@@ -171,7 +143,7 @@ async fn run(
         "--lease-checkpoint-interval-ms",
         "250",
     ];
-    cell_args.extend(args.cell_arg.iter().map(String::as_str));
+    cell_args.extend(args.bins.cell_arg.iter().map(String::as_str));
     let mut cluster = Cluster::start_apart(cell_bin, 3, &cell_args).await;
     let needs_fail_points = kinds
         .iter()
@@ -185,7 +157,7 @@ async fn run(
     }
     let members: Vec<String> = cluster.members.iter().map(|m| m.client.clone()).collect();
     let mut proxy_args: Vec<&str> = vec!["--refresh-tick", "100ms"];
-    proxy_args.extend(args.proxy_arg.iter().map(String::as_str));
+    proxy_args.extend(args.bins.proxy_arg.iter().map(String::as_str));
     let proxy = ProxyProcess::start(proxy_bin, &members, &proxy_args).await;
 
     let (fenced, fenced_addr) = FencedLog::serve().await;

@@ -19,7 +19,6 @@ use std::time::{Duration, Instant};
 pub const KEY_PREFIX: &str = "chaos/";
 const KEYS_PER_EPOCH: u64 = 3;
 const EPOCH: Duration = Duration::from_secs(3);
-/// A client's wait for one answer; past it the outcome is unknown.
 
 /// One operation a client did, as recorded.
 #[derive(Debug, Clone)]

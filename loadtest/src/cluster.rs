@@ -1,0 +1,498 @@
+//! `latchkey-loadtest cluster up | down`: a local cluster of real processes
+//! on loopback that outlives the command, for scenarios (or curl, etcdctl)
+//! to point at.
+//!
+//! `up` starts `--cells` members of a latchkey cell and `--proxies` proxies
+//! in front of it (or, with `--etcd`, members of Debian's etcd as the
+//! reference), each in its own process group so the terminal's Ctrl-C does
+//! not reach them, waits until every one is ready, and writes a state file:
+//! what runs, its pid, its addresses, its log, and the one directory that
+//! holds every data directory and log. `down` reads that file, stops each
+//! process that is still the one it started (SIGTERM, then SIGKILL after a
+//! while), and removes the directory and the file.
+
+use latchkey_testkit::{free_port, http_get};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::time::Duration;
+
+#[derive(clap::Args, Debug)]
+pub struct ClusterArgs {
+    #[command(subcommand)]
+    action: Action,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum Action {
+    /// Starts a cell and proxies (or etcd) and returns once they are ready.
+    Up(UpArgs),
+    /// Stops what `up` started and removes its data.
+    Down(DownArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct UpArgs {
+    /// Voting members of the cell (or of etcd): 1, 3, 5 or 7.
+    #[arg(long, default_value_t = 3, value_parser = voters)]
+    cells: usize,
+    /// Proxies in front of the cell (0-16; none with --etcd).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u8).range(0..=16))]
+    proxies: u8,
+    /// Start members of etcd (the reference) instead of latchkey.
+    #[arg(long, conflicts_with = "proxies")]
+    etcd: bool,
+    /// The `etcd` binary (Debian's etcd-server installs /usr/bin/etcd).
+    #[arg(long, default_value = "etcd")]
+    etcd_bin: PathBuf,
+    #[command(flatten)]
+    bins: crate::binaries::Binaries,
+    /// The state file `down` reads.
+    #[arg(long, default_value_os_t = default_state())]
+    state: PathBuf,
+    /// How long to wait for every process to be ready.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    ready_timeout: Duration,
+}
+
+#[derive(clap::Args, Debug)]
+struct DownArgs {
+    /// The state file `up` wrote.
+    #[arg(long, default_value_os_t = default_state())]
+    state: PathBuf,
+}
+
+fn voters(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n @ (1 | 3 | 5 | 7)) => Ok(n),
+        _ => Err(
+            "a cell has 1, 3, 5 or 7 voters (an even count tolerates no more failures than \
+             the odd count below it)"
+                .to_string(),
+        ),
+    }
+}
+
+fn default_state() -> PathBuf {
+    std::env::temp_dir().join("latchkey-loadtest-cluster.json")
+}
+
+/// What `up` started, as the state file records it.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ClusterState {
+    /// Holds every data directory and log; `down` removes it.
+    pub dir: PathBuf,
+    pub processes: Vec<Proc>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Proc {
+    /// `cell-1`, `proxy-2`, `etcd-1`.
+    pub name: String,
+    pub pid: u32,
+    /// The binary's path, to tell it from another process that got the pid.
+    pub bin: PathBuf,
+    /// Its listening addresses by role (`client`, `peer`, `metrics`,
+    /// `http`, `grpc`).
+    pub addrs: BTreeMap<String, String>,
+    pub log: PathBuf,
+}
+
+impl ClusterState {
+    /// Every address of one role, in process order.
+    pub fn addrs(&self, role: &str) -> Vec<String> {
+        self.processes
+            .iter()
+            .filter_map(|p| p.addrs.get(role).cloned())
+            .collect()
+    }
+}
+
+pub async fn main(args: ClusterArgs) -> ExitCode {
+    let result = match args.action {
+        Action::Up(up) => self::up(up).await,
+        Action::Down(down) => self::down(&down.state).await,
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("cluster: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+async fn up(args: UpArgs) -> Result<(), String> {
+    if let Ok(old) = read_state(&args.state) {
+        let alive: Vec<String> = old
+            .processes
+            .iter()
+            .filter(|p| is_ours(p))
+            .map(|p| format!("{} (pid {})", p.name, p.pid))
+            .collect();
+        if !alive.is_empty() {
+            return Err(format!(
+                "a cluster is up ({}; state {}): run `latchkey-loadtest cluster down` first",
+                alive.join(", "),
+                args.state.display()
+            ));
+        }
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("latchkey-cluster-")
+        .tempdir()
+        .map_err(|e| format!("a directory for the cluster's data: {e}"))?
+        .keep();
+    let mut state = ClusterState {
+        dir: dir.clone(),
+        processes: Vec::new(),
+    };
+    let started = if args.etcd {
+        start_etcd(&args, &mut state).await
+    } else {
+        start_latchkey(&args, &mut state).await
+    };
+    if let Err(e) = started {
+        stop(&state.processes).await;
+        let _ = std::fs::remove_dir_all(&dir);
+        return Err(e);
+    }
+    write_state(&args.state, &state)?;
+    print_state(&state, &args.state);
+    Ok(())
+}
+
+/// Spawns `bin` in its own process group with its output in `log`.
+fn spawn(bin: &Path, args: &[String], log: &Path) -> Result<u32, String> {
+    let file = std::fs::File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
+    let out = file
+        .try_clone()
+        .map_err(|e| format!("{}: {e}", log.display()))?;
+    let child = Command::new(bin)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(file)
+        .process_group(0)
+        .spawn()
+        .map_err(|e| format!("starting {}: {e}", bin.display()))?;
+    Ok(child.id())
+}
+
+fn loopback() -> String {
+    format!("127.0.0.1:{}", free_port())
+}
+
+async fn start_latchkey(args: &UpArgs, state: &mut ClusterState) -> Result<(), String> {
+    let cell_bin = args.bins.cell()?;
+    let proxy_bin = args.bins.proxy()?;
+    let members: Vec<BTreeMap<String, String>> = (0..args.cells)
+        .map(|_| {
+            ["client", "peer", "metrics"]
+                .into_iter()
+                .map(|role| (role.to_string(), loopback()))
+                .collect()
+        })
+        .collect();
+    let initial_cluster = members
+        .iter()
+        .enumerate()
+        .map(|(i, m)| format!("{}={}", i + 1, m["peer"]))
+        .collect::<Vec<_>>()
+        .join(",");
+    for (i, addrs) in members.iter().enumerate() {
+        let id = i + 1;
+        let mut argv: Vec<String> = vec![
+            "--id".into(),
+            id.to_string(),
+            "--initial-cluster".into(),
+            initial_cluster.clone(),
+            "--data-dir".into(),
+            path_arg(&state.dir.join(format!("cell-{id}")))?,
+        ];
+        for role in ["client", "peer", "metrics"] {
+            argv.push(format!("--{role}-addr"));
+            argv.push(addrs[role].clone());
+        }
+        argv.extend(args.bins.cell_arg.iter().cloned());
+        launch(state, &cell_bin, format!("cell-{id}"), argv, addrs.clone())?;
+    }
+    for p in state.processes.clone() {
+        wait_ready(&p, &p.addrs["metrics"], args.ready_timeout).await?;
+    }
+    let cells = state.addrs("client").join(",");
+    for n in 1..=args.proxies {
+        let addrs: BTreeMap<String, String> = ["http", "grpc", "metrics"]
+            .into_iter()
+            .map(|role| (role.to_string(), loopback()))
+            .collect();
+        let mut argv: Vec<String> = vec![
+            "--cells".into(),
+            cells.clone(),
+            "--data-dir".into(),
+            path_arg(&state.dir.join(format!("proxy-{n}")))?,
+        ];
+        for role in ["http", "grpc", "metrics"] {
+            argv.push(format!("--{role}-addr"));
+            argv.push(addrs[role].clone());
+        }
+        argv.extend(args.bins.proxy_arg.iter().cloned());
+        let p = launch(state, &proxy_bin, format!("proxy-{n}"), argv, addrs)?;
+        wait_ready(&p, &p.addrs["http"], args.ready_timeout).await?;
+    }
+    Ok(())
+}
+
+async fn start_etcd(args: &UpArgs, state: &mut ClusterState) -> Result<(), String> {
+    let members: Vec<BTreeMap<String, String>> = (0..args.cells)
+        .map(|_| {
+            ["client", "peer"]
+                .into_iter()
+                .map(|role| (role.to_string(), loopback()))
+                .collect()
+        })
+        .collect();
+    let initial = members
+        .iter()
+        .enumerate()
+        .map(|(i, m)| format!("etcd-{}=http://{}", i + 1, m["peer"]))
+        .collect::<Vec<_>>()
+        .join(",");
+    for (i, addrs) in members.iter().enumerate() {
+        let name = format!("etcd-{}", i + 1);
+        let client = format!("http://{}", addrs["client"]);
+        let peer = format!("http://{}", addrs["peer"]);
+        let argv: Vec<String> = [
+            "--name",
+            &name,
+            "--data-dir",
+            &path_arg(&state.dir.join(&name))?,
+            "--listen-client-urls",
+            &client,
+            "--advertise-client-urls",
+            &client,
+            "--listen-peer-urls",
+            &peer,
+            "--initial-advertise-peer-urls",
+            &peer,
+            "--initial-cluster",
+            &initial,
+            "--initial-cluster-state",
+            "new",
+            "--initial-cluster-token",
+            &format!("latchkey-loadtest-{}", std::process::id()),
+        ]
+        .into_iter()
+        .map(String::from)
+        .collect();
+        launch(state, &args.etcd_bin, name, argv, addrs.clone())?;
+    }
+    let endpoints = state.addrs("client");
+    let first = state.processes[0].clone();
+    eventually_or(args.ready_timeout, &first, async || {
+        let opts = etcd_client::ConnectOptions::new()
+            .with_timeout(Duration::from_secs(2))
+            .with_connect_timeout(Duration::from_millis(500));
+        let mut c = etcd_client::Client::connect(&endpoints, Some(opts))
+            .await
+            .map_err(|e| format!("connect: {e}"))?;
+        c.put("latchkey-loadtest-ready", "", None)
+            .await
+            .map(|_| ())
+            .map_err(|e| format!("a first write: {e}"))
+    })
+    .await
+}
+
+fn path_arg(p: &Path) -> Result<String, String> {
+    p.to_str()
+        .map(String::from)
+        .ok_or_else(|| format!("{} is not UTF-8", p.display()))
+}
+
+/// Spawns one process of the cluster and records it.
+fn launch(
+    state: &mut ClusterState,
+    bin: &Path,
+    name: String,
+    argv: Vec<String>,
+    addrs: BTreeMap<String, String>,
+) -> Result<Proc, String> {
+    let log = state.dir.join(format!("{name}.log"));
+    let pid = spawn(bin, &argv, &log)?;
+    let p = Proc {
+        name,
+        pid,
+        bin: bin.to_path_buf(),
+        addrs,
+        log,
+    };
+    state.processes.push(p.clone());
+    Ok(p)
+}
+
+/// Waits until `GET /readyz` at `addr` answers 200.
+async fn wait_ready(p: &Proc, addr: &str, within: Duration) -> Result<(), String> {
+    eventually_or(within, p, async || match http_get(addr, "/readyz").await {
+        Some(r) if r.starts_with("HTTP/1.1 200") => Ok(()),
+        Some(r) => Err(r.lines().next().unwrap_or_default().to_string()),
+        None => Err("no answer".to_string()),
+    })
+    .await
+}
+
+/// Calls `probe` until it succeeds, for at most `within`; the error names
+/// `p` and its log's last lines, and comes at once if `p` has exited.
+async fn eventually_or(
+    within: Duration,
+    p: &Proc,
+    mut probe: impl AsyncFnMut() -> Result<(), String>,
+) -> Result<(), String> {
+    let deadline = tokio::time::Instant::now() + within;
+    let mut why = String::from("no answer");
+    loop {
+        if !is_ours(p) {
+            why = format!("{} exited", p.name);
+            break;
+        }
+        match tokio::time::timeout_at(deadline, probe()).await {
+            Ok(Ok(())) => return Ok(()),
+            Ok(Err(e)) => why = e,
+            Err(_) => break,
+        }
+        if tokio::time::Instant::now() >= deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let log = std::fs::read_to_string(&p.log).unwrap_or_default();
+    let lines: Vec<&str> = log.lines().collect();
+    let tail = lines[lines.len().saturating_sub(10)..].join("\n");
+    Err(format!(
+        "{} not ready within {within:?} ({why}); the end of {}:\n{tail}",
+        p.name,
+        p.log.display()
+    ))
+}
+
+fn print_state(state: &ClusterState, file: &Path) {
+    for p in &state.processes {
+        let addrs: Vec<String> = p.addrs.iter().map(|(r, a)| format!("{r} {a}")).collect();
+        println!("{:<8} pid {:<7} {}", p.name, p.pid, addrs.join("  "));
+    }
+    println!("data and logs: {}", state.dir.display());
+    println!(
+        "state: {} (`latchkey-loadtest cluster down` stops it)",
+        file.display()
+    );
+    let summary = serde_json::json!({
+        "cells": state.addrs("client"),
+        "http": state.addrs("http"),
+        "grpc": state.addrs("grpc"),
+        "dir": state.dir,
+        "state": file,
+    });
+    println!("{summary}");
+}
+
+fn write_state(file: &Path, state: &ClusterState) -> Result<(), String> {
+    let text = serde_json::to_string_pretty(state).map_err(|e| e.to_string())?;
+    std::fs::write(file, text).map_err(|e| format!("writing {}: {e}", file.display()))
+}
+
+pub fn read_state(file: &Path) -> Result<ClusterState, String> {
+    let text = std::fs::read_to_string(file).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => format!(
+            "no cluster is up: there is no state file at {} (`cluster up` writes it)",
+            file.display()
+        ),
+        _ => format!("reading {}: {e}", file.display()),
+    })?;
+    serde_json::from_str(&text)
+        .map_err(|e| format!("{} is not a cluster state: {e}", file.display()))
+}
+
+/// Whether `p` still runs: its pid is alive and runs `p.bin` (a pid the
+/// system gave to another program since is not ours to stop).
+fn is_ours(p: &Proc) -> bool {
+    let Ok(exe) = std::fs::read_link(format!("/proc/{}/exe", p.pid)) else {
+        return false;
+    };
+    let zombie = std::fs::read_to_string(format!("/proc/{}/stat", p.pid))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, rest)| rest.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(false);
+    // A binary rebuilt since it started reads "<path> (deleted)".
+    let exe = exe.to_string_lossy();
+    let exe = exe.trim_end_matches(" (deleted)");
+    let same = Path::new(exe).file_name() == p.bin.file_name();
+    same && !zombie
+}
+
+fn signal(pid: u32, signal: &str) {
+    let _ = Command::new("kill")
+        .args([format!("-{signal}"), pid.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+}
+
+/// How long stopped processes get to exit after SIGTERM before SIGKILL.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// Stops every process of `procs` that is still ours; returns how many
+/// were running.
+async fn stop(procs: &[Proc]) -> usize {
+    let running: Vec<&Proc> = procs.iter().filter(|p| is_ours(p)).collect();
+    for p in &running {
+        signal(p.pid, "TERM");
+    }
+    let deadline = tokio::time::Instant::now() + STOP_GRACE;
+    while running.iter().any(|p| is_ours(p)) && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for p in running.iter().filter(|p| is_ours(p)) {
+        signal(p.pid, "KILL");
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    while running.iter().any(|p| is_ours(p)) && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    running.len()
+}
+
+async fn down(file: &Path) -> Result<(), String> {
+    let state = read_state(file)?;
+    let stopped = stop(&state.processes).await;
+    let left: Vec<String> = state
+        .processes
+        .iter()
+        .filter(|p| is_ours(p))
+        .map(|p| format!("{} (pid {})", p.name, p.pid))
+        .collect();
+    if !left.is_empty() {
+        return Err(format!(
+            "still running after SIGKILL: {}; state kept in {}",
+            left.join(", "),
+            file.display()
+        ));
+    }
+    std::fs::remove_dir_all(&state.dir)
+        .or_else(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => Ok(()),
+            _ => Err(e),
+        })
+        .map_err(|e| format!("removing {}: {e}", state.dir.display()))?;
+    std::fs::remove_file(file).map_err(|e| format!("removing {}: {e}", file.display()))?;
+    println!(
+        "stopped {stopped} of {} processes; removed {}",
+        state.processes.len(),
+        state.dir.display()
+    );
+    Ok(())
+}

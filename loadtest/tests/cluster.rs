@@ -1,0 +1,197 @@
+//! `latchkey-loadtest cluster up | down`, as an operator runs it: a cell and
+//! proxies that outlive the command and serve at once, an etcd cluster
+//! beside it, and `down` leaving no process and no data behind.
+
+use latchkey_testkit::{http_get, http_request};
+use std::path::Path;
+use std::process::{Command, Output};
+
+const LOADTEST: &str = env!("CARGO_BIN_EXE_latchkey-loadtest");
+
+fn loadtest(args: &[&str]) -> Output {
+    Command::new(LOADTEST)
+        .args(args)
+        .output()
+        .expect("run latchkey-loadtest")
+}
+
+fn arg(p: &Path) -> &str {
+    p.to_str().expect("a UTF-8 path")
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// The JSON line `up` ends with.
+fn summary(out: &Output) -> serde_json::Value {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout.lines().last().unwrap_or_default();
+    serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {}", text(out)))
+}
+
+fn strings(v: &serde_json::Value) -> Vec<String> {
+    v.as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|s| s.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The pids the state file records.
+fn pids(state: &Path) -> Vec<u32> {
+    let text = std::fs::read_to_string(state).expect("state file");
+    let v: serde_json::Value = serde_json::from_str(&text).expect("state json");
+    v["processes"]
+        .as_array()
+        .expect("processes")
+        .iter()
+        .map(|p| p["pid"].as_u64().expect("pid") as u32)
+        .collect()
+}
+
+/// Whether `pid` runs (a zombie does not).
+fn runs(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, r)| !r.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(false)
+}
+
+/// `down` stops every recorded process and removes the data and the state
+/// file; a second `down` says no cluster is up.
+fn down_leaves_nothing(state: &Path, dir: &Path) {
+    let pids = pids(state);
+    let down = loadtest(&["cluster", "down", "--state", arg(state)]);
+    assert!(down.status.success(), "{}", text(&down));
+    for pid in pids {
+        assert!(!runs(pid), "pid {pid} still runs after down");
+    }
+    assert!(!dir.exists(), "{} is still there", dir.display());
+    assert!(!state.exists(), "the state file is still there");
+    let again = loadtest(&["cluster", "down", "--state", arg(state)]);
+    assert_eq!(again.status.code(), Some(1), "{}", text(&again));
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("no cluster is up"),
+        "{}",
+        text(&again)
+    );
+}
+
+#[tokio::test]
+async fn a_cell_behind_two_proxies_serves_until_down_leaves_nothing() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let state = tmp.path().join("cluster.json");
+    let state_arg = arg(&state);
+    let up = loadtest(&[
+        "cluster",
+        "up",
+        "--cells",
+        "3",
+        "--proxies",
+        "2",
+        "--state",
+        state_arg,
+    ]);
+    assert!(up.status.success(), "{}", text(&up));
+    let s = summary(&up);
+    let (cells, http) = (strings(&s["cells"]), strings(&s["http"]));
+    assert_eq!(
+        (cells.len(), http.len(), strings(&s["grpc"]).len()),
+        (3, 2, 2)
+    );
+    let dir = Path::new(s["dir"].as_str().expect("dir")).to_path_buf();
+
+    // The command has returned; what it started serves: a write through
+    // one proxy is read through the other and on a member.
+    let put = http_request(&http[0], "PUT", "/v1/kv/loadtest-cluster", "up").await;
+    assert!(
+        put.as_deref()
+            .is_some_and(|r| r.starts_with("HTTP/1.1 200")),
+        "{put:?}"
+    );
+    let got = http_get(&http[1], "/v1/kv/loadtest-cluster").await;
+    assert!(
+        got.as_deref()
+            .is_some_and(|r| r.contains(r#""value":"up""#)),
+        "{got:?}"
+    );
+    let mut member = etcd_client::Client::connect([cells[2].as_str()], None)
+        .await
+        .expect("connect to a member");
+    let kv = member.get("loadtest-cluster", None).await.expect("get");
+    assert_eq!(kv.kvs().first().map(|kv| kv.value()), Some(&b"up"[..]));
+
+    // A second `up` on the same state is refused while the first runs.
+    let twice = loadtest(&["cluster", "up", "--state", state_arg]);
+    assert_eq!(twice.status.code(), Some(1), "{}", text(&twice));
+    assert!(
+        String::from_utf8_lossy(&twice.stderr).contains("a cluster is up"),
+        "{}",
+        text(&twice)
+    );
+
+    down_leaves_nothing(&state, &dir);
+}
+
+#[tokio::test]
+async fn an_etcd_cluster_comes_up_beside_for_comparison() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let state = tmp.path().join("etcd.json");
+    let up = loadtest(&[
+        "cluster",
+        "up",
+        "--etcd",
+        "--etcd-bin",
+        "/usr/bin/etcd",
+        "--state",
+        arg(&state),
+    ]);
+    assert!(up.status.success(), "{}", text(&up));
+    let s = summary(&up);
+    let cells = strings(&s["cells"]);
+    assert_eq!(cells.len(), 3);
+    assert!(strings(&s["http"]).is_empty());
+    let mut c = etcd_client::Client::connect(&cells, None)
+        .await
+        .expect("connect to etcd");
+    c.put("loadtest-cluster", "etcd", None).await.expect("put");
+    let status = c.status().await.expect("status");
+    assert!(status.version().starts_with("3."), "{}", status.version());
+    let dir = Path::new(s["dir"].as_str().expect("dir")).to_path_buf();
+    down_leaves_nothing(&state, &dir);
+}
+
+#[test]
+fn bad_flags_get_a_clear_error_and_start_nothing() {
+    for (args, expect) in [
+        (
+            &["cluster", "up", "--cells", "4"][..],
+            "1, 3, 5 or 7 voters",
+        ),
+        (&["cluster", "up", "--proxies", "17"][..], "--proxies"),
+        (
+            &["cluster", "up", "--etcd", "--proxies", "1"][..],
+            "cannot be used with",
+        ),
+        (&["cluster", "sideways"][..], "unrecognized subcommand"),
+    ] {
+        let out = loadtest(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out));
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains(expect),
+            "{args:?}: {}",
+            text(&out)
+        );
+    }
+}
