@@ -11,7 +11,7 @@
 //! process that is still the one it started (SIGTERM, then SIGKILL after a
 //! while), and removes the directory and the file.
 
-use latchkey_testkit::{free_port, http_get};
+use latchkey_testkit::{etcd, free_port, http_get, poll_until};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::os::unix::process::CommandExt;
@@ -185,16 +185,28 @@ fn loopback() -> String {
     format!("127.0.0.1:{}", free_port())
 }
 
+/// A free loopback address for each of `roles`.
+fn listen_on(roles: &[&str]) -> BTreeMap<String, String> {
+    roles
+        .iter()
+        .map(|role| (role.to_string(), loopback()))
+        .collect()
+}
+
+/// `--<role>-addr <addr>` for each address: how the cell and the proxy
+/// take them.
+fn addr_flags(addrs: &BTreeMap<String, String>) -> Vec<String> {
+    addrs
+        .iter()
+        .flat_map(|(role, addr)| [format!("--{role}-addr"), addr.clone()])
+        .collect()
+}
+
 async fn start_latchkey(args: &UpArgs, state: &mut ClusterState) -> Result<(), String> {
     let cell_bin = args.bins.cell()?;
     let proxy_bin = args.bins.proxy()?;
     let members: Vec<BTreeMap<String, String>> = (0..args.cells)
-        .map(|_| {
-            ["client", "peer", "metrics"]
-                .into_iter()
-                .map(|role| (role.to_string(), loopback()))
-                .collect()
-        })
+        .map(|_| listen_on(&["client", "peer", "metrics"]))
         .collect();
     let initial_cluster = members
         .iter()
@@ -212,10 +224,7 @@ async fn start_latchkey(args: &UpArgs, state: &mut ClusterState) -> Result<(), S
             "--data-dir".into(),
             path_arg(&state.dir.join(format!("cell-{id}")))?,
         ];
-        for role in ["client", "peer", "metrics"] {
-            argv.push(format!("--{role}-addr"));
-            argv.push(addrs[role].clone());
-        }
+        argv.extend(addr_flags(addrs));
         argv.extend(args.bins.cell_arg.iter().cloned());
         launch(state, &cell_bin, format!("cell-{id}"), argv, addrs.clone())?;
     }
@@ -224,20 +233,14 @@ async fn start_latchkey(args: &UpArgs, state: &mut ClusterState) -> Result<(), S
     }
     let cells = state.addrs("client").join(",");
     for n in 1..=args.proxies {
-        let addrs: BTreeMap<String, String> = ["http", "grpc", "metrics"]
-            .into_iter()
-            .map(|role| (role.to_string(), loopback()))
-            .collect();
+        let addrs = listen_on(&["http", "grpc", "metrics"]);
         let mut argv: Vec<String> = vec![
             "--cells".into(),
             cells.clone(),
             "--data-dir".into(),
             path_arg(&state.dir.join(format!("proxy-{n}")))?,
         ];
-        for role in ["http", "grpc", "metrics"] {
-            argv.push(format!("--{role}-addr"));
-            argv.push(addrs[role].clone());
-        }
+        argv.extend(addr_flags(&addrs));
         argv.extend(args.bins.proxy_arg.iter().cloned());
         let p = launch(state, &proxy_bin, format!("proxy-{n}"), argv, addrs)?;
         wait_ready(&p, &p.addrs["http"], args.ready_timeout).await?;
@@ -247,12 +250,7 @@ async fn start_latchkey(args: &UpArgs, state: &mut ClusterState) -> Result<(), S
 
 async fn start_etcd(args: &UpArgs, state: &mut ClusterState) -> Result<(), String> {
     let members: Vec<BTreeMap<String, String>> = (0..args.cells)
-        .map(|_| {
-            ["client", "peer"]
-                .into_iter()
-                .map(|role| (role.to_string(), loopback()))
-                .collect()
-        })
+        .map(|_| listen_on(&["client", "peer"]))
         .collect();
     let initial = members
         .iter()
@@ -260,48 +258,23 @@ async fn start_etcd(args: &UpArgs, state: &mut ClusterState) -> Result<(), Strin
         .map(|(i, m)| format!("etcd-{}=http://{}", i + 1, m["peer"]))
         .collect::<Vec<_>>()
         .join(",");
+    let token = format!("latchkey-loadtest-{}", std::process::id());
     for (i, addrs) in members.iter().enumerate() {
         let name = format!("etcd-{}", i + 1);
-        let client = format!("http://{}", addrs["client"]);
-        let peer = format!("http://{}", addrs["peer"]);
-        let argv: Vec<String> = [
-            "--name",
+        let argv = etcd::member_args(
             &name,
-            "--data-dir",
-            &path_arg(&state.dir.join(&name))?,
-            "--listen-client-urls",
-            &client,
-            "--advertise-client-urls",
-            &client,
-            "--listen-peer-urls",
-            &peer,
-            "--initial-advertise-peer-urls",
-            &peer,
-            "--initial-cluster",
+            &state.dir.join(&name),
+            &addrs["client"],
+            &addrs["peer"],
             &initial,
-            "--initial-cluster-state",
-            "new",
-            "--initial-cluster-token",
-            &format!("latchkey-loadtest-{}", std::process::id()),
-        ]
-        .into_iter()
-        .map(String::from)
-        .collect();
+            &token,
+        );
         launch(state, &args.etcd_bin, name, argv, addrs.clone())?;
     }
     let endpoints = state.addrs("client");
     let first = state.processes[0].clone();
     eventually_or(args.ready_timeout, &first, async || {
-        let opts = etcd_client::ConnectOptions::new()
-            .with_timeout(Duration::from_secs(2))
-            .with_connect_timeout(Duration::from_millis(500));
-        let mut c = etcd_client::Client::connect(&endpoints, Some(opts))
-            .await
-            .map_err(|e| format!("connect: {e}"))?;
-        c.put("latchkey-loadtest-ready", "", None)
-            .await
-            .map(|_| ())
-            .map_err(|e| format!("a first write: {e}"))
+        etcd::first_write(&endpoints).await
     })
     .await
 }
@@ -350,30 +323,25 @@ async fn eventually_or(
     p: &Proc,
     mut probe: impl AsyncFnMut() -> Result<(), String>,
 ) -> Result<(), String> {
-    let deadline = tokio::time::Instant::now() + within;
-    let mut why = String::from("no answer");
-    loop {
+    let outcome = poll_until(within, async || {
         if !is_ours(p) {
-            why = format!("{} exited", p.name);
-            break;
+            return Ok(Err(format!("{} exited", p.name)));
         }
-        match tokio::time::timeout_at(deadline, probe()).await {
-            Ok(Ok(())) => return Ok(()),
-            Ok(Err(e)) => why = e,
-            Err(_) => break,
-        }
-        if tokio::time::Instant::now() >= deadline {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        probe().await.map(Ok)
+    })
+    .await;
+    let why = match outcome {
+        Ok(Ok(())) => return Ok(()),
+        Ok(Err(exited)) => exited,
+        Err(not_yet) => not_yet,
+    };
     let log = std::fs::read_to_string(&p.log).unwrap_or_default();
     let lines: Vec<&str> = log.lines().collect();
     let tail = lines[lines.len().saturating_sub(10)..].join("\n");
+    // The log goes with the cluster's directory when `up` gives up.
     Err(format!(
-        "{} not ready within {within:?} ({why}); the end of {}:\n{tail}",
-        p.name,
-        p.log.display()
+        "{} not ready ({why}); the end of its log:\n{tail}",
+        p.name
     ))
 }
 

@@ -40,25 +40,14 @@ impl EtcdCluster {
                 .or_else(|_| std::fs::File::create("/dev/null"))
                 .expect("log file");
             let child = Command::new(bin)
-                .args(["--name", &format!("m{i}")])
-                .arg("--data-dir")
-                .arg(dir.path().join(format!("m{i}")))
-                .args([
-                    "--listen-client-urls",
-                    &format!("http://127.0.0.1:{client}"),
-                ])
-                .args([
-                    "--advertise-client-urls",
-                    &format!("http://127.0.0.1:{client}"),
-                ])
-                .args(["--listen-peer-urls", &format!("http://127.0.0.1:{peer}")])
-                .args([
-                    "--initial-advertise-peer-urls",
-                    &format!("http://127.0.0.1:{peer}"),
-                ])
-                .args(["--initial-cluster", &initial])
-                .args(["--initial-cluster-state", "new"])
-                .args(["--initial-cluster-token", &token])
+                .args(member_args(
+                    &format!("m{i}"),
+                    &dir.path().join(format!("m{i}")),
+                    &format!("127.0.0.1:{client}"),
+                    &format!("127.0.0.1:{peer}"),
+                    &initial,
+                    &token,
+                ))
                 .args([
                     "--logger",
                     "zap",
@@ -83,19 +72,7 @@ impl EtcdCluster {
             dir,
         };
         let endpoints = cluster.clients.clone();
-        eventually(READY_WITHIN, async || {
-            let opts = ConnectOptions::new()
-                .with_timeout(Duration::from_secs(2))
-                .with_connect_timeout(Duration::from_millis(500));
-            let mut c = Client::connect(&endpoints, Some(opts))
-                .await
-                .map_err(|e| format!("connect: {e}"))?;
-            c.put("etcd-cluster-ready", "", None)
-                .await
-                .map(|_| ())
-                .map_err(|e| format!("a first write: {e}"))
-        })
-        .await;
+        eventually(READY_WITHIN, async || first_write(&endpoints).await).await;
         cluster
     }
 
@@ -108,6 +85,59 @@ impl EtcdCluster {
     pub fn dir(&self) -> &std::path::Path {
         self.dir.path()
     }
+}
+
+/// The arguments of etcd member `name` of a new cluster on loopback:
+/// its data in `data_dir`, clients and peers at `client` and `peer`
+/// (`ip:port`), the cluster's `--initial-cluster` and token.
+pub fn member_args(
+    name: &str,
+    data_dir: &std::path::Path,
+    client: &str,
+    peer: &str,
+    initial_cluster: &str,
+    token: &str,
+) -> Vec<String> {
+    let client = format!("http://{client}");
+    let peer = format!("http://{peer}");
+    let data_dir = data_dir.to_string_lossy();
+    [
+        "--name",
+        name,
+        "--data-dir",
+        &data_dir,
+        "--listen-client-urls",
+        &client,
+        "--advertise-client-urls",
+        &client,
+        "--listen-peer-urls",
+        &peer,
+        "--initial-advertise-peer-urls",
+        &peer,
+        "--initial-cluster",
+        initial_cluster,
+        "--initial-cluster-state",
+        "new",
+        "--initial-cluster-token",
+        token,
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect()
+}
+
+/// One write to the etcd cluster at `endpoints`: `Ok` once it serves.
+pub async fn first_write(endpoints: &[String]) -> Result<(), String> {
+    let opts = ConnectOptions::new()
+        .with_timeout(Duration::from_secs(2))
+        .with_connect_timeout(Duration::from_millis(500));
+    let mut c = Client::connect(endpoints, Some(opts))
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    c.put("etcd-cluster-ready", "", None)
+        .await
+        .map(|_| ())
+        .map_err(|e| format!("a first write: {e}"))
 }
 
 impl Drop for EtcdCluster {

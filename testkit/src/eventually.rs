@@ -22,30 +22,44 @@ use tokio::time::{sleep, timeout_at, Duration, Instant};
 #[track_caller]
 pub fn eventually<T, E: Display>(
     timeout: Duration,
-    mut probe: impl AsyncFnMut() -> Result<T, E>,
+    probe: impl AsyncFnMut() -> Result<T, E>,
 ) -> impl Future<Output = T> {
     let caller = Location::caller();
     async move {
-        let deadline = Instant::now() + timeout;
-        let pause = (timeout / 100).clamp(Duration::from_millis(20), Duration::from_millis(200));
-        let mut why_not = String::from("no try finished");
-        let mut tries = 0u32;
-        loop {
-            tries += 1;
-            match timeout_at(deadline, probe()).await {
-                Ok(Ok(value)) => return value,
-                Ok(Err(e)) => why_not = e.to_string(),
-                Err(_) => panic!(
-                    "{caller}: not within {timeout:?}: try {tries} was still running at the \
-                     deadline; the one before said: {why_not}"
-                ),
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                panic!("{caller}: not within {timeout:?} ({tries} tries): {why_not}");
-            }
-            sleep(pause.min(deadline - now)).await;
+        match poll_until(timeout, probe).await {
+            Ok(value) => value,
+            Err(why) => panic!("{caller}: {why}"),
         }
+    }
+}
+
+/// [`eventually`] for code that reports rather than panics (a command,
+/// not a test): `Err` says why not within `timeout`.
+pub async fn poll_until<T, E: Display>(
+    timeout: Duration,
+    mut probe: impl AsyncFnMut() -> Result<T, E>,
+) -> Result<T, String> {
+    let deadline = Instant::now() + timeout;
+    let pause = (timeout / 100).clamp(Duration::from_millis(20), Duration::from_millis(200));
+    let mut why_not = String::from("no try finished");
+    let mut tries = 0u32;
+    loop {
+        tries += 1;
+        match timeout_at(deadline, probe()).await {
+            Ok(Ok(value)) => return Ok(value),
+            Ok(Err(e)) => why_not = e.to_string(),
+            Err(_) => {
+                return Err(format!(
+                    "not within {timeout:?}: try {tries} was still running at the deadline; \
+                     the one before said: {why_not}"
+                ))
+            }
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(format!("not within {timeout:?} ({tries} tries): {why_not}"));
+        }
+        sleep(pause.min(deadline - now)).await;
     }
 }
 

@@ -78,7 +78,7 @@ pub use cluster::{cell_binary, Cluster, MemberSpec};
 pub use errors::err_text;
 pub use etcd::EtcdCluster;
 pub use etcdctl::{etcdctl, member_id_in, try_etcdctl, EtcdctlProcess};
-pub use eventually::eventually;
+pub use eventually::{eventually, poll_until};
 pub use lock_holders::{FencedLog, FencedSummary, FencedWrite, Holders, HOLDER_TTL_SECS};
 pub use metrics::{http_get, http_request, metric_value};
 pub use ports::free_port;
