@@ -27,7 +27,7 @@
 //!    restart (member logs: members 1 and 2 campaigning 5 ms apart in
 //!    terms 22 to 28).
 //!    The nudge: a candidate refused by a member campaigning in the same
-//!    term with a log no longer than its own campaigns again after a
+//!    term with a log equal to its own campaigns again after a
 //!    random delay (fresh each time, up to [`SPLIT_VOTE_SPREAD`]); the
 //!    first to do so wins the other's vote.
 //!
