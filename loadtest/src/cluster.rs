@@ -75,7 +75,7 @@ fn voters(s: &str) -> Result<usize, String> {
     }
 }
 
-fn default_state() -> PathBuf {
+pub fn default_state() -> PathBuf {
     std::env::temp_dir().join("latchkey-loadtest-cluster.json")
 }
 
@@ -98,6 +98,10 @@ pub struct Proc {
     /// `http`, `grpc`).
     pub addrs: BTreeMap<String, String>,
     pub log: PathBuf,
+    /// Its arguments, to start it again (`failover` restarts what it
+    /// killed).
+    #[serde(default)]
+    pub argv: Vec<String>,
 }
 
 impl ClusterState {
@@ -166,7 +170,12 @@ async fn up(args: UpArgs) -> Result<(), String> {
 
 /// Spawns `bin` in its own process group with its output in `log`.
 fn spawn(bin: &Path, args: &[String], log: &Path) -> Result<u32, String> {
-    let file = std::fs::File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
+    // Appended to: a restarted process continues its log.
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .map_err(|e| format!("{}: {e}", log.display()))?;
     let out = file
         .try_clone()
         .map_err(|e| format!("{}: {e}", log.display()))?;
@@ -301,6 +310,7 @@ fn launch(
         bin: bin.to_path_buf(),
         addrs,
         log,
+        argv,
     };
     state.processes.push(p.clone());
     Ok(p)
@@ -402,7 +412,7 @@ fn is_ours(p: &Proc) -> bool {
     same && !zombie
 }
 
-fn signal(pid: u32, signal: &str) {
+pub fn signal(pid: u32, signal: &str) {
     let _ = Command::new("kill")
         .args([format!("-{signal}"), pid.to_string()])
         .stdout(Stdio::null())
@@ -432,6 +442,29 @@ async fn stop(procs: &[Proc]) -> usize {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     running.len()
+}
+
+/// Starts the process `name` of the cluster in `file` again as it was
+/// started (binary, arguments, log) and records its new pid.
+pub fn restart(file: &Path, name: &str) -> Result<u32, String> {
+    let mut state = read_state(file)?;
+    let p = state
+        .processes
+        .iter_mut()
+        .find(|p| p.name == name)
+        .ok_or_else(|| format!("{name} is not in {}", file.display()))?;
+    if is_ours(p) {
+        return Err(format!("{name} still runs (pid {})", p.pid));
+    }
+    if p.argv.is_empty() {
+        return Err(format!(
+            "{name} was started by an older `cluster up` that did not record its arguments"
+        ));
+    }
+    p.pid = spawn(&p.bin, &p.argv, &p.log)?;
+    let pid = p.pid;
+    write_state(file, &state)?;
+    Ok(pid)
 }
 
 async fn down(file: &Path) -> Result<(), String> {

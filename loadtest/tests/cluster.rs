@@ -2,31 +2,12 @@
 //! proxies that outlive the command and serve at once, an etcd cluster
 //! beside it, and `down` leaving no process and no data behind.
 
+mod common;
+
+use common::{arg, loadtest, text};
 use latchkey_testkit::{http_get, http_request};
 use std::path::Path;
-use std::process::{Command, Output};
-
-const LOADTEST: &str = env!("CARGO_BIN_EXE_latchkey-loadtest");
-
-fn loadtest(args: &[&str]) -> Output {
-    Command::new(LOADTEST)
-        .args(args)
-        .output()
-        .expect("run latchkey-loadtest")
-}
-
-fn arg(p: &Path) -> &str {
-    p.to_str().expect("a UTF-8 path")
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
+use std::process::Output;
 
 /// The JSON line `up` ends with.
 fn summary(out: &Output) -> serde_json::Value {

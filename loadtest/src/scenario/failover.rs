@@ -1,0 +1,279 @@
+//! `failover`: sessions kept alive and writes running through the proxies
+//! while the cell loses its leader (SIGKILL) and, once a new leader
+//! serves, while a follower is paused (SIGSTOP, then SIGCONT). Measures the
+//! time to a new leader and the write unavailability windows; what must
+//! hold: no session expires. The killed member is started again once a
+//! new leader serves, before the follower pauses (so the cell keeps a
+//! quorum through the pause) and so the cluster is whole afterwards.
+//!
+//! Needs a cluster `cluster up` started (its state file names the pids).
+
+use super::load::{connect_all, own_keys, Writers};
+use super::recorder::{counter, Recorder};
+use super::sessions::{create_grpc, gone_at, keep_alive_over_grpc};
+use super::{drive, Common, Endpoints, Outcome, Target};
+use crate::cluster::{read_state, restart, signal, Proc};
+use latchkey_testkit::{http_get, metric_value};
+use std::process::ExitCode;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args, Debug)]
+pub struct FailoverArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Sessions kept alive over gRPC through the proxies.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    sessions: u64,
+    /// Their TTL in seconds (each refreshed every third of it).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(i64).range(3..=3600))]
+    ttl: i64,
+    /// Concurrent writers.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    writers: u64,
+    /// When the leader is killed, from the start of the load.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    kill_after: Duration,
+    /// How long after a new leader serves a follower is paused.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    pause_after: Duration,
+    /// How long the follower stays paused.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    pause_for: Duration,
+    /// How long the load runs after the follower resumes.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    tail: Duration,
+    /// The longest a new leader may take to appear before the run fails.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    leader_timeout: Duration,
+}
+
+pub async fn main(args: FailoverArgs) -> ExitCode {
+    let args = &args;
+    drive("failover", &args.common, |endpoints| async move {
+        run(args, &endpoints).await
+    })
+    .await
+}
+
+/// The member whose metrics say it leads, among `members`.
+async fn leader(members: &[Proc]) -> Option<Proc> {
+    for m in members {
+        let Some(addr) = m.addrs.get("metrics") else {
+            continue;
+        };
+        let Some(text) = http_get(addr, "/metrics").await else {
+            continue;
+        };
+        if metric_value(&text, "latchkey_is_leader") == Some(1.0) {
+            return Some(m.clone());
+        }
+    }
+    None
+}
+
+/// Waits until one of `members` leads; returns it and how long that took.
+async fn new_leader(members: &[Proc], within: Duration) -> Result<(Proc, Duration), String> {
+    let t = Instant::now();
+    while t.elapsed() < within {
+        if let Some(l) = leader(members).await {
+            return Ok((l, t.elapsed()));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Err(format!("no new leader within {within:?}"))
+}
+
+/// Waits until `member` answers ready (it knows a leader and has applied
+/// what it knows committed); returns how long that took.
+async fn ready(member: &Proc, within: Duration) -> Result<Duration, String> {
+    let addr = member.addrs.get("metrics").ok_or("no metrics address")?;
+    let t = Instant::now();
+    while t.elapsed() < within {
+        if let Some(r) = http_get(addr, "/readyz").await {
+            if r.starts_with("HTTP/1.1 200") {
+                return Ok(t.elapsed());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Err(format!(
+        "{} not ready within {within:?} after its restart",
+        member.name
+    ))
+}
+
+/// The longest time between two successful writes inside `[from, to]`
+/// (the edges count as writes), in milliseconds.
+fn longest_gap(acks: &[Instant], from: Instant, to: Instant) -> f64 {
+    let mut last = from;
+    let mut gap = Duration::ZERO;
+    for &at in acks.iter().filter(|&&at| at > from && at <= to) {
+        gap = gap.max(at - last);
+        last = at;
+    }
+    gap = gap.max(to.saturating_duration_since(last));
+    gap.as_secs_f64() * 1000.0
+}
+
+async fn run(args: &FailoverArgs, endpoints: &Endpoints) -> Result<Outcome, String> {
+    if endpoints.target != Target::Latchkey || endpoints.cell_pids.len() < 3 {
+        return Err(
+            "needs a latchkey cell of 3 or more members started by `cluster up` \
+                    (its state file names the processes to kill and pause)"
+                .into(),
+        );
+    }
+    let timeout = args.common.op_timeout;
+    let state = read_state(&args.common.state)?;
+    let members: Vec<Proc> = state
+        .processes
+        .iter()
+        .filter(|p| p.name.starts_with("cell-"))
+        .cloned()
+        .collect();
+    let front = endpoints.grpc_front().to_vec();
+
+    let bar = counter("creating", args.sessions);
+    let held = create_grpc(&front, args.sessions as usize, args.ttl, timeout, &bar).await?;
+    bar.finish_and_clear();
+
+    // Load: keep-alives and writers until every phase is over.
+    let keepalives = Arc::new(Recorder::new());
+    let expired = Arc::new(AtomicU64::new(0));
+    let far = Instant::now() + Duration::from_secs(24 * 3600);
+    let period = Duration::from_secs(args.ttl as u64) / 3;
+    let keepers = keep_alive_over_grpc(&held, 8, period, far, &keepalives, &expired, timeout);
+    let clients = connect_all(&front, args.writers, timeout).await?;
+    let keys = own_keys("loadtest/failover/", clients.len());
+    let total =
+        args.kill_after + args.pause_after + args.pause_for + args.tail + Duration::from_secs(2);
+    let writers = Writers::start(&clients, &keys, b"v", timeout, "failover", total);
+
+    // The leader dies.
+    tokio::time::sleep(args.kill_after).await;
+    let old = new_leader(&members, args.leader_timeout).await?.0;
+    let killed_at = Instant::now();
+    signal(old.pid, "KILL");
+    let survivors: Vec<Proc> = members
+        .iter()
+        .filter(|m| m.name != old.name)
+        .cloned()
+        .collect();
+    let (current, to_leader) = new_leader(&survivors, args.leader_timeout).await?;
+
+    // The killed member comes back and catches up; then a follower
+    // pauses (the cell keeps a quorum: the leader and the restarted one).
+    let rejoined = match restart(&args.common.state, &old.name) {
+        Ok(pid) => ready(&old, args.leader_timeout)
+            .await
+            .map(|took| (pid, took)),
+        Err(e) => Err(e),
+    };
+    tokio::time::sleep(args.pause_after).await;
+    // Whoever leads now; the follower paused is one that was never down.
+    let leading = new_leader(&members, args.leader_timeout).await?.0;
+    let paused = survivors
+        .iter()
+        .find(|m| m.name != leading.name)
+        .cloned()
+        .ok_or("no follower left to pause")?;
+    let paused_at = Instant::now();
+    signal(paused.pid, "STOP");
+    tokio::time::sleep(args.pause_for).await;
+    signal(paused.pid, "CONT");
+    let resumed_at = Instant::now();
+    tokio::time::sleep(args.tail).await;
+    let (writes, acks) = writers.stop().await;
+    for k in &keepers {
+        k.abort();
+    }
+    let ended = Instant::now();
+
+    // The sessions must all be there.
+    let survivor_addrs: Vec<String> = survivors
+        .iter()
+        .filter_map(|m| m.addrs.get("client").cloned())
+        .collect();
+    let all: Vec<i64> = held.iter().flat_map(|h| h.ids.clone()).collect();
+    let gone = gone_at(&survivor_addrs, &all, timeout).await?;
+    let during = expired.load(std::sync::atomic::Ordering::Relaxed);
+
+    let acks: Vec<Instant> = acks.into_iter().map(|(at, _)| at).collect();
+    let kill_window = longest_gap(&acks, killed_at, paused_at);
+    let pause_window = longest_gap(&acks, paused_at, resumed_at);
+    let before = longest_gap(
+        &acks,
+        killed_at - args.kill_after.min(Duration::from_secs(3)),
+        killed_at,
+    );
+
+    let mut o = Outcome::new("failover", endpoints.target);
+    o.field("endpoints", front);
+    o.figure(
+        "sessions",
+        all.len(),
+        format!("{} over gRPC, TTL {} s", all.len(), args.ttl),
+    );
+    o.figure(
+        "killed",
+        old.name.clone(),
+        format!("{} (the leader), SIGKILL", old.name),
+    );
+    let ms = to_leader.as_secs_f64() * 1000.0;
+    o.figure(
+        "time_to_new_leader_ms",
+        ms,
+        format!("{ms:.0} ms ({} leads)", current.name),
+    );
+    o.figure(
+        "write_unavailable_ms",
+        kill_window,
+        format!("{kill_window:.0} ms (longest time without a write acknowledged after the kill)"),
+    );
+    o.figure(
+        "paused",
+        paused.name.clone(),
+        format!(
+            "{} (a follower), SIGSTOP for {:?}",
+            paused.name, args.pause_for
+        ),
+    );
+    o.figure(
+        "write_gap_during_pause_ms",
+        pause_window,
+        format!("{pause_window:.0} ms (longest gap while the follower was paused)"),
+    );
+    o.figure(
+        "write_gap_before_ms",
+        before,
+        format!("{before:.0} ms (longest gap before the kill, for comparison)"),
+    );
+    o.safety("expired_sessions", during + gone as u64);
+    o.field("expired_during_run", during);
+    o.field("gone_at_cell_after", gone);
+    let secs = (ended - killed_at + args.kill_after).as_secs_f64();
+    o.figure(
+        "writes_per_s",
+        writes.done() as f64 / secs,
+        format!("{:.0}", writes.done() as f64 / secs),
+    );
+    o.latency("write", &writes.latency());
+    o.errors(writes.errors(), writes.first_error());
+    o.field("keepalive_errors", keepalives.errors());
+    match rejoined {
+        Ok((pid, took)) => o.figure(
+            "restarted",
+            true,
+            format!(
+                "{} again as pid {pid}, ready after {:.1} s",
+                old.name,
+                took.as_secs_f64()
+            ),
+        ),
+        Err(e) => o.figure("restarted", false, format!("no: {e}")),
+    }
+    o.series(writes.series());
+    Ok(o)
+}

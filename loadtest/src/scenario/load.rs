@@ -1,0 +1,155 @@
+//! The pieces of load several scenarios run: connections spread over the
+//! endpoints, one call bounded by a timeout, and writers that put in a
+//! loop until told to stop.
+
+use super::recorder::{Progress, Recorder};
+use super::url;
+use etcd_client::Client;
+use std::fmt::Display;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+/// `call`, bounded by `timeout`; a failure or no answer in time becomes
+/// one message that says what was asked.
+pub async fn within<T, E: Display>(
+    timeout: Duration,
+    what: &str,
+    call: impl Future<Output = Result<T, E>>,
+) -> Result<T, String> {
+    match tokio::time::timeout(timeout, call).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(format!("{what}: {e}")),
+        Err(_) => Err(format!("{what}: no answer within {timeout:?}")),
+    }
+}
+
+/// `n` etcd clients, client i on endpoint i mod the number of endpoints.
+pub async fn connect_all(
+    front: &[String],
+    n: u64,
+    timeout: Duration,
+) -> Result<Vec<Client>, String> {
+    let mut clients = Vec::new();
+    for i in 0..n {
+        let addr = url(&front[i as usize % front.len()]);
+        let what = format!("connecting to {addr}");
+        clients.push(within(timeout, &what, Client::connect([&addr], None)).await?);
+    }
+    Ok(clients)
+}
+
+/// When an acknowledged write was acknowledged, and how long it took.
+pub type Ack = (Instant, Duration);
+
+/// Writers putting a key in a loop, one per client, recording every
+/// outcome; they run until [`Writers::stop`].
+pub struct Writers {
+    recorder: Arc<Recorder>,
+    progress: Progress,
+    acks: Arc<Mutex<Vec<Ack>>>,
+    stop: watch::Sender<bool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Writers {
+    /// One writer per client; writer w puts `keys[w]` with `value`.
+    /// `label` and `length` are for the progress line.
+    pub fn start(
+        clients: &[Client],
+        keys: &[String],
+        value: &[u8],
+        timeout: Duration,
+        label: &str,
+        length: Duration,
+    ) -> Writers {
+        let recorder = Arc::new(Recorder::new());
+        let acks = Arc::new(Mutex::new(Vec::new()));
+        let (stop, stopped) = watch::channel(false);
+        let tasks = clients
+            .iter()
+            .enumerate()
+            .zip(keys)
+            .map(|((_, client), key)| {
+                let (mut client, recorder, acks) = (client.clone(), recorder.clone(), acks.clone());
+                let (key, value, stopped) = (key.clone(), value.to_vec(), stopped.clone());
+                tokio::spawn(async move {
+                    while !*stopped.borrow() {
+                        let t = Instant::now();
+                        let put = client.put(key.as_str(), value.clone(), None);
+                        match within(timeout, "write", put).await {
+                            Ok(_) => {
+                                recorder.ok(t.elapsed());
+                                acks.lock()
+                                    .unwrap_or_else(|p| p.into_inner())
+                                    .push((Instant::now(), t.elapsed()));
+                            }
+                            Err(e) => {
+                                recorder.error(e);
+                                // A refusing target is not hammered.
+                                tokio::time::sleep(Duration::from_millis(10)).await;
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        let progress = Progress::show(label, recorder.clone(), length);
+        Writers {
+            recorder,
+            progress,
+            acks,
+            stop,
+            tasks,
+        }
+    }
+
+    /// Runs them for `length`, then stops them.
+    pub async fn run(
+        clients: &[Client],
+        keys: &[String],
+        value: &[u8],
+        timeout: Duration,
+        label: &str,
+        length: Duration,
+    ) -> (Arc<Recorder>, Vec<Ack>) {
+        let writers = Writers::start(clients, keys, value, timeout, label, length);
+        tokio::time::sleep(length).await;
+        writers.stop().await
+    }
+
+    /// Stops every writer once its write in flight is done; what they
+    /// recorded, and every acknowledgement in order.
+    pub async fn stop(self) -> (Arc<Recorder>, Vec<Ack>) {
+        let _ = self.stop.send(true);
+        for t in self.tasks {
+            let _ = t.await;
+        }
+        self.progress.finish();
+        let mut acks = self.acks.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        acks.sort_unstable_by_key(|(at, _)| *at);
+        (self.recorder, acks)
+    }
+}
+
+/// A key of its own for each of `n` writers: `<prefix><w>`.
+pub fn own_keys(prefix: &str, n: usize) -> Vec<String> {
+    (0..n).map(|w| format!("{prefix}{w}")).collect()
+}
+
+/// The per-second series of phases run one after another, as one series.
+pub fn joined_series(phases: &[&Recorder]) -> Vec<super::recorder::Sample> {
+    let mut series = Vec::new();
+    let mut offset = 0.0;
+    for phase in phases {
+        let s = phase.series();
+        let last = s.last().map_or(0.0, |x| x.t_s);
+        series.extend(s.into_iter().map(|mut x| {
+            x.t_s += offset;
+            x
+        }));
+        offset += last;
+    }
+    series
+}

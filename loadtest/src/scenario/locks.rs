@@ -1,0 +1,213 @@
+//! `locks`: contenders on L locks over etcd's lock API (`v3lockpb`
+//! Lock/Unlock, so it runs unchanged against etcd). Each contender has its
+//! own connection and lease and, until the time is up, takes a lock drawn
+//! at random, writes to that lock's fenced resource with the lock's
+//! fencing token (the revision the grant answered with), holds it for
+//! `--hold`, and unlocks it.
+//!
+//! What must hold (violations: 0): no two contenders hold one lock at
+//! once, and no grant comes with a token below one the resource already
+//! accepted.
+
+use super::load::{connect_all, within};
+use super::recorder::{Progress, Recorder};
+use super::{drive, over, Common, Endpoints, Outcome};
+use etcd_client::{Client, LockOptions};
+use latchkey_shared::lock::FencedResource;
+use std::collections::HashMap;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args, Debug)]
+pub struct LocksArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Contenders, each with its own connection and lease.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    contenders: u64,
+    /// Locks they contend for.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    locks: u64,
+    /// How long each grant is held before the unlock.
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    hold: Duration,
+}
+
+/// Who holds what, as the contenders themselves see it, and what they
+/// saw go wrong.
+struct Referee {
+    holders: Mutex<HashMap<u64, u64>>,
+    fenced: FencedResource,
+    violations: AtomicU64,
+    first: Mutex<Option<String>>,
+}
+
+impl Referee {
+    fn violation(&self, what: String) {
+        self.violations.fetch_add(1, Ordering::Relaxed);
+        let mut first = self.first.lock().unwrap_or_else(|p| p.into_inner());
+        first.get_or_insert(what);
+    }
+
+    /// `contender` was granted `lock` with `token`.
+    fn granted(&self, lock: u64, contender: u64, token: i64) {
+        let other = self
+            .holders
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(lock, contender);
+        if let Some(other) = other {
+            self.violation(format!(
+                "contenders {other} and {contender} held lock {lock} at once"
+            ));
+        }
+        if let Err(stale) = self.fenced.accept(&lock.to_string(), token) {
+            self.violation(format!("lock {lock}, contender {contender}: {stale}"));
+        }
+    }
+
+    /// `contender` is about to unlock `lock`.
+    fn releasing(&self, lock: u64, contender: u64) {
+        let mut holders = self.holders.lock().unwrap_or_else(|p| p.into_inner());
+        if holders.get(&lock) == Some(&contender) {
+            holders.remove(&lock);
+        }
+    }
+}
+
+pub async fn main(args: LocksArgs) -> ExitCode {
+    let args = &args;
+    drive("locks", &args.common, |endpoints| async move {
+        run(args, &endpoints).await
+    })
+    .await
+}
+
+async fn run(args: &LocksArgs, endpoints: &Endpoints) -> Result<Outcome, String> {
+    let front = endpoints.grpc_front();
+    let timeout = args.common.op_timeout;
+    // Long enough to outlive the run: a lease is what a grant hangs on.
+    let ttl = (args.common.duration.as_secs() + 60).max(60) as i64;
+    let run_id = format!("{}-{:06x}", std::process::id(), fastrand::u32(..1 << 24));
+    let mut contenders = Vec::new();
+    for mut client in connect_all(front, args.contenders, timeout).await? {
+        let lease = grant(&mut client, ttl, timeout).await?;
+        contenders.push((client, lease));
+    }
+    let referee = Arc::new(Referee {
+        holders: Mutex::new(HashMap::new()),
+        fenced: FencedResource::new(),
+        violations: AtomicU64::new(0),
+        first: Mutex::new(None),
+    });
+    let acquired = Arc::new(Recorder::new());
+    let progress = Progress::show("locks", acquired.clone(), args.common.duration);
+    let started = Instant::now();
+    let tasks: Vec<_> = contenders
+        .into_iter()
+        .enumerate()
+        .map(|(c, (mut client, mut lease))| {
+            let (referee, acquired, common) =
+                (referee.clone(), acquired.clone(), args.common.clone());
+            let (locks, hold, run_id) = (args.locks, args.hold, run_id.clone());
+            let c = c as u64;
+            tokio::spawn(async move {
+                let mut rng = fastrand::Rng::with_seed(c + 1);
+                while !over(&common, started, acquired.done()) {
+                    let lock = rng.u64(0..locks);
+                    let name = format!("loadtest/locks/{run_id}/{lock}");
+                    let t = Instant::now();
+                    let asked =
+                        client.lock(name.as_str(), Some(LockOptions::new().with_lease(lease)));
+                    let granted = match tokio::time::timeout(timeout, asked).await {
+                        Ok(Ok(resp)) => resp,
+                        Ok(Err(e)) => {
+                            acquired.error(format!("lock: {e}"));
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                            continue;
+                        }
+                        Err(_) => {
+                            acquired.error(format!("lock: no grant within {timeout:?}"));
+                            // A grant still on its way would hold the lock
+                            // with nobody to unlock it: give the lease up.
+                            lease = match renew(&mut client, lease, ttl, timeout).await {
+                                Ok(l) => l,
+                                Err(e) => return acquired.error(e),
+                            };
+                            continue;
+                        }
+                    };
+                    acquired.ok(t.elapsed());
+                    let token = granted.header().map_or(0, |h| h.revision());
+                    referee.granted(lock, c, token);
+                    if !hold.is_zero() {
+                        tokio::time::sleep(hold).await;
+                    }
+                    referee.releasing(lock, c);
+                    let unlocked =
+                        tokio::time::timeout(timeout, client.unlock(granted.key())).await;
+                    if !matches!(unlocked, Ok(Ok(_))) {
+                        acquired.error("unlock failed or timed out: the lease goes instead");
+                        lease = match renew(&mut client, lease, ttl, timeout).await {
+                            Ok(l) => l,
+                            Err(e) => return acquired.error(e),
+                        };
+                    }
+                }
+                let _ = tokio::time::timeout(timeout, client.lease_revoke(lease)).await;
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.map_err(|e| format!("a contender failed: {e}"))?;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    progress.finish();
+
+    let mut o = Outcome::new("locks", endpoints.target);
+    o.field("endpoints", front.to_vec());
+    o.field("hold_ms", args.hold.as_secs_f64() * 1000.0);
+    o.figure(
+        "contenders",
+        args.contenders,
+        format!(
+            "{} on {} lock(s), held {:?}",
+            args.contenders, args.locks, args.hold
+        ),
+    );
+    o.field("locks", args.locks);
+    o.figure("duration_s", elapsed, format!("{elapsed:.1} s"));
+    let rate = acquired.done() as f64 / elapsed;
+    o.figure("acquisitions_per_s", rate, format!("{rate:.0}"));
+    o.field("acquisitions", acquired.done());
+    o.latency("acquire", &acquired.latency());
+    o.safety("violations", referee.violations.load(Ordering::Relaxed));
+    let first = referee
+        .first
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    o.field("first_violation", first);
+    o.errors(acquired.errors(), acquired.first_error());
+    o.series(acquired.series());
+    Ok(o)
+}
+
+async fn grant(client: &mut Client, ttl: i64, timeout: Duration) -> Result<i64, String> {
+    let granted = within(timeout, "granting a lease", client.lease_grant(ttl, None)).await?;
+    Ok(granted.id())
+}
+
+/// Revokes `lease` (releasing whatever it holds or waits for) and grants
+/// a new one.
+async fn renew(
+    client: &mut Client,
+    lease: i64,
+    ttl: i64,
+    timeout: Duration,
+) -> Result<i64, String> {
+    let _ = tokio::time::timeout(timeout, client.lease_revoke(lease)).await;
+    grant(client, ttl, timeout).await
+}
