@@ -10,6 +10,8 @@
 #   protoc    gRPC code generation: `protoc --version` must run.
 #   g++, make the C++ toolchain that compiles RocksDB.
 #   etcdctl   etcd's own client, used by the compatibility tests.
+#   etcd      etcd itself (Debian's etcd-server), the reference: `cluster up
+#             --etcd` and its test, the benchmarks, the Go client suite.
 #   iptables  the partition tests (they need root).
 #   curl      the proxy's README test runs the README's curl examples.
 #   shellcheck  scripts/test-helm.sh lints the chart's start script.
@@ -58,6 +60,7 @@ runs() { "$@" >/dev/null 2>&1; }
 need=()
 runs protoc --version || need+=(protobuf-compiler)
 runs etcdctl version || need+=(etcd-client)
+runs etcd --version || need+=(etcd-server)
 runs g++ --version || need+=(g++)
 runs make --version || need+=(make)
 # The partition tests drop a member's peer traffic with iptables.
@@ -121,5 +124,6 @@ DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/n
 have_libclang || { echo "libclang is still missing after installing libclang-dev" >&2; exit 1; }
 runs protoc --version || { echo "protoc does not run" >&2; exit 1; }
 runs etcdctl version || { echo "etcdctl does not run" >&2; exit 1; }
+runs etcd --version || { echo "etcd does not run" >&2; exit 1; }
 runs shellcheck --version || { echo "shellcheck does not run" >&2; exit 1; }
 install_chart_tools
