@@ -16,19 +16,14 @@ struct UpCluster {
 }
 
 impl UpCluster {
-    fn start() -> UpCluster {
+    /// `cluster up` with `flags` (a 3-member cell behind two proxies, or
+    /// `--etcd`).
+    fn start(flags: &[&str]) -> UpCluster {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let state = dir.path().join("cluster.json");
-        let up = loadtest(&[
-            "cluster",
-            "up",
-            "--cells",
-            "3",
-            "--proxies",
-            "2",
-            "--state",
-            arg(&state),
-        ]);
+        let mut up_args = vec!["cluster", "up", "--state", arg(&state)];
+        up_args.extend(flags);
+        let up = loadtest(&up_args);
         assert!(up.status.success(), "{}", text(&up));
         UpCluster { state, _dir: dir }
     }
@@ -50,6 +45,10 @@ impl Drop for UpCluster {
 /// Runs one scenario, which must succeed, and returns its JSON line after
 /// checking what every scenario's line holds.
 fn scenario(cluster: &UpCluster, out: &Path, args: &[&str]) -> Value {
+    scenario_on(cluster, "latchkey", out, args)
+}
+
+fn scenario_on(cluster: &UpCluster, target: &str, out: &Path, args: &[&str]) -> Value {
     let mut all: Vec<&str> = args.to_vec();
     all.extend(["--state", cluster.state(), "--out", arg(out)]);
     let run = loadtest(&all);
@@ -58,7 +57,7 @@ fn scenario(cluster: &UpCluster, out: &Path, args: &[&str]) -> Value {
     let line = stdout.lines().next().unwrap_or_default();
     let v: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {}", text(&run)));
     assert_eq!(v["scenario"], args[0], "{v}");
-    assert_eq!(v["target"], "latchkey", "{v}");
+    assert_eq!(v["target"], target, "{v}");
     let counters = v["safety_counters"].as_array().expect("safety_counters");
     assert!(!counters.is_empty(), "{v}");
     for name in counters {
@@ -84,7 +83,7 @@ fn number(v: &Value, field: &str) -> f64 {
 
 #[test]
 fn every_scenario_runs_small_against_a_real_cluster_and_reports_zero_violations() {
-    let cluster = UpCluster::start();
+    let cluster = UpCluster::start(&["--cells", "3", "--proxies", "2"]);
     let results = tempfile::NamedTempFile::new().expect("a results file");
     let out = results.path();
 
@@ -265,6 +264,80 @@ fn every_scenario_runs_small_against_a_real_cluster_and_reports_zero_violations(
             "mass-expiry",
             "failover"
         ]
+    );
+}
+
+/// Every scenario that speaks only etcd's gRPC API runs unchanged against
+/// etcd itself (found from the state file), and its safety counters hold
+/// there too.
+#[test]
+fn the_grpc_scenarios_run_unchanged_against_etcd() {
+    let cluster = UpCluster::start(&["--etcd"]);
+    let results = tempfile::NamedTempFile::new().expect("a results file");
+    let out = results.path();
+    let small: [&[&str]; 6] = [
+        &["kv", "--duration", "2s", "--clients", "8", "--keys", "50"],
+        &[
+            "sessions",
+            "--sessions",
+            "300",
+            "--ttl",
+            "3",
+            "--duration",
+            "3s",
+        ],
+        &[
+            "watch-fanout",
+            "--watchers",
+            "500",
+            "--per-stream",
+            "100",
+            "--writes",
+            "3",
+            "--write-every",
+            "100ms",
+        ],
+        &["locks", "--duration", "2s", "--contenders", "4"],
+        &["slow-watcher", "--duration", "1s", "--writers", "4"],
+        &[
+            "mass-expiry",
+            "--duration",
+            "1s",
+            "--leases",
+            "100",
+            "--ttl",
+            "3",
+            "--writers",
+            "4",
+        ],
+    ];
+    for args in small {
+        let v = scenario_on(&cluster, "etcd", out, args);
+        assert_eq!(v["errors"], 0, "{v}");
+    }
+    // Sessions over etcd are leases on keep-alive streams: all gRPC.
+    let v = scenario_on(
+        &cluster,
+        "etcd",
+        out,
+        &[
+            "sessions",
+            "--sessions",
+            "10",
+            "--duration",
+            "1s",
+            "--ttl",
+            "3",
+        ],
+    );
+    assert_eq!(v["grpc_sessions"], 10, "{v}");
+    // failover needs latchkey's processes; it says so.
+    let refused = loadtest(&["failover", "--state", cluster.state()]);
+    assert_eq!(refused.status.code(), Some(1), "{}", text(&refused));
+    assert!(
+        text(&refused).contains("needs a latchkey cell"),
+        "{}",
+        text(&refused)
     );
 }
 
