@@ -12,10 +12,15 @@
 //!   running cluster ([`scenario`]), each with live progress, one JSON
 //!   result line and a table; exit status 1 when a safety counter (expired
 //!   sessions, missed events, lock violations) is not zero.
+//! - `report`: their result lines as one HTML page ([`report`]).
+//! - `compare`: workloads against latchkey and etcd, interleaved, and
+//!   their ratios ([`compare`]).
 
 mod binaries;
 mod chaos;
 mod cluster;
+mod compare;
+mod report;
 mod scenario;
 
 use clap::{Parser, Subcommand};
@@ -58,6 +63,12 @@ enum Command {
     /// Write latency while many leases expire together; none is left
     /// behind (must be 0).
     MassExpiry(scenario::mass_expiry::MassExpiryArgs),
+    /// Result files (from --out) as one HTML page: figures, latency over
+    /// time, histograms, and latchkey/etcd ratios.
+    Report(report::ReportArgs),
+    /// The same workloads against latchkey and etcd, interleaved; a table
+    /// of latchkey/etcd ratios.
+    Compare(compare::CompareArgs),
 }
 
 fn main() -> ExitCode {
@@ -82,5 +93,7 @@ fn main() -> ExitCode {
         Command::Failover(args) => runtime.block_on(scenario::failover::main(args)),
         Command::SlowWatcher(args) => runtime.block_on(scenario::slow_watcher::main(args)),
         Command::MassExpiry(args) => runtime.block_on(scenario::mass_expiry::main(args)),
+        Command::Report(args) => report::main(args),
+        Command::Compare(args) => compare::main(args),
     }
 }

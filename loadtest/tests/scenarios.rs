@@ -265,6 +265,60 @@ fn every_scenario_runs_small_against_a_real_cluster_and_reports_zero_violations(
             "failover"
         ]
     );
+    report_opens_in_chromium_with_its_plots(out, scenarios.len());
+}
+
+/// `report` makes one page of the results, and headless Chromium shows
+/// every run's section with its plots (a latency-over-time plot per run,
+/// a histogram per latency).
+fn report_opens_in_chromium_with_its_plots(results: &Path, runs: usize) {
+    let dir = tempfile::tempdir().expect("a directory");
+    let page = dir.path().join("report.html");
+    let made = loadtest(&["report", arg(results), "--output", arg(&page)]);
+    assert!(made.status.success(), "{}", text(&made));
+    let html = std::fs::read_to_string(&page).expect("the page");
+    let plots = html.matches("<svg").count();
+    // Every run has a series; every run has at least one latency.
+    assert!(plots >= 2 * runs, "{plots} plots for {runs} runs");
+    let chromium = match common::chromium() {
+        Ok(c) => c,
+        Err(why) => {
+            eprintln!("skipped: opening the report in Chromium: {why}");
+            return;
+        }
+    };
+    let url = format!("file://{}", arg(&page));
+    let shown = std::process::Command::new(chromium)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--virtual-time-budget=2000",
+            "--dump-dom",
+            &url,
+        ])
+        .output()
+        .expect("run chromium");
+    assert!(shown.status.success(), "{}", text(&shown));
+    let dom = String::from_utf8_lossy(&shown.stdout);
+    // The DOM Chromium built: every section, every plot, drawn.
+    for i in 0..runs {
+        assert!(
+            dom.contains(&format!("id=\"run-{i}\"")),
+            "run {i} missing from the page"
+        );
+    }
+    assert_eq!(dom.matches("<svg").count(), plots, "plots lost in Chromium");
+    assert!(
+        dom.matches("<polyline").count() >= runs,
+        "no latency lines drawn"
+    );
+    assert!(
+        dom.matches("<rect").count() > plots,
+        "no histogram bars drawn"
+    );
+    assert!(dom.contains("latency over time"), "plot captions missing");
 }
 
 /// Every scenario that speaks only etcd's gRPC API runs unchanged against

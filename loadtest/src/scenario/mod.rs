@@ -315,6 +315,8 @@ impl Outcome {
         ] {
             self.fields.insert(format!("{name}_{q}_ms"), json!(v));
         }
+        self.fields
+            .insert(format!("{name}_histogram"), json!(l.buckets));
         self.rows.push((
             name.replace('_', " "),
             format!(

@@ -25,13 +25,16 @@ pub struct Sample {
 }
 
 /// A latency distribution, summarised.
-#[derive(Debug, Clone, Copy, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct Latency {
     pub count: u64,
     pub p50_ms: f64,
     pub p99_ms: f64,
     pub p999_ms: f64,
     pub max_ms: f64,
+    /// `[upper bound in ms, count]` in buckets doubling from 0.1 ms: what
+    /// the report's histograms draw.
+    pub buckets: Vec<(f64, u64)>,
 }
 
 impl Latency {
@@ -46,6 +49,10 @@ impl Latency {
             p99_ms: ms(h.value_at_quantile(0.99)),
             p999_ms: ms(h.value_at_quantile(0.999)),
             max_ms: ms(h.max()),
+            buckets: h
+                .iter_log(100, 2.0)
+                .map(|b| (ms(b.value_iterated_to()), b.count_since_last_iteration()))
+                .collect(),
         }
     }
 
@@ -312,7 +319,10 @@ mod tests {
         assert_eq!(r.done(), 500);
         assert_eq!(r.latency().count, 500);
         assert_eq!(Latency::of_micros([]).count, 0);
-        let max = Latency::of_micros([2_000, 4_000]).max_ms;
-        assert!((4.0..4.01).contains(&max), "{max}");
+        let two = Latency::of_micros([2_000, 4_000]);
+        assert!((4.0..4.01).contains(&two.max_ms), "{two:?}");
+        // Buckets double from 0.1 ms and hold every sample once.
+        assert_eq!(two.buckets.iter().map(|(_, n)| n).sum::<u64>(), 2);
+        assert!(two.buckets.windows(2).all(|w| w[1].0 > w[0].0), "{two:?}");
     }
 }

@@ -26,3 +26,32 @@ pub fn text(out: &Output) -> String {
 pub fn arg(p: &std::path::Path) -> &str {
     p.to_str().expect("a UTF-8 path")
 }
+
+/// Whether `program --version` runs.
+fn runs(program: &str) -> bool {
+    Command::new(program)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// Debian's chromium, installed here when it is missing (as root, from
+/// the package registry); Err says why there is none.
+pub fn chromium() -> Result<&'static str, String> {
+    const CHROMIUM: &str = "chromium";
+    if runs(CHROMIUM) {
+        return Ok(CHROMIUM);
+    }
+    let install = Command::new("apt-get")
+        .args(["install", "-y", "-qq", CHROMIUM])
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .output();
+    match install {
+        Ok(o) if o.status.success() && runs(CHROMIUM) => Ok(CHROMIUM),
+        Ok(o) => Err(format!(
+            "chromium cannot be installed: apt-get install chromium: {}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        )),
+        Err(e) => Err(format!("chromium cannot be installed: apt-get: {e}")),
+    }
+}
