@@ -85,11 +85,19 @@ fn escape(s: &str) -> String {
         .replace('"', "&quot;")
 }
 
-/// A figure worth comparing, and which way is better.
+/// A figure worth comparing, and which way is better: throughput and the
+/// `ratio` of slow-watcher (higher), p50/p99 latency and CPU (lower).
+/// Offered load (client keep-alives/s, set by the TTL) is not compared,
+/// nor are tails (p999, max) that one stall decides.
 fn better_when_higher(field: &str) -> Option<bool> {
-    if field.ends_with("_per_s") {
+    if field == "keepalives_per_s" {
+        None
+    } else if field.ends_with("_per_s") || field == "ratio" {
         Some(true)
-    } else if field.ends_with("_ms") {
+    } else if field.ends_with("_p50_ms")
+        || field.ends_with("_p99_ms")
+        || field.ends_with("_cpu_percent")
+    {
         Some(false)
     } else {
         None
@@ -384,7 +392,7 @@ mod tests {
                 json!({"scenario": "kv", "target": "latchkey", "ops_per_s": 100.0, "latency_p99_ms": 9.0}),
             ),
             run(
-                json!({"scenario": "kv", "target": "latchkey", "ops_per_s": 300.0, "latency_p99_ms": 4.0, "keys": 5}),
+                json!({"scenario": "kv", "target": "latchkey", "ops_per_s": 300.0, "latency_p99_ms": 4.0, "keys": 5, "latency_max_ms": 2.0}),
             ),
             run(
                 json!({"scenario": "kv", "target": "etcd", "ops_per_s": 200.0, "latency_p99_ms": 8.0, "keys": 5}),
@@ -392,7 +400,7 @@ mod tests {
             run(json!({"scenario": "locks", "target": "latchkey", "acquisitions_per_s": 5.0})),
         ];
         let r = comparisons(&runs);
-        // locks ran on latchkey only; keys is a setting, not a figure.
+        // locks ran on latchkey only; keys is a setting, max a tail.
         assert_eq!(r.len(), 2, "{r:?}");
         let ops = r
             .iter()
