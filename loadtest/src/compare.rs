@@ -43,6 +43,10 @@ pub struct CompareArgs {
     /// Every result line goes here too (for `report`).
     #[arg(long)]
     out: Option<PathBuf>,
+    /// A Markdown file whose block between `<!-- compare:begin -->` and
+    /// `<!-- compare:end -->` is replaced with the table (docs/capacity.md).
+    #[arg(long)]
+    write_into: Option<PathBuf>,
     #[command(flatten)]
     bins: crate::binaries::Binaries,
 }
@@ -218,8 +222,61 @@ fn compare(args: &CompareArgs) -> Result<(), String> {
             .map_err(|e| format!("appending to {}: {e}", out.display()))?;
     }
     let ratios = averaged(&lines, args.rounds);
-    print_table(&ratios);
+    let table = table(&ratios);
+    print!("{table}");
+    if let Some(doc) = &args.write_into {
+        let command: Vec<String> = std::env::args().skip(1).collect();
+        let block = format!(
+            "Measured by `latchkey-loadtest {}` ({} round(s), {}):\n\n{table}",
+            command.join(" "),
+            args.rounds,
+            machine()
+        );
+        write_into(doc, &block)?;
+        eprintln!("compare: the table is in {}", doc.display());
+    }
     Ok(())
+}
+
+/// The machine the figures come from: CPUs and memory, as Linux says.
+fn machine() -> String {
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let mem_gib = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kib| kib.parse::<f64>().ok())
+        })
+        .map_or(0.0, |kib| kib / (1 << 20) as f64);
+    format!("{cpus} CPUs ({model}), {mem_gib:.0} GiB")
+}
+
+const BEGIN: &str = "<!-- compare:begin -->";
+const END: &str = "<!-- compare:end -->";
+
+/// Replaces the block between the markers in `doc` with `block`.
+fn write_into(doc: &Path, block: &str) -> Result<(), String> {
+    let text = std::fs::read_to_string(doc).map_err(|e| format!("{}: {e}", doc.display()))?;
+    let replaced = replace_block(&text, block)
+        .ok_or_else(|| format!("{} has no {BEGIN} ... {END} block", doc.display()))?;
+    std::fs::write(doc, replaced).map_err(|e| format!("{}: {e}", doc.display()))
+}
+
+fn replace_block(text: &str, block: &str) -> Option<String> {
+    let start = text.find(BEGIN)? + BEGIN.len();
+    let end = start + text[start..].find(END)?;
+    Some(format!("{}\n{block}{}", &text[..start], &text[end..]))
 }
 
 /// The ratios of each round, averaged over the rounds (the ratio of the
@@ -256,14 +313,38 @@ fn averaged(lines: &[serde_json::Map<String, serde_json::Value>], rounds: u32) -
 }
 
 /// The ratio table, as Markdown (it goes into docs/capacity.md as is).
-fn print_table(ratios: &[Ratio]) {
-    println!("| workload | figure | latchkey | etcd | latchkey/etcd |");
-    println!("|---|---|---|---|---|");
+fn table(ratios: &[Ratio]) -> String {
+    let mut t = String::from(
+        "| workload | figure | latchkey | etcd | latchkey/etcd |\n|---|---|---|---|---|\n",
+    );
     for r in ratios {
         let mark = if r.latchkey_ahead { "" } else { " (behind)" };
-        println!(
-            "| {} | {} | {:.1} | {:.1} | {:.2}{mark} |",
+        t.push_str(&format!(
+            "| {} | {} | {:.1} | {:.1} | {:.2}{mark} |\n",
             r.scenario, r.figure, r.latchkey, r.etcd, r.ratio
+        ));
+    }
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_table_replaces_only_the_marked_block() {
+        let doc =
+            "# Capacity\nbefore\n<!-- compare:begin -->\nold table\n<!-- compare:end -->\nafter\n";
+        let new = replace_block(doc, "new table\n").expect("a block");
+        assert_eq!(
+            new,
+            "# Capacity\nbefore\n<!-- compare:begin -->\nnew table\n<!-- compare:end -->\nafter\n"
         );
+        // Again: the block is replaced, not appended to.
+        assert_eq!(
+            replace_block(&new, "new table\n").as_deref(),
+            Some(new.as_str())
+        );
+        assert_eq!(replace_block("no markers", "x"), None);
     }
 }
