@@ -8,7 +8,7 @@
 //! a 3-member cell behind 2 proxies and a 3-member etcd itself and takes
 //! them down at the end.
 
-use crate::report::{comparisons, Ratio};
+use crate::report::{better_when_higher, comparisons, Ratio};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
@@ -279,37 +279,40 @@ fn replace_block(text: &str, block: &str) -> Option<String> {
     Some(format!("{}\n{block}{}", &text[..start], &text[end..]))
 }
 
-/// The ratios of each round, averaged over the rounds (the ratio of the
-/// means of each figure).
+/// Each figure averaged over the rounds that measured it on both systems,
+/// and the ratio of those means.
 fn averaged(lines: &[serde_json::Map<String, serde_json::Value>], rounds: u32) -> Vec<Ratio> {
     let per_round = lines.len() / rounds.max(1) as usize;
-    let mut sums: Vec<Ratio> = Vec::new();
+    let mut sums: Vec<(Ratio, u32)> = Vec::new();
     for chunk in lines.chunks(per_round.max(1)) {
         for r in comparisons(chunk) {
             match sums
                 .iter_mut()
-                .find(|s| s.scenario == r.scenario && s.figure == r.figure)
+                .find(|(s, _)| s.scenario == r.scenario && s.figure == r.figure)
             {
-                Some(s) => {
+                Some((s, n)) => {
                     s.latchkey += r.latchkey;
                     s.etcd += r.etcd;
+                    *n += 1;
                 }
-                None => sums.push(r),
+                None => sums.push((r, 1)),
             }
         }
     }
-    for s in &mut sums {
-        s.latchkey /= rounds as f64;
-        s.etcd /= rounds as f64;
-        s.ratio = s.latchkey / s.etcd;
-        let higher = s.figure.ends_with("_per_s");
-        s.latchkey_ahead = if higher {
-            s.latchkey >= s.etcd
-        } else {
-            s.latchkey <= s.etcd
-        };
-    }
-    sums
+    sums.into_iter()
+        .map(|(mut s, n)| {
+            s.latchkey /= n as f64;
+            s.etcd /= n as f64;
+            s.ratio = s.latchkey / s.etcd;
+            let higher = better_when_higher(&s.figure).unwrap_or(true);
+            s.latchkey_ahead = if higher {
+                s.latchkey >= s.etcd
+            } else {
+                s.latchkey <= s.etcd
+            };
+            s
+        })
+        .collect()
 }
 
 /// The ratio table, as Markdown (it goes into docs/capacity.md as is).

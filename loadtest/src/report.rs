@@ -89,7 +89,7 @@ fn escape(s: &str) -> String {
 /// `ratio` of slow-watcher (higher), p50/p99 latency and CPU (lower).
 /// Offered load (client keep-alives/s, set by the TTL) is not compared,
 /// nor are tails (p999, max) that one stall decides.
-fn better_when_higher(field: &str) -> Option<bool> {
+pub fn better_when_higher(field: &str) -> Option<bool> {
     if field == "keepalives_per_s" {
         None
     } else if field.ends_with("_per_s") || field == "ratio" {

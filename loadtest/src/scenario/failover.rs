@@ -10,12 +10,11 @@
 
 use super::load::{connect_all, own_keys, Writers};
 use super::recorder::{counter, Recorder};
-use super::sessions::{create_grpc, gone_at, keep_alive_over_grpc};
+use super::sessions::{create_grpc, expired_count, gone_at, keep_alive_over_grpc, Expired};
 use super::{drive, Common, Endpoints, Outcome, Target};
 use crate::cluster::{read_state, restart, signal, Proc};
 use latchkey_testkit::{http_get, metric_value};
 use std::process::ExitCode;
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -133,7 +132,7 @@ async fn run(args: &FailoverArgs, endpoints: &Endpoints) -> Result<Outcome, Stri
         .filter(|p| p.name.starts_with("cell-"))
         .cloned()
         .collect();
-    let front = endpoints.grpc_front().to_vec();
+    let front = endpoints.require_grpc()?.to_vec();
 
     let bar = counter("creating", args.sessions);
     let held = create_grpc(&front, args.sessions as usize, args.ttl, timeout, &bar).await?;
@@ -141,7 +140,7 @@ async fn run(args: &FailoverArgs, endpoints: &Endpoints) -> Result<Outcome, Stri
 
     // Load: keep-alives and writers until every phase is over.
     let keepalives = Arc::new(Recorder::new());
-    let expired = Arc::new(AtomicU64::new(0));
+    let expired = Arc::new(Expired::default());
     let far = Instant::now() + Duration::from_secs(24 * 3600);
     let period = Duration::from_secs(args.ttl as u64) / 3;
     let keepers = keep_alive_over_grpc(&held, 8, period, far, &keepalives, &expired, timeout);
@@ -161,7 +160,14 @@ async fn run(args: &FailoverArgs, endpoints: &Endpoints) -> Result<Outcome, Stri
         .filter(|m| m.name != old.name)
         .cloned()
         .collect();
-    let (current, to_leader) = new_leader(&survivors, args.leader_timeout).await?;
+    let (current, to_leader) = match new_leader(&survivors, args.leader_timeout).await {
+        Ok(found) => found,
+        Err(e) => {
+            // Leave the cluster as it was found, as far as that goes.
+            let _ = restart(&args.common.state, &old.name);
+            return Err(e);
+        }
+    };
 
     // The killed member comes back and catches up; then a follower
     // pauses (the cell keeps a quorum: the leader and the restarted one).
@@ -171,6 +177,16 @@ async fn run(args: &FailoverArgs, endpoints: &Endpoints) -> Result<Outcome, Stri
             .map(|took| (pid, took)),
         Err(e) => Err(e),
     };
+    if let Err(e) = &rejoined {
+        // Pausing a follower now would take the quorum away: the figure
+        // would be an outage, not a follower's pause.
+        let _ = writers.stop().await;
+        keepers.iter().for_each(|k| k.abort());
+        return Err(format!(
+            "{} did not come back after the kill: {e}",
+            old.name
+        ));
+    }
     tokio::time::sleep(args.pause_after).await;
     // Whoever leads now; the follower paused is one that was never down.
     let leading = new_leader(&members, args.leader_timeout).await?.0;
@@ -189,7 +205,6 @@ async fn run(args: &FailoverArgs, endpoints: &Endpoints) -> Result<Outcome, Stri
     for k in &keepers {
         k.abort();
     }
-    let ended = Instant::now();
 
     // The sessions must all be there.
     let survivor_addrs: Vec<String> = survivors
@@ -198,7 +213,7 @@ async fn run(args: &FailoverArgs, endpoints: &Endpoints) -> Result<Outcome, Stri
         .collect();
     let all: Vec<i64> = held.iter().flat_map(|h| h.ids.clone()).collect();
     let gone = gone_at(&survivor_addrs, &all, timeout).await?;
-    let during = expired.load(std::sync::atomic::Ordering::Relaxed);
+    let (during, expired) = expired_count(&expired, &gone);
 
     let acks: Vec<Instant> = acks.into_iter().map(|(at, _)| at).collect();
     let kill_window = longest_gap(&acks, killed_at, paused_at);
@@ -250,15 +265,11 @@ async fn run(args: &FailoverArgs, endpoints: &Endpoints) -> Result<Outcome, Stri
         before,
         format!("{before:.0} ms (longest gap before the kill, for comparison)"),
     );
-    o.safety("expired_sessions", during + gone as u64);
+    o.safety("expired_sessions", expired as u64);
     o.field("expired_during_run", during);
     o.field("gone_at_cell_after", gone);
-    let secs = (ended - killed_at + args.kill_after).as_secs_f64();
-    o.figure(
-        "writes_per_s",
-        writes.done() as f64 / secs,
-        format!("{:.0}", writes.done() as f64 / secs),
-    );
+    let rate = writes.rate();
+    o.figure("writes_per_s", rate, format!("{rate:.0}"));
     o.latency("write", &writes.latency());
     o.errors(writes.errors(), writes.first_error());
     o.field("keepalive_errors", keepalives.errors());

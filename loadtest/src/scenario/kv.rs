@@ -70,7 +70,7 @@ async fn run(args: &KvArgs, endpoints: &Endpoints) -> Result<Outcome, String> {
     if args.clients == 0 || args.connections == 0 {
         return Err("--clients and --connections must be at least 1".into());
     }
-    let front = endpoints.grpc_front();
+    let front = endpoints.require_grpc()?;
     let clients = connect_all(front, args.connections as u64, args.common.op_timeout).await?;
     let value = vec![b'v'; args.value_size as usize];
     preload(&clients, args.keys, &value, args.common.op_timeout).await?;

@@ -123,6 +123,8 @@ impl Writers {
     /// recorded, and every acknowledgement in order.
     pub async fn stop(self) -> (Arc<Recorder>, Vec<Ack>) {
         let _ = self.stop.send(true);
+        // The phase ends now, not when the last write in flight returns.
+        self.recorder.end();
         for t in self.tasks {
             let _ = t.await;
         }
@@ -143,13 +145,11 @@ pub fn joined_series(phases: &[&Recorder]) -> Vec<super::recorder::Sample> {
     let mut series = Vec::new();
     let mut offset = 0.0;
     for phase in phases {
-        let s = phase.series();
-        let last = s.last().map_or(0.0, |x| x.t_s);
-        series.extend(s.into_iter().map(|mut x| {
+        series.extend(phase.series().into_iter().map(|mut x| {
             x.t_s += offset;
             x
         }));
-        offset += last;
+        offset += phase.elapsed().as_secs_f64();
     }
     series
 }

@@ -6,8 +6,10 @@
 //! `--hold`, and unlocks it.
 //!
 //! What must hold (violations: 0): no two contenders hold one lock at
-//! once, and no grant comes with a token below one the resource already
-//! accepted.
+//! once, no grant comes with a token below one the resource already
+//! accepted, and no grant is answered at a revision before an unlock of
+//! that lock that was already answered (its holder saw the lock free
+//! before it was).
 
 use super::load::{connect_all, within};
 use super::recorder::{Progress, Recorder};
@@ -30,8 +32,9 @@ pub struct LocksArgs {
     /// Locks they contend for.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     locks: u64,
-    /// How long each grant is held before the unlock.
-    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    /// How long each grant is held before the unlock (long enough that
+    /// two holders at once would overlap in the referee's view).
+    #[arg(long, default_value = "5ms", value_parser = humantime::parse_duration)]
     hold: Duration,
 }
 
@@ -39,6 +42,9 @@ pub struct LocksArgs {
 /// saw go wrong.
 struct Referee {
     holders: Mutex<HashMap<u64, u64>>,
+    /// Per lock, the highest revision an unlock of it was answered at: a
+    /// later grant saw the lock free at or after it.
+    released: Mutex<HashMap<u64, i64>>,
     fenced: FencedResource,
     violations: AtomicU64,
     first: Mutex<Option<String>>,
@@ -66,6 +72,20 @@ impl Referee {
         if let Err(stale) = self.fenced.accept(&lock.to_string(), token) {
             self.violation(format!("lock {lock}, contender {contender}: {stale}"));
         }
+        let released = self.released.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(at) = released.get(&lock).filter(|at| token < **at) {
+            self.violation(format!(
+                "lock {lock}: contender {contender} was granted at revision {token}, before \
+                 an unlock it waited for (revision {at})"
+            ));
+        }
+    }
+
+    /// An unlock of `lock` was answered at `revision`.
+    fn released(&self, lock: u64, revision: i64) {
+        let mut released = self.released.lock().unwrap_or_else(|p| p.into_inner());
+        let at = released.entry(lock).or_insert(revision);
+        *at = (*at).max(revision);
     }
 
     /// `contender` is about to unlock `lock`.
@@ -86,7 +106,7 @@ pub async fn main(args: LocksArgs) -> ExitCode {
 }
 
 async fn run(args: &LocksArgs, endpoints: &Endpoints) -> Result<Outcome, String> {
-    let front = endpoints.grpc_front();
+    let front = endpoints.require_grpc()?;
     let timeout = args.common.op_timeout;
     // Long enough to outlive the run: a lease is what a grant hangs on.
     let ttl = (args.common.duration.as_secs() + 60).max(60) as i64;
@@ -98,6 +118,7 @@ async fn run(args: &LocksArgs, endpoints: &Endpoints) -> Result<Outcome, String>
     }
     let referee = Arc::new(Referee {
         holders: Mutex::new(HashMap::new()),
+        released: Mutex::new(HashMap::new()),
         fenced: FencedResource::new(),
         violations: AtomicU64::new(0),
         first: Mutex::new(None),
@@ -123,15 +144,14 @@ async fn run(args: &LocksArgs, endpoints: &Endpoints) -> Result<Outcome, String>
                         client.lock(name.as_str(), Some(LockOptions::new().with_lease(lease)));
                     let granted = match tokio::time::timeout(timeout, asked).await {
                         Ok(Ok(resp)) => resp,
-                        Ok(Err(e)) => {
-                            acquired.error(format!("lock: {e}"));
-                            tokio::time::sleep(Duration::from_millis(10)).await;
-                            continue;
-                        }
-                        Err(_) => {
-                            acquired.error(format!("lock: no grant within {timeout:?}"));
-                            // A grant still on its way would hold the lock
-                            // with nobody to unlock it: give the lease up.
+                        failed => {
+                            acquired.error(match failed {
+                                Ok(Err(e)) => format!("lock: {e}"),
+                                _ => format!("lock: no grant within {timeout:?}"),
+                            });
+                            // A queue place (or a grant) the failed call
+                            // left behind would hold the lock with nobody
+                            // to unlock it: give the lease up.
                             lease = match renew(&mut client, lease, ttl, timeout).await {
                                 Ok(l) => l,
                                 Err(e) => return acquired.error(e),
@@ -148,7 +168,9 @@ async fn run(args: &LocksArgs, endpoints: &Endpoints) -> Result<Outcome, String>
                     referee.releasing(lock, c);
                     let unlocked =
                         tokio::time::timeout(timeout, client.unlock(granted.key())).await;
-                    if !matches!(unlocked, Ok(Ok(_))) {
+                    if let Ok(Ok(answer)) = &unlocked {
+                        referee.released(lock, answer.header().map_or(0, |h| h.revision()));
+                    } else {
                         acquired.error("unlock failed or timed out: the lease goes instead");
                         lease = match renew(&mut client, lease, ttl, timeout).await {
                             Ok(l) => l,

@@ -8,7 +8,6 @@
 
 use super::load::{connect_all, joined_series, own_keys, within, Writers};
 use super::recorder::{counter, Latency};
-use super::sessions::gone_at;
 use super::{drive, Common, Endpoints, Outcome};
 use futures::StreamExt;
 use latchkey_shared::client::KeepAliveStream;
@@ -41,9 +40,39 @@ pub async fn main(args: MassExpiryArgs) -> ExitCode {
     .await
 }
 
+/// How many of `leases` still exist (TimeToLive answers TTL -1 for one
+/// that does not).
+async fn alive(
+    clients: &[etcd_client::Client],
+    leases: &[i64],
+    timeout: Duration,
+) -> Result<usize, String> {
+    let answers: Vec<Result<bool, String>> = futures::stream::iter(leases.iter().enumerate())
+        .map(|(i, id)| {
+            let mut c = clients[i % clients.len()].clone();
+            async move {
+                let asked = within(
+                    timeout,
+                    "asking a lease's TTL",
+                    c.lease_time_to_live(*id, None),
+                )
+                .await?;
+                Ok(asked.ttl() >= 0)
+            }
+        })
+        .buffer_unordered(128)
+        .collect()
+        .await;
+    let mut n = 0;
+    for a in answers {
+        n += usize::from(a?);
+    }
+    Ok(n)
+}
+
 async fn run(args: &MassExpiryArgs, endpoints: &Endpoints) -> Result<Outcome, String> {
     let timeout = args.common.op_timeout;
-    let front = endpoints.grpc_front().to_vec();
+    let front = endpoints.require_grpc()?.to_vec();
     let clients = connect_all(&front, args.writers, timeout).await?;
     let keys = own_keys("loadtest/mass-expiry/writer/", clients.len());
     let value = b"v".to_vec();
@@ -97,6 +126,7 @@ async fn run(args: &MassExpiryArgs, endpoints: &Endpoints) -> Result<Outcome, St
         ));
     }
     let member = front[0].clone();
+    let round_started = Instant::now();
     let mut stream = KeepAliveStream::open(&member)
         .await
         .map_err(|e| format!("a keep-alive stream at {member}: {e}"))?;
@@ -106,40 +136,39 @@ async fn run(args: &MassExpiryArgs, endpoints: &Endpoints) -> Result<Outcome, St
         .map_err(|e| format!("refreshing the leases together: {e}"))?;
     drop(stream);
     let refreshed = Instant::now();
+    // The round refreshed leases from its start to its end: they expire
+    // over that span, TTL later.
     let expiry = refreshed + ttl;
+    let first_expiry = round_started + ttl;
 
     let length = ttl + Duration::from_secs(5);
     let (during, acks) = Writers::run(&clients, &keys, &value, timeout, "expiring", length).await;
     let around = Latency::of_micros(
         acks.iter()
             .filter(|(at, _)| {
-                *at + Duration::from_millis(500) >= expiry && *at <= expiry + Duration::from_secs(3)
+                *at + Duration::from_millis(500) >= first_expiry
+                    && *at <= expiry + Duration::from_secs(3)
             })
             .map(|(_, took)| took.as_micros() as u64),
     );
 
-    // Every lease and its key must be gone once the grace has passed.
+    // Every lease and its key must be gone once the grace has passed:
+    // asked with TimeToLive, which (unlike a keep-alive) extends nothing.
     let check_at = expiry + args.grace;
     let leases_left = loop {
-        let gone = gone_at(&endpoints.cells_or(&front), &leases, timeout).await?;
-        let left = leases.len() - gone;
+        let left = alive(&clients, &leases, timeout).await?;
         if left == 0 || Instant::now() >= check_at {
             break left;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
     let mut reader = clients[0].clone();
-    let keys_left = reader
-        .get(
-            prefix.as_str(),
-            Some(
-                etcd_client::GetOptions::new()
-                    .with_prefix()
-                    .with_count_only(),
-            ),
-        )
-        .await
-        .map_err(|e| format!("counting the keys left: {e}"))?
+    let count_only = etcd_client::GetOptions::new()
+        .with_prefix()
+        .with_count_only();
+    let counted = reader.get(prefix.as_str(), Some(count_only));
+    let keys_left = within(timeout, "counting the keys left", counted)
+        .await?
         .count() as u64;
     let gone_after = refreshed.elapsed().as_secs_f64();
 

@@ -180,12 +180,11 @@ impl Endpoints {
         }
     }
 
-    /// The members' addresses, or `fallback` when they are not known.
-    pub fn cells_or(&self, fallback: &[String]) -> Vec<String> {
-        if self.cells.is_empty() {
-            fallback.to_vec()
-        } else {
-            self.cells.clone()
+    /// [`grpc_front`](Self::grpc_front), which a gRPC scenario needs.
+    pub fn require_grpc(&self) -> Result<&[String], String> {
+        match self.grpc_front() {
+            [] => Err("this scenario speaks gRPC: name --grpc or --cells".into()),
+            front => Ok(front),
         }
     }
 

@@ -203,6 +203,11 @@ impl Recorder {
         sample
     }
 
+    fn window_has_data(&self) -> bool {
+        let w = self.windows();
+        !w.window.is_empty() || w.window_errors > 0
+    }
+
     /// Every closed window so far.
     pub fn series(&self) -> Vec<Sample> {
         self.windows().series.clone()
@@ -260,8 +265,13 @@ impl Progress {
 
     /// The phase is over: the bar goes and the recorder's clock stops.
     pub fn finish(self) {
-        self.recorder.end();
         self.ticker.abort();
+        // The last part of a second is a sample too (short phases have
+        // little else).
+        if self.recorder.window_has_data() {
+            self.recorder.roll();
+        }
+        self.recorder.end();
         self.bar.finish_and_clear();
     }
 }

@@ -13,9 +13,9 @@ use super::recorder::{counter, Progress, Recorder};
 use super::{drive, max_rss_mib, url, Common, CpuMeter, Endpoints, Outcome, Target};
 use futures::StreamExt;
 use latchkey_shared::client::{is_gone, KeepAliveStream};
+use std::collections::HashSet;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 #[derive(clap::Args, Debug)]
@@ -73,6 +73,12 @@ pub(super) struct Held {
 /// How many sessions go over gRPC and how many over HTTP.
 fn split(args: &SessionsArgs, endpoints: &Endpoints) -> Result<(usize, usize), String> {
     let n = args.sessions as usize;
+    let no_grpc = endpoints.grpc_front().is_empty();
+    match (args.api, no_grpc, endpoints.http.is_empty()) {
+        (Api::Grpc, true, _) => return Err("gRPC sessions need --grpc or --cells".into()),
+        (Api::Both, true, false) => return Ok((0, n)),
+        _ => {}
+    }
     match (endpoints.target, args.api, endpoints.http.is_empty()) {
         (Target::Etcd, Api::Grpc | Api::Both, _) => Ok((n, 0)),
         (Target::Etcd, Api::Http, _) => Err("etcd has no HTTP sessions: use --api grpc".into()),
@@ -101,10 +107,19 @@ async fn run(args: &SessionsArgs, endpoints: &Endpoints) -> Result<Outcome, Stri
     let http = create_http(&http_client, &endpoints.http, http_n, args.ttl, &bar).await?;
     bar.finish_and_clear();
     let create_s = created_at.elapsed().as_secs_f64();
+    // The first sessions wait for their first keep-alive until creation is
+    // done plus one refresh period: longer than their TTL, and they expire
+    // with nothing wrong with the system.
+    let period = Duration::from_secs(args.ttl as u64) / 3;
+    if created_at.elapsed() + period >= Duration::from_secs(args.ttl as u64) {
+        return Err(format!(
+            "creating the sessions took {create_s:.1} s, so the first would expire before \
+             their first keep-alive: use a larger --ttl or fewer --sessions"
+        ));
+    }
 
     let keepalives = Arc::new(Recorder::new());
-    let expired = Arc::new(AtomicU64::new(0));
-    let period = Duration::from_secs(args.ttl as u64) / 3;
+    let expired = Arc::new(Expired::default());
     let cpu_cells = CpuMeter::start(&endpoints.cell_pids);
     let cpu_proxies = CpuMeter::start(&endpoints.proxy_pids);
     let cell_batches0 = endpoints
@@ -145,7 +160,7 @@ async fn run(args: &SessionsArgs, endpoints: &Endpoints) -> Result<Outcome, Stri
                         match answer {
                             Ok(r) if r.status() == 200 => recorder.ok(t.elapsed()),
                             Ok(r) if r.status() == 404 => {
-                                expired.fetch_add(1, Ordering::Relaxed);
+                                expired.lock().unwrap_or_else(|p| p.into_inner()).insert(id);
                             }
                             Ok(r) => recorder.error(format!(
                                 "keep-alive: {} {}",
@@ -181,7 +196,7 @@ async fn run(args: &SessionsArgs, endpoints: &Endpoints) -> Result<Outcome, Stri
         .flat_map(|h| h.ids.clone())
         .collect();
     let gone_at_cell = gone_at(&endpoints.cells, &all, timeout).await?;
-    let during = expired.load(Ordering::Relaxed);
+    let (during, expired) = expired_count(&expired, &gone_at_cell);
 
     let mut o = Outcome::new("sessions", endpoints.target);
     o.field("ttl_s", args.ttl);
@@ -199,9 +214,9 @@ async fn run(args: &SessionsArgs, endpoints: &Endpoints) -> Result<Outcome, Stri
     );
     o.figure("create_s", create_s, format!("{create_s:.1} s"));
     o.figure("duration_s", elapsed, format!("{elapsed:.1} s"));
-    o.safety("spurious_expiries", during + gone_at_cell as u64);
+    o.safety("spurious_expiries", expired as u64);
     o.field("expired_during_run", during);
-    o.field("gone_at_cell_after", gone_at_cell);
+    o.field("gone_at_cell_after", gone_at_cell.len());
     let rate = keepalives.done() as f64 / elapsed;
     o.figure(
         "keepalives_per_s",
@@ -251,7 +266,7 @@ pub(super) fn keep_alive_over_grpc(
     period: Duration,
     end: Instant,
     keepalives: &Arc<Recorder>,
-    expired: &Arc<AtomicU64>,
+    expired: &Arc<Expired>,
     timeout: Duration,
 ) -> Vec<tokio::task::JoinHandle<()>> {
     let mut tasks = Vec::new();
@@ -276,12 +291,16 @@ pub(super) fn keep_alive_over_grpc(
                     let t = Instant::now();
                     match s.refresh(&slice, timeout).await {
                         Ok(ttls) => {
-                            let gone = slice
+                            let gone: Vec<i64> = slice
                                 .iter()
                                 .filter(|id| ttls.get(id).is_none_or(|t| is_gone(*t)))
-                                .count();
-                            expired.fetch_add(gone as u64, Ordering::Relaxed);
-                            recorder.ok_many((slice.len() - gone) as u64, t.elapsed());
+                                .copied()
+                                .collect();
+                            recorder.ok_many((slice.len() - gone.len()) as u64, t.elapsed());
+                            expired
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .extend(gone);
                         }
                         Err(e) => recorder.error(e),
                     }
@@ -428,30 +447,42 @@ impl Slices {
     }
 }
 
-/// How many of `ids` the members no longer hold, asked with a
+/// The sessions found expired, each once however often it was seen.
+pub(super) type Expired = Mutex<HashSet<i64>>;
+
+/// Every session that expired during the run or is gone after it.
+pub(super) fn expired_count(during: &Expired, gone_after: &[i64]) -> (usize, usize) {
+    let mut all = during.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let during = all.len();
+    all.extend(gone_after);
+    (during, all.len())
+}
+
+/// Which of `ids` the members no longer hold, asked with a
 /// keep-alive on a member (which refreshes them: the check costs nothing
 /// the sessions had not asked for).
 pub(super) async fn gone_at(
     cells: &[String],
     ids: &[i64],
     timeout: Duration,
-) -> Result<usize, String> {
+) -> Result<Vec<i64>, String> {
     let Some(member) = cells.first() else {
-        return Ok(0);
+        return Ok(Vec::new());
     };
     let mut stream = KeepAliveStream::open(member)
         .await
         .map_err(|e| format!("checking the sessions at {member}: {e}"))?;
-    let mut gone = 0;
+    let mut gone = Vec::new();
     for chunk in ids.chunks(10_000) {
         let ttls = stream
             .refresh(chunk, timeout.max(Duration::from_secs(30)))
             .await
             .map_err(|e| format!("checking the sessions at {member}: {e}"))?;
-        gone += chunk
-            .iter()
-            .filter(|id| ttls.get(id).is_none_or(|t| is_gone(*t)))
-            .count();
+        gone.extend(
+            chunk
+                .iter()
+                .filter(|id| ttls.get(id).is_none_or(|t| is_gone(*t))),
+        );
     }
     Ok(gone)
 }

@@ -6,7 +6,7 @@
 //! every event in order or is told it was dropped (a cancel with a
 //! reason); it never silently loses events.
 
-use super::load::{connect_all, joined_series, Writers};
+use super::load::{connect_all, joined_series, within, Writers};
 use super::{drive, Common, Endpoints, Outcome};
 use futures::StreamExt;
 use latchkey_shared::client::watches::open_watches;
@@ -38,7 +38,7 @@ async fn run(args: &SlowWatcherArgs, endpoints: &Endpoints) -> Result<Outcome, S
     if endpoints.cells.is_empty() {
         return Err("needs a member's address (--cells) for the stalled watch".into());
     }
-    let front = endpoints.grpc_front().to_vec();
+    let front = endpoints.require_grpc()?.to_vec();
     let key = format!(
         "loadtest/slow-watcher/{}-{:06x}",
         std::process::id(),
@@ -65,21 +65,27 @@ async fn run(args: &SlowWatcherArgs, endpoints: &Endpoints) -> Result<Outcome, S
 
     // A watcher that never reads, on a member.
     let member = &endpoints.cells[0];
-    let channel = latchkey_shared::client::connect(member)
-        .await
-        .map_err(|e| format!("connecting to {member}: {e}"))?;
-    let (requests, mut answers) = open_watches(channel, key.as_bytes(), 0, 1)
-        .await
-        .map_err(|e| format!("opening the stalled watch at {member}: {e}"))?;
+    let what = format!("connecting to {member}");
+    let channel = within(timeout, &what, latchkey_shared::client::connect(member)).await?;
+    let what = format!("opening the stalled watch at {member}");
+    let opened = open_watches(channel, key.as_bytes(), 0, 1);
+    let (requests, mut answers) = within(timeout, &what, opened).await?;
     let stalled = phase("stalled").await;
 
     // Read the stalled watcher now: its revisions must run without a gap
     // from its first to the end, unless it was cancelled.
     let mut revisions = Vec::new();
     let mut cancelled: Option<String> = None;
-    let drain_end = Instant::now() + Duration::from_secs(30);
+    // What it holds may be a long backlog: the time to read it grows with
+    // what was written (a second per 5 000 events on top of 30 s), and it
+    // may take a while to answer at all once read again.
+    let written = stalled.done();
+    let drain_end = Instant::now() + Duration::from_secs(30 + written / 5_000);
     let mut last_seen = Instant::now();
-    while Instant::now() < drain_end && last_seen.elapsed() < Duration::from_secs(3) {
+    while Instant::now() < drain_end
+        && last_seen.elapsed() < Duration::from_secs(10)
+        && (revisions.len() as u64) < written
+    {
         match tokio::time::timeout(Duration::from_secs(1), answers.next()).await {
             Ok(Some(Ok(resp))) => {
                 last_seen = Instant::now();
@@ -109,7 +115,6 @@ async fn run(args: &SlowWatcherArgs, endpoints: &Endpoints) -> Result<Outcome, S
     // writes are consecutive revisions unless something else wrote between.
     let gaps = revisions.windows(2).filter(|w| w[1] <= w[0]).count() as u64;
     let delivered = revisions.len() as u64;
-    let written = stalled.done();
     // Without a cancel, everything written while it watched must arrive.
     let lost = match cancelled {
         Some(_) => 0,

@@ -10,10 +10,10 @@ use super::recorder::{counter, Latency, Sample};
 use super::{drive, max_rss_mib, url, Common, CpuMeter, Endpoints, Outcome, Target};
 use futures::StreamExt;
 use latchkey_shared::client::watches::open_watches;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 #[derive(clap::Args, Debug)]
@@ -43,8 +43,8 @@ pub struct WatchFanoutArgs {
     key: Option<String>,
 }
 
-/// Each stream's receipts: (revision, when).
-type Receipts = Vec<(i64, Instant)>;
+/// Each stream's receipts: (watch id, revision, when).
+type Receipts = Vec<(i64, i64, Instant)>;
 
 pub async fn main(args: WatchFanoutArgs) -> ExitCode {
     let args = &args;
@@ -60,7 +60,7 @@ async fn run(args: &WatchFanoutArgs, endpoints: &Endpoints) -> Result<Outcome, S
         .key
         .clone()
         .unwrap_or_else(|| format!("loadtest/watched/{}-{}", std::process::id(), rand_suffix()));
-    let front = endpoints.grpc_front();
+    let front = endpoints.require_grpc()?;
     let cell_watchers0 = endpoints.cell_metric("latchkey_watchers").await;
 
     // Streams: endpoint e gets every len-th stream; each stream its share.
@@ -111,11 +111,15 @@ async fn run(args: &WatchFanoutArgs, endpoints: &Endpoints) -> Result<Outcome, S
     let setup_s = setup.elapsed().as_secs_f64();
 
     let received = Arc::new(AtomicU64::new(0));
+    // Receipts per revision, so the wait below knows when every
+    // acknowledged write has reached every watcher.
+    let per_revision = Arc::new(Mutex::new(HashMap::<i64, u64>::new()));
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let collectors: Vec<tokio::task::JoinHandle<Receipts>> = opened
         .into_iter()
         .map(|(requests, mut answers)| {
             let (received, mut stopped) = (received.clone(), stopped.clone());
+            let per_revision = per_revision.clone();
             tokio::spawn(async move {
                 let _open = requests;
                 let mut got = Receipts::new();
@@ -128,9 +132,13 @@ async fn run(args: &WatchFanoutArgs, endpoints: &Endpoints) -> Result<Outcome, S
                         },
                     };
                     let now = Instant::now();
+                    let mut counts = per_revision.lock().unwrap_or_else(|p| p.into_inner());
                     for event in &resp.events {
-                        got.push((event.kv.as_ref().map_or(0, |kv| kv.mod_revision), now));
+                        let revision = event.kv.as_ref().map_or(0, |kv| kv.mod_revision);
+                        got.push((resp.watch_id, revision, now));
+                        *counts.entry(revision).or_default() += 1;
                     }
+                    drop(counts);
                     received.fetch_add(resp.events.len() as u64, Ordering::Relaxed);
                 }
                 got
@@ -178,7 +186,12 @@ async fn run(args: &WatchFanoutArgs, endpoints: &Endpoints) -> Result<Outcome, S
     bar.finish_and_clear();
     let expected = args.watchers * sent.len() as u64;
     let deadline = Instant::now() + args.drain;
-    while received.load(Ordering::Relaxed) < expected && Instant::now() < deadline {
+    let all_arrived = || {
+        let counts = per_revision.lock().unwrap_or_else(|p| p.into_inner());
+        sent.iter()
+            .all(|(rev, _)| counts.get(rev).copied().unwrap_or(0) >= args.watchers)
+    };
+    while !all_arrived() && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let (proxy_cpu, cell_cpu) = (cpu_proxies.percent(), cpu_cells.percent());
@@ -186,14 +199,21 @@ async fn run(args: &WatchFanoutArgs, endpoints: &Endpoints) -> Result<Outcome, S
     let _ = stop.send(true);
     let sent_at: HashMap<i64, Instant> = sent.iter().copied().collect();
     let mut by_write: HashMap<i64, Vec<u64>> = HashMap::new();
+    // Distinct watches each write reached: a watch that got one twice
+    // cannot make up for one that did not get it.
+    let mut reached: HashMap<i64, u64> = HashMap::new();
     let mut got = 0u64;
     for collector in collectors {
         let receipts = collector
             .await
             .map_err(|e| format!("a watch stream's reader failed: {e}"))?;
-        for (revision, at) in receipts {
+        let mut seen: HashSet<(i64, i64)> = HashSet::new();
+        for (watch, revision, at) in receipts {
             if let Some(sent) = sent_at.get(&revision) {
                 got += 1;
+                if seen.insert((watch, revision)) {
+                    *reached.entry(revision).or_default() += 1;
+                }
                 by_write
                     .entry(revision)
                     .or_default()
@@ -201,16 +221,15 @@ async fn run(args: &WatchFanoutArgs, endpoints: &Endpoints) -> Result<Outcome, S
             }
         }
     }
-    // Per write, so a duplicate cannot hide a miss.
-    let count_of = |rev: &i64| by_write.get(rev).map_or(0, |v| v.len() as u64);
+    let distinct: u64 = reached.values().sum();
     let missed: u64 = sent
         .iter()
-        .map(|(rev, _)| args.watchers.saturating_sub(count_of(rev)))
+        .map(|(rev, _)| {
+            args.watchers
+                .saturating_sub(reached.get(rev).copied().unwrap_or(0))
+        })
         .sum();
-    let duplicated: u64 = sent
-        .iter()
-        .map(|(rev, _)| count_of(rev).saturating_sub(args.watchers))
-        .sum();
+    let duplicated = got - distinct;
     let all = Latency::of_micros(by_write.values().flatten().copied());
     let series: Vec<Sample> = sent
         .iter()

@@ -1,5 +1,6 @@
 //! What the loadtest's integration tests share: running the binary and
-//! showing what it said.
+//! showing what it said. Each test binary uses part of it.
+#![allow(dead_code)]
 
 use std::process::{Command, Output};
 
