@@ -157,6 +157,14 @@ fn bring_up(args: &CompareArgs) -> Result<(OwnClusters, PathBuf, PathBuf), Strin
             up.extend([flag.to_string(), path(v)]);
         }
     }
+    for (flag, values) in [
+        ("--cell-arg", &args.bins.cell_arg),
+        ("--proxy-arg", &args.bins.proxy_arg),
+    ] {
+        for v in values {
+            up.push(format!("{flag}={v}"));
+        }
+    }
     run_self(&up)?;
     own.states.push(l.clone());
     run_self(&[
