@@ -317,7 +317,7 @@ fn launch(
 }
 
 /// Waits until `GET /readyz` at `addr` answers 200.
-async fn wait_ready(p: &Proc, addr: &str, within: Duration) -> Result<(), String> {
+pub async fn wait_ready(p: &Proc, addr: &str, within: Duration) -> Result<(), String> {
     eventually_or(within, p, async || match http_get(addr, "/readyz").await {
         Some(r) if r.starts_with("HTTP/1.1 200") => Ok(()),
         Some(r) => Err(r.lines().next().unwrap_or_default().to_string()),

@@ -308,17 +308,10 @@ fn averaged(lines: &[serde_json::Map<String, serde_json::Value>], rounds: u32) -
         }
     }
     sums.into_iter()
-        .map(|(mut s, n)| {
-            s.latchkey /= n as f64;
-            s.etcd /= n as f64;
-            s.ratio = s.latchkey / s.etcd;
+        .map(|(s, n)| {
             let higher = better_when_higher(&s.figure).unwrap_or(true);
-            s.latchkey_ahead = if higher {
-                s.latchkey >= s.etcd
-            } else {
-                s.latchkey <= s.etcd
-            };
-            s
+            let (latchkey, etcd) = (s.latchkey / n as f64, s.etcd / n as f64);
+            Ratio::of(&s.scenario, &s.figure, higher, latchkey, etcd)
         })
         .collect()
 }

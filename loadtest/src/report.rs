@@ -4,6 +4,7 @@
 //! plotters, inline), and, where one scenario ran against both latchkey
 //! and etcd, a table of latchkey/etcd ratios.
 
+use crate::html::escape;
 use plotters::prelude::*;
 use serde_json::{Map, Value};
 use std::fmt::Write as _;
@@ -78,13 +79,6 @@ fn text(run: &Run, field: &str) -> String {
         .to_string()
 }
 
-fn escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
-}
-
 /// A figure worth comparing, and which way is better: throughput and the
 /// `ratio` of slow-watcher (higher), p50/p99 latency and CPU (lower).
 /// Offered load (client keep-alives/s, set by the TTL) is not compared,
@@ -117,12 +111,30 @@ pub struct Ratio {
     pub latchkey_ahead: bool,
 }
 
+impl Ratio {
+    /// `latchkey` against `etcd` on one figure; `higher` says which way
+    /// is better.
+    pub fn of(scenario: &str, figure: &str, higher: bool, latchkey: f64, etcd: f64) -> Ratio {
+        Ratio {
+            scenario: scenario.to_string(),
+            figure: figure.to_string(),
+            latchkey,
+            etcd,
+            ratio: latchkey / etcd,
+            latchkey_ahead: if higher {
+                latchkey >= etcd
+            } else {
+                latchkey <= etcd
+            },
+        }
+    }
+}
+
 /// For each scenario run on both systems, the last run of each compared
 /// figure by figure (rates and latencies only).
 pub fn comparisons(runs: &[Run]) -> Vec<Ratio> {
     let mut out = Vec::new();
     let mut scenarios: Vec<String> = runs.iter().map(|r| text(r, "scenario")).collect();
-    scenarios.dedup();
     scenarios.sort();
     scenarios.dedup();
     for scenario in scenarios {
@@ -144,14 +156,7 @@ pub fn comparisons(runs: &[Run]) -> Vec<Ratio> {
             if ev == 0.0 {
                 continue;
             }
-            out.push(Ratio {
-                scenario: scenario.clone(),
-                figure: field.clone(),
-                latchkey: lv,
-                etcd: ev,
-                ratio: lv / ev,
-                latchkey_ahead: if higher { lv >= ev } else { lv <= ev },
-            });
+            out.push(Ratio::of(&scenario, field, higher, lv, ev));
         }
     }
     out

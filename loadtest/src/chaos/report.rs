@@ -6,6 +6,7 @@
 
 use super::workload::Entry;
 use super::Findings;
+use crate::html::escape;
 use latchkey_testkit::linearizability::Answer;
 use std::fmt::Write as _;
 use std::path::Path;
@@ -197,11 +198,4 @@ fn html(f: &Findings, entries: &[Entry]) -> String {
             .as_ref()
             .map_or("every key".to_string(), |k| format!("key {}", escape(k))),
     )
-}
-
-fn escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('\'', "&#39;")
 }

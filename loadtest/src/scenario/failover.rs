@@ -12,7 +12,7 @@ use super::load::{connect_all, own_keys, Writers};
 use super::recorder::{counter, Recorder};
 use super::sessions::{create_grpc, expired_count, gone_at, keep_alive_over_grpc, Expired};
 use super::{drive, Common, Endpoints, Outcome, Target};
-use crate::cluster::{read_state, restart, signal, Proc};
+use crate::cluster::{read_state, restart, signal, wait_ready, Proc};
 use latchkey_testkit::{http_get, metric_value};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -89,18 +89,8 @@ async fn new_leader(members: &[Proc], within: Duration) -> Result<(Proc, Duratio
 async fn ready(member: &Proc, within: Duration) -> Result<Duration, String> {
     let addr = member.addrs.get("metrics").ok_or("no metrics address")?;
     let t = Instant::now();
-    while t.elapsed() < within {
-        if let Some(r) = http_get(addr, "/readyz").await {
-            if r.starts_with("HTTP/1.1 200") {
-                return Ok(t.elapsed());
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    Err(format!(
-        "{} not ready within {within:?} after its restart",
-        member.name
-    ))
+    wait_ready(member, addr, within).await?;
+    Ok(t.elapsed())
 }
 
 /// The longest time between two successful writes inside `[from, to]`
@@ -172,9 +162,13 @@ async fn run(args: &FailoverArgs, endpoints: &Endpoints) -> Result<Outcome, Stri
     // The killed member comes back and catches up; then a follower
     // pauses (the cell keeps a quorum: the leader and the restarted one).
     let rejoined = match restart(&args.common.state, &old.name) {
-        Ok(pid) => ready(&old, args.leader_timeout)
-            .await
-            .map(|took| (pid, took)),
+        Ok(pid) => {
+            // The same member under its new pid.
+            let back = Proc { pid, ..old.clone() };
+            ready(&back, args.leader_timeout)
+                .await
+                .map(|took| (pid, took))
+        }
         Err(e) => Err(e),
     };
     if let Err(e) = &rejoined {

@@ -125,8 +125,9 @@ async fn run(args: &KvArgs, endpoints: &Endpoints) -> Result<Outcome, String> {
                             } else if revision < floor {
                                 behind.fetch_add(1, Ordering::Relaxed);
                             }
-                            all.ok(t.elapsed());
-                            kind.ok(t.elapsed());
+                            let took = t.elapsed();
+                            all.ok(took);
+                            kind.ok(took);
                         }
                         Err(e) => {
                             all.error(&e);
