@@ -5,6 +5,7 @@
 
 use super::kv::KvService;
 use super::lease::LeaseService;
+use crate::mvcc::history::History;
 use crate::mvcc::keyspace::{Event, EventKind, KeyRange};
 use crate::node::CellNode;
 use crate::state_machine::watch_hub::Notice;
@@ -57,9 +58,7 @@ impl LocalLocks {
         if from < keys.compact_revision() {
             return (Some(0), now);
         }
-        let changed = keys
-            .history(range, from, now)
-            .iter()
+        let changed = History::new(&keys, range, from, now, false)
             .find(|e| counts(e, deletes_only))
             .map(|e| e.revision());
         (changed, now)

@@ -3,15 +3,11 @@
 //! and learners serve watches too.
 
 use crate::node::CellNode;
+use crate::watch::outbound;
 use crate::watch::stream::{WatchOptions, WatchStream};
-use latchkey_shared::etcdpb::{PbWatchRequest, PbWatchResponse, PbWatchService};
-use std::pin::Pin;
+use latchkey_shared::etcdpb::{PbWatchRequest, PbWatchService};
 use std::sync::Arc;
-use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
-
-/// Responses queued per stream before its task waits for the client.
-const OUTBOUND_QUEUE: usize = 64;
 
 pub struct WatchService {
     pub node: Arc<CellNode>,
@@ -20,19 +16,16 @@ pub struct WatchService {
 
 #[tonic::async_trait]
 impl PbWatchService for WatchService {
-    type WatchStream =
-        Pin<Box<dyn Stream<Item = Result<PbWatchResponse, Status>> + Send + 'static>>;
+    type WatchStream = outbound::Responses;
 
     async fn watch(
         &self,
         request: Request<Streaming<PbWatchRequest>>,
     ) -> Result<Response<Self::WatchStream>, Status> {
         let inbound = request.into_inner();
-        let (tx, rx) = tokio::sync::mpsc::channel(OUTBOUND_QUEUE);
-        let stream = WatchStream::new(self.node.clone(), self.options.clone(), tx);
+        let (out, responses) = outbound::channel();
+        let stream = WatchStream::new(self.node.clone(), self.options.clone(), out);
         self.node.lifecycle.spawn(stream.run(inbound));
-        Ok(Response::new(Box::pin(
-            tokio_stream::wrappers::ReceiverStream::new(rx),
-        )))
+        Ok(Response::new(responses))
     }
 }

@@ -83,7 +83,7 @@ impl Event {
     }
 }
 
-fn tombstone_kv(key: &[u8], rev: i64) -> KeyValue {
+pub(super) fn tombstone_kv(key: &[u8], rev: i64) -> KeyValue {
     KeyValue {
         key: key.to_vec(),
         value: Vec::new(),
@@ -164,50 +164,23 @@ impl KeySpace {
     }
 
     /// Every change to a key in `range` with a revision in `from..=to`,
-    /// rebuilt from history, in the order they were made (revision, then
-    /// sub-revision). `from` must not be below the compact revision: older
-    /// changes are gone.
+    /// rebuilt from history at once, in the order they were made
+    /// (revision, then sub-revision), with previous values. Tests compare
+    /// with it; watches read history a batch at a time
+    /// ([`super::history::History`]).
+    #[cfg(test)]
     pub fn history(&self, range: &KeyRange, from: i64, to: i64) -> Vec<Event> {
-        let mut out = Vec::new();
-        if range.is_empty() || from > to {
-            return Vec::new();
-        }
-        for (key, versions) in self.keys.range::<_, [u8]>(range.bounds()) {
-            if !range.admits(key) {
-                continue;
-            }
-            // Versions are in revision order; start at the first one >= from.
-            let first = versions
-                .iter()
-                .rposition(|v| v.mod_revision < from)
-                .map_or(0, |i| i + 1);
-            for i in first..versions.len() {
-                let v = &versions[i];
-                if v.mod_revision > to {
-                    break;
-                }
-                let prev = if i > 0 {
-                    versions[i - 1].kv.as_deref().cloned()
-                } else {
-                    None
-                };
-                let event = match &v.kv {
-                    Some(kv) => Event {
-                        kind: EventKind::Put,
-                        kv: KeyValue::clone(kv),
-                        prev,
-                    },
-                    None => Event {
-                        kind: EventKind::Delete,
-                        kv: tombstone_kv(key, v.mod_revision),
-                        prev,
-                    },
-                };
-                out.push(((v.mod_revision, v.sub), event));
-            }
-        }
-        out.sort_by_key(|(at, _)| *at);
-        out.into_iter().map(|(_, event)| event).collect()
+        super::history::History::new(self, range, from, to, true).collect()
+    }
+
+    /// Each key in `range` with its versions, in key order.
+    pub(super) fn versions_in<'a>(
+        &'a self,
+        range: &'a KeyRange,
+    ) -> impl Iterator<Item = (&'a Arc<[u8]>, &'a Vector<Version>)> + 'a {
+        self.keys
+            .range::<_, [u8]>(range.bounds())
+            .filter(|(key, _)| range.admits(key))
     }
 
     fn future_revision(&self, revision: i64) -> ApiError {

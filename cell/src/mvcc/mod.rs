@@ -1,8 +1,10 @@
-//! The MVCC keyspace ([`keyspace`]), the replicated lease table its
+//! The MVCC keyspace ([`keyspace`]) and its history read in revision
+//! order ([`history`]), the replicated lease table its
 //! ephemeral keys are bound to ([`lease_table`]), and etcd's KV operations
 //! over both: [`range`] (reads) and [`txn`] (put, delete, txn), all
 //! deterministic.
 
+pub mod history;
 pub mod keyspace;
 pub mod lease_table;
 pub mod range;

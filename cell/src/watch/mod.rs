@@ -6,10 +6,12 @@
 //!   waits for a watcher.
 //! - [`stream`]: one client watch stream and its many watches: catch-up
 //!   from history, live delivery, lag recovery, progress notifications.
+//! - [`outbound`]: its queue of responses to the client, bounded in bytes.
 //!
 //! A watcher that falls behind the ring (a slow client, or a snapshot
 //! installed under it) is moved back to catch-up from history, like etcd's
 //! unsynced watchers; if the revisions it still needs were compacted it is
 //! cancelled with the compact revision.
 
+pub mod outbound;
 pub mod stream;

@@ -15,6 +15,8 @@
 //!   whose `next_rev` was compacted meanwhile is cancelled with the compact
 //!   revision, as etcd does.
 
+use super::outbound::Outbound;
+use crate::mvcc::history::History;
 use crate::mvcc::keyspace::{Event, EventKind, KeyRange};
 use crate::mvcc::range::to_pb;
 use crate::node::CellNode;
@@ -25,7 +27,7 @@ use latchkey_shared::ApiError;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::broadcast;
 use tokio_stream::{Stream, StreamExt};
 use tonic::Status;
 
@@ -81,8 +83,6 @@ impl Watch {
 
 /// The client went away: stop serving the stream.
 struct Gone;
-
-type Outbound = mpsc::Sender<Result<PbWatchResponse, Status>>;
 
 pub struct WatchStream {
     node: Arc<CellNode>,
@@ -275,7 +275,9 @@ impl WatchStream {
 
     /// Sends the watches `ids` everything from their `next_rev` to `upto`
     /// out of history. The keyspace clone's revision is at least `upto`,
-    /// which is at most what has been applied.
+    /// which is at most what has been applied. History is read one
+    /// response's worth at a time (cell review P3): a watch from revision 1
+    /// over a large history holds one batch in memory, not all of it.
     async fn catch_up(&mut self, ids: &[i64], upto: i64) -> Result<(), Gone> {
         let keys = self.node.state.read(|s| s.keys.clone());
         for id in ids {
@@ -289,12 +291,23 @@ impl WatchStream {
                 self.cancel_compacted(*id, keys.compact_revision()).await?;
                 continue;
             }
-            let events: Vec<Event> = keys
-                .history(&watch.range, watch.next_rev, upto)
-                .into_iter()
-                .filter(|e| watch.wants(e))
-                .collect();
-            self.send_events(*id, &events, upto).await?;
+            let mut history =
+                History::new(&keys, &watch.range, watch.next_rev, upto, watch.prev_kv);
+            while !history.is_done() {
+                let batch = history.next_batch(self.options.max_response_bytes);
+                let Some(watch) = self.watches.get_mut(id) else {
+                    break;
+                };
+                let last = match history.is_done() {
+                    true => upto,
+                    false => batch.last().map_or(upto, Event::revision),
+                };
+                let events: Vec<Event> = batch.into_iter().filter(|e| watch.wants(e)).collect();
+                self.send_events(*id, &events, last).await?;
+                if let Some(watch) = self.watches.get_mut(id) {
+                    watch.next_rev = last + 1;
+                }
+            }
             if let Some(watch) = self.watches.get_mut(id) {
                 watch.next_rev = upto + 1;
             }
@@ -332,7 +345,7 @@ impl WatchStream {
                 break;
             }
             let linger_until = self.last_sent + LINGER;
-            let reader_behind = self.out.capacity() < self.out.max_capacity();
+            let reader_behind = self.out.reader_behind();
             let more = if reader_behind && tokio::time::Instant::now() < linger_until {
                 tokio::time::timeout_at(linger_until, self.rx.recv())
                     .await

@@ -7,6 +7,7 @@ use etcd_client::{
     Client, EventType, GetOptions, PutOptions, WatchFilterType, WatchOptions, WatchResponse,
     WatchStream,
 };
+use latchkey_testkit::process::rss_bytes;
 use latchkey_testkit::{err_text, eventually, metric_value, numbered, put_all, Cluster};
 use std::collections::HashMap;
 use tokio::time::{Duration, Instant};
@@ -375,6 +376,62 @@ async fn a_watcher_that_stops_reading_during_a_hundred_thousand_writes_then_gets
         .await
         .unwrap_or(0.0);
     assert!(slow >= 1.0, "the lagging stream is counted ({slow})");
+}
+
+/// Review P3: a watch from an old revision is sent history a response at a
+/// time. Before, the member rebuilt every event in the window (each with
+/// its previous value) before sending the first, so one `watch --rev=1` over a
+/// large history could take as much memory again as twice the history.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_from_the_first_revision_over_a_large_history_is_sent_it_without_copying_it_all() {
+    // 128 MiB of history, in values of the largest size a member takes.
+    const WRITES: usize = 2_000;
+    const VALUE: usize = 64 * 1024;
+    let cluster = Cluster::start(CELL_BIN, 1, &[]).await;
+    let writer = cluster.client(1).await;
+    let first_rev = put(&mut writer.clone(), "big/start", "x").await + 1;
+    put_all(&writer, numbered("big/", WRITES, &"v".repeat(VALUE))).await;
+    let pid = cluster.pid(1).expect("the member's pid");
+    let before = rss_bytes(pid).expect("the member's RSS");
+    let mut watch_client = cluster.client(1).await;
+    let mut stream = open(
+        &mut watch_client,
+        "big/",
+        WatchOptions::new()
+            .with_prefix()
+            .with_start_revision(first_rev),
+    )
+    .await;
+    // The watcher reads nothing for 2 s: whatever the member prepares for
+    // it is in its memory now.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let held = rss_bytes(pid)
+        .expect("the member's RSS")
+        .saturating_sub(before);
+    let history = (WRITES * VALUE) as u64;
+    println!(
+        "history {} MiB; the member holds {} MiB more while the watcher waits",
+        history >> 20,
+        held >> 20
+    );
+    assert!(
+        held < history / 4,
+        "{} MiB more for a watch over {} MiB of history",
+        held >> 20,
+        history >> 20
+    );
+    // Then it reads: every write in order, each with its previous value.
+    let mut next_rev = first_rev;
+    while next_rev < first_rev + WRITES as i64 {
+        let resp = next(&mut stream).await;
+        assert!(!resp.canceled(), "{resp:?}");
+        for event in resp.events() {
+            let kv = event.kv().expect("kv");
+            assert_eq!(kv.mod_revision(), next_rev, "events in order with no gap");
+            assert_eq!(kv.value().len(), VALUE);
+            next_rev += 1;
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
