@@ -92,7 +92,9 @@ fn raft_config(cfg: &Resolved) -> anyhow::Result<openraft::Config> {
         // 128 puts each) one batch could take longer than the interval on a
         // loaded machine, time out, and be resent forever: the follower
         // never caught up (seen with 100 000 leases on 2 cores). Smaller
-        // batches always make progress.
+        // batches always make progress; the log store also bounds each
+        // batch in bytes (`log_store::MAX_APPEND_BYTES`), since one entry
+        // that group commit filled can be 1.5 MiB.
         max_payload_entries: 32,
         ..Default::default()
     };
