@@ -2,9 +2,10 @@
 
 use etcd_client::{Client, GetOptions, PutOptions, Txn, TxnOp};
 use futures::StreamExt;
+use latchkey_shared::{classify_call_failure, Retry};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use tokio::time::{sleep, Duration};
+use tokio::time::{sleep, Duration, Instant};
 
 /// Requests in flight for the bulk helpers: enough to batch well in the
 /// cell, few enough that a 2-core machine still schedules the members.
@@ -13,6 +14,11 @@ pub const IN_FLIGHT: usize = 64;
 /// Puts per transaction in [`attach_keys`] (the cell's `--max-txn-ops`
 /// default, like etcd's, is 128).
 const PUTS_PER_TXN: usize = 128;
+
+/// Times [`attach_keys`] sends one transaction whose answer was a timeout
+/// or an unavailable cell, and the pause before each retry.
+const ATTACH_ATTEMPTS: usize = 5;
+const ATTACH_RETRY_PAUSE: Duration = Duration::from_millis(500);
 
 /// `n` numbered keys `{prefix}{i:06}` (i in `0..n`), each with `value`.
 pub fn numbered(prefix: &str, n: usize, value: &str) -> Vec<(String, String)> {
@@ -95,15 +101,39 @@ pub async fn attach_keys(client: &Client, prefix: &str, leases: &[i64]) {
     futures::stream::iter(txns)
         .map(|t| {
             let mut c = client.clone();
-            async move { c.txn(t).await }
-        })
-        .buffer_unordered(IN_FLIGHT / 2)
-        .for_each(|r| async move {
-            if let Err(e) = r {
-                panic!("attaching keys to leases under {prefix:?}: {e}");
+            async move {
+                let mut attempt = 1;
+                loop {
+                    match c.txn(t.clone()).await {
+                        Ok(_) => return,
+                        Err(e) if attempt < ATTACH_ATTEMPTS && may_retry(&e) => {
+                            println!(
+                                "attaching keys under {prefix:?} (attempt {attempt}): {e}; again"
+                            );
+                            attempt += 1;
+                            sleep(ATTACH_RETRY_PAUSE).await;
+                        }
+                        Err(e) => panic!("attaching keys to leases under {prefix:?}: {e}"),
+                    }
+                }
             }
         })
+        .buffer_unordered(IN_FLIGHT / 2)
+        .collect::<Vec<()>>()
         .await;
+}
+
+/// Whether a failed call may be sent again because putting the same keys
+/// on the same leases twice changes nothing: the cell was unavailable,
+/// or the outcome is unknown (a timeout, a leader change). Verdicts on the
+/// request itself are not retried.
+fn may_retry(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::GRpcStatus(status) => {
+            classify_call_failure(status).retry() != Retry::Never
+        }
+        _ => false,
+    }
 }
 
 /// Grants `n` leases of `ttl` seconds with a key `{prefix}{id:x}` each,
@@ -145,7 +175,8 @@ pub async fn grant_kept_alive(
         }
     });
     let granted_so_far = || granted.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    keep_alive_until_done(&grants, &mut refresh, granted_so_far, "granting").await;
+    let ttl_secs = Duration::from_secs(ttl.max(0) as u64);
+    keep_alive_until_done(&grants, &mut refresh, granted_so_far, ttl_secs, "granting").await;
     grants.await.expect("granting leases");
     let leases = granted_so_far();
     let attach = tokio::spawn({
@@ -154,25 +185,46 @@ pub async fn grant_kept_alive(
         let leases = leases.clone();
         async move { attach_keys(&client, &prefix, &leases).await }
     });
-    keep_alive_until_done(&attach, &mut refresh, || leases.clone(), "attaching keys").await;
+    keep_alive_until_done(
+        &attach,
+        &mut refresh,
+        || leases.clone(),
+        ttl_secs,
+        "attaching keys",
+    )
+    .await;
     attach.await.expect("attaching keys");
     leases
 }
 
 /// Refreshes `ids()` every second until `task` finishes; every lease must
-/// still be alive each time.
+/// still be alive each time. A refresh that fails (a leader change under
+/// load, a timed-out request) is tried again the next second, as any
+/// client would, but refreshes failing for `ttl` fail the caller: the
+/// leases would be expiring.
 async fn keep_alive_until_done<T>(
     task: &tokio::task::JoinHandle<T>,
     refresh: &mut impl AsyncFnMut(&[i64]) -> Result<Vec<i64>, String>,
     ids: impl Fn() -> Vec<i64>,
+    ttl: Duration,
     what: &str,
 ) {
+    let mut refreshed = Instant::now();
     while !task.is_finished() {
         sleep(Duration::from_secs(1)).await;
-        let ttls = refresh(&ids())
-            .await
-            .unwrap_or_else(|e| panic!("refresh while {what}: {e}"));
-        let gone = ttls.iter().filter(|t| **t <= 0).count();
-        assert_eq!(gone, 0, "{gone} leases expired while {what}");
+        match refresh(&ids()).await {
+            Ok(ttls) => {
+                let gone = ttls.iter().filter(|t| **t <= 0).count();
+                assert_eq!(gone, 0, "{gone} leases expired while {what}");
+                refreshed = Instant::now();
+            }
+            Err(e) if refreshed.elapsed() < ttl => {
+                println!("refresh while {what} failed ({e}); again in a second");
+            }
+            Err(e) => panic!(
+                "no refresh while {what} succeeded for {:?}: {e}",
+                refreshed.elapsed()
+            ),
+        }
     }
 }
