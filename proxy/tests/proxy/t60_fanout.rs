@@ -202,20 +202,15 @@ async fn ten_thousand_watchers_are_one_upstream_watch_and_get_every_event_spread
     let cluster = Cluster::start(cell_binary(), 3, &[]).await;
     let bunched = fan_out(&cluster, "fan/0", "0s").await;
     let spread = fan_out(&cluster, "fan/200", "200ms").await;
-    // With no jitter, most clients get an event soon after the first one
-    // does: only the work of sending it to everyone lies between.
-    assert!(
-        quantile(&bunched, 0.5) < Duration::from_millis(80),
-        "jitter 0: half the deliveries came {:?} or more after the first",
-        quantile(&bunched, 0.5)
-    );
     // With 200 ms, the deliveries spread over the window: the middle half
     // of them spans about half of it (100 ms if perfectly even), and the
-    // jitter adds at most the window to the latest delivery. The bounds
-    // compare the two runs, not clock readings alone: on a loaded machine
-    // (CI runs other tests beside this one) every delivery can come later,
-    // which neither spreads nor bunches them. A CI run once saw p25 at
-    // 170 ms here, against an earlier bound of 110 ms on p25 alone.
+    // median moves later than without jitter. Both are lower bounds, which
+    // load does not break: how soon deliveries come is speed, which the load test
+    // measures (`watch-fanout`, docs/capacity.md). Clock bounds here (no
+    // jitter: p50 under 80 ms; with it: the latest, then p90, at most the
+    // window plus 300 ms later) failed on loaded CI runs of a debug build,
+    // where the no-jitter run alone had p50 72-198 ms and a maximum of
+    // 1.6-2 s, while every client still got every event in order.
     let (p25, p50, p75) = (
         quantile(&spread, 0.25),
         quantile(&spread, 0.5),
@@ -226,12 +221,6 @@ async fn ten_thousand_watchers_are_one_upstream_watch_and_get_every_event_spread
         p75 - p25 >= Duration::from_millis(50),
         "jitter 200ms: the middle half of the deliveries spans only {:?} (p25 {p25:?}, p75 {p75:?})",
         p75 - p25
-    );
-    let (last_bunched, last_spread) = (bunched[bunched.len() - 1], spread[spread.len() - 1]);
-    assert!(
-        last_spread <= last_bunched + Duration::from_millis(200 + 300),
-        "jitter 200ms: the latest delivery came {last_spread:?} after the first, \
-         with no jitter {last_bunched:?}: more than the window later"
     );
     assert!(
         quantile(&spread, 0.5) >= quantile(&bunched, 0.5) + Duration::from_millis(40),
