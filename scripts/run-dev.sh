@@ -11,5 +11,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
+# shellcheck source=scripts/compile-cache.sh
+source scripts/compile-cache.sh
+compile_cache_on
 cargo build --workspace --all-targets
 exec "${CARGO_TARGET_DIR:-target}/debug/latchkey-proxy" --dev "$@"

