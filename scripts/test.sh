@@ -13,12 +13,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/stages.sh
 source scripts/stages.sh
+# shellcheck source=scripts/compile-cache.sh
+source scripts/compile-cache.sh
 log=$(mktemp)
-trap 'stage_table; rm -f "$log"' EXIT
+trap 'stage_table; compile_cache_stats; rm -f "$log"' EXIT
 # Output also goes to $log, for the closing count of tests.
 logged() { "$@" 2>&1 | tee -a "$log"; }
 
 stage "install-deps" scripts/install-deps.sh
+compile_cache_on
 stage "format check" cargo fmt --all -- --check
 stage "build" cargo build --workspace --all-targets
 # The chaos variants of the cell and the proxy (crash points, test-only
