@@ -24,9 +24,6 @@ stage "install-deps" scripts/install-deps.sh
 compile_cache_on
 stage "format check" cargo fmt --all -- --check
 stage "build" cargo build --workspace --all-targets
-# The chaos variants of the cell and the proxy (crash points, test-only
-# defects) for the safety suite, loadtest/tests/chaos.rs.
-stage "chaos build" scripts/build-chaos.sh
 stage "install-deps checks" logged scripts/test-install-deps.sh
 # The Helm chart and the Dockerfile, offline (helm lint and template, the
 # Kubernetes API schemas, hadolint: nothing deployed, nothing built), then

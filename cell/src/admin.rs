@@ -120,8 +120,10 @@ pub fn router(node: Arc<CellNode>, prometheus: Option<PrometheusHandle>) -> Rout
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .with_state(AdminState { node, prometheus });
-    #[cfg(feature = "chaos")]
-    let router = router.merge(crate::chaos::router());
+    #[cfg(debug_assertions)]
+    if crate::chaos::fail_points_on() {
+        return router.merge(crate::chaos::router());
+    }
     router
 }
 

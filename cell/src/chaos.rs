@@ -1,6 +1,15 @@
-//! Test-only hooks for the fault-injection suite, compiled in only with
-//! `--features chaos` (a production build has none of this: no
-//! dependency, no endpoint, no flag).
+//! Test-only hooks for the fault-injection suite. They are compiled into
+//! debug builds only (what the tests and `scripts/run-dev.sh` run), and
+//! there they do nothing unless a member is started with an `--unsafe-*`
+//! flag; a release build (`cargo build --release`, the Docker image) has
+//! none of this: no endpoint, no flag, no crash point.
+//!
+//! Debug builds carry them, rather than a build with a feature of its own,
+//! so that the safety suite runs the very binaries every other test runs,
+//! and the test command compiles the cell and the proxy once: a `chaos`
+//! feature made cargo resolve the dependencies' features anew for the two
+//! packages and compile tokio, hyper, tonic, openraft and the rest a
+//! second time (205 s of a 2-core CI run).
 //!
 //! - Crash points at the persist steps ([`crash_point!`]): armed with the
 //!   `fail` crate's action `return`, the member aborts there, as a process
@@ -10,13 +19,13 @@
 //!   [`VOTE_SAVE`], [`SNAPSHOT_BEFORE_RENAME`], [`LOG_PURGE`], and
 //!   [`COMMITTED_BEFORE_ANSWER`] (not a persist step: the moment a
 //!   write's outcome becomes unknown to its client though it happened).
+//!   `--unsafe-fail-points` serves `GET /debug/fail-points` (the points
+//!   with their actions) and `PUT /debug/fail-points/{name}` (body: actions,
+//!   arms one) on the metrics address ([`router`]); without it nothing can
+//!   arm a point.
 //! - Broken behaviours ([`Break`], flag `--unsafe-break`), each a defect
 //!   the suite must report: a member misbehaves only where [`broken`]
-//!   says so, and [`broken`] is `false` in every build without the
-//!   feature.
-//! - `GET /debug/fail-points` lists them with their actions, and
-//!   `PUT /debug/fail-points/{name}` (body: actions) arms one, on the
-//!   metrics address ([`router`]).
+//!   says so, and [`broken`] is `false` in every release build.
 
 /// After the entries are written to RocksDB, before the fsync.
 pub const LOG_APPEND_BEFORE_FSYNC: &str = "log-append-before-fsync";
@@ -43,25 +52,59 @@ pub const POINTS: [&str; 6] = [
     COMMITTED_BEFORE_ANSWER,
 ];
 
-/// A crash point: nothing without the `chaos` feature.
+/// A crash point: nothing in a release build.
 #[macro_export]
 macro_rules! crash_point {
     ($name:expr) => {
-        #[cfg(feature = "chaos")]
+        #[cfg(debug_assertions)]
         $crate::chaos::reached($name);
     };
 }
 
+/// The hooks this process was started with (once, at start).
+#[cfg(debug_assertions)]
+#[derive(Debug)]
+struct Hooks {
+    fail_points: bool,
+    breaks: Vec<Break>,
+}
+
+#[cfg(debug_assertions)]
+static HOOKS: std::sync::OnceLock<Hooks> = std::sync::OnceLock::new();
+
+/// Switches the test-only hooks on for the life of the process: the
+/// fail-point endpoint when `fail_points`, and the defects in `breaks`.
+/// Called once, at start, by `main` with the `--unsafe-*` flags.
+#[cfg(debug_assertions)]
+pub fn switch_on(fail_points: bool, breaks: &[Break]) {
+    if fail_points {
+        tracing::warn!("UNSAFE: crash points can be armed at /debug/fail-points (safety suite)");
+    }
+    if !breaks.is_empty() {
+        tracing::warn!(?breaks, "UNSAFE: defects switched on for the safety suite");
+    }
+    let _ = HOOKS.set(Hooks {
+        fail_points,
+        breaks: breaks.to_vec(),
+    });
+}
+
+/// Whether crash points can be armed (`--unsafe-fail-points`).
+#[cfg(debug_assertions)]
+pub fn fail_points_on() -> bool {
+    HOOKS.get().is_some_and(|h| h.fail_points)
+}
+
 /// What an armed point does when reached.
-#[cfg(feature = "chaos")]
+#[cfg(debug_assertions)]
 pub fn reached(name: &str) {
-    if fail::eval(name, |_| ()).is_some() {
+    if fail_points_on() && fail::eval(name, |_| ()).is_some() {
         eprintln!("crash point {name}: aborting");
         std::process::abort();
     }
 }
 
-#[cfg(feature = "chaos")]
+#[cfg(debug_assertions)]
 pub fn router() -> axum::Router {
     use axum::extract::Path;
     use axum::http::StatusCode;
@@ -108,26 +151,14 @@ pub enum Break {
     LeaderLocalReads,
 }
 
-#[cfg(feature = "chaos")]
-static BREAKS: std::sync::OnceLock<Vec<Break>> = std::sync::OnceLock::new();
-
-/// Switches `breaks` on for the life of the process (once, at start).
-#[cfg(feature = "chaos")]
-pub fn set_breaks(breaks: &[Break]) {
-    if !breaks.is_empty() {
-        tracing::warn!(?breaks, "UNSAFE: defects switched on for the safety suite");
-    }
-    let _ = BREAKS.set(breaks.to_vec());
-}
-
 /// Whether defect `b` is switched on.
-#[cfg(feature = "chaos")]
+#[cfg(debug_assertions)]
 pub fn broken(b: Break) -> bool {
-    BREAKS.get().is_some_and(|on| on.contains(&b))
+    HOOKS.get().is_some_and(|h| h.breaks.contains(&b))
 }
 
-/// Whether defect `b` is switched on: never without the feature.
-#[cfg(not(feature = "chaos"))]
+/// Whether defect `b` is switched on: never in a release build.
+#[cfg(not(debug_assertions))]
 pub const fn broken(_: Break) -> bool {
     false
 }

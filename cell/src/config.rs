@@ -182,10 +182,17 @@ pub struct Config {
     #[arg(long, env = "LATCHKEY_LOG", default_value = "info")]
     pub log: String,
 
-    /// TEST-ONLY (a `--features chaos` build): a defect to switch on, for
-    /// the safety suite to prove it notices (repeatable). Never in
-    /// production.
-    #[cfg(feature = "chaos")]
+    /// TEST-ONLY (debug builds; a release build has no such flag): serve
+    /// `/debug/fail-points` on the metrics address, where the safety suite
+    /// arms crash points at the persist steps. Never in production.
+    #[cfg(debug_assertions)]
+    #[arg(long)]
+    pub unsafe_fail_points: bool,
+
+    /// TEST-ONLY (debug builds; a release build has no such flag): a defect
+    /// to switch on, for the safety suite to prove it notices
+    /// (repeatable). Never in production.
+    #[cfg(debug_assertions)]
     #[arg(long, value_enum)]
     pub unsafe_break: Vec<crate::chaos::Break>,
 }

@@ -20,8 +20,8 @@ fn main() -> ExitCode {
 
 async fn run(cfg: latchkey_cell::config::Resolved) -> anyhow::Result<()> {
     telemetry::init_tracing(&cfg.cfg.log);
-    #[cfg(feature = "chaos")]
-    latchkey_cell::chaos::set_breaks(&cfg.cfg.unsafe_break);
+    #[cfg(debug_assertions)]
+    latchkey_cell::chaos::switch_on(cfg.cfg.unsafe_fail_points, &cfg.cfg.unsafe_break);
     let prometheus = telemetry::install_prometheus().map_err(anyhow::Error::msg)?;
     let cell = Cell::start(cfg, Some(prometheus)).await?;
     let failed = tokio::select! {

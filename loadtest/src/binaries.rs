@@ -11,7 +11,7 @@ pub struct Binaries {
     /// The `latchkey-proxy` binary (default: next to this one).
     #[arg(long)]
     pub proxy_bin: Option<PathBuf>,
-    /// An extra argument for every member, e.g. one of a chaos build's
+    /// An extra argument for every member, e.g. one of a debug build's
     /// `--unsafe-*` flags (repeatable).
     #[arg(long, allow_hyphen_values = true)]
     pub cell_arg: Vec<String>,

@@ -1,9 +1,9 @@
 //! The fault-injection safety suite in CI (issue 14): seeded chaos runs
-//! against the chaos build of the cell and the proxy (crash points
-//! compiled in, no defect switched on) must end linearizable with every
-//! invariant held, and the same runs with a defect switched on must
-//! report it. Needs root and iptables (the partitions), and the binaries
-//! scripts/build-chaos.sh builds.
+//! against the debug builds of the cell and the proxy (crash points
+//! armed by the runner, no defect switched on) must end linearizable with
+//! every invariant held, and the same runs with a defect switched on (an
+//! `--unsafe-*` flag) must report it. Needs root and iptables (the
+//! partitions).
 
 use serde_json::Value;
 use std::path::PathBuf;
@@ -14,7 +14,7 @@ fn target_bin(name: &str) -> PathBuf {
     let bin = loadtest.with_file_name(name);
     assert!(
         bin.exists(),
-        "{} is missing: run scripts/build-chaos.sh (the README's test command does)",
+        "{} is missing: run `cargo build --workspace --all-targets` (the README's test command does)",
         bin.display()
     );
     bin
@@ -33,8 +33,8 @@ fn chaos(seed: u64, duration: &str, extra: &[&str]) -> Run {
         if extra.is_empty() { "" } else { "-broken" }
     ));
     let _ = std::fs::remove_dir_all(&out);
-    let cell = target_bin("latchkey-cell-chaos");
-    let proxy = target_bin("latchkey-proxy-chaos");
+    let cell = target_bin("latchkey-cell");
+    let proxy = target_bin("latchkey-proxy");
     let output = Command::new(env!("CARGO_BIN_EXE_latchkey-loadtest"))
         .args(["chaos", "--seed", &seed.to_string(), "--duration", duration])
         .arg("--cell-bin")

@@ -91,10 +91,10 @@ pub struct Config {
     #[arg(long, env = "LATCHKEY_LOG", default_value = "info")]
     pub log: String,
 
-    /// TEST-ONLY (a `--features chaos` build): retry writes whose outcome
-    /// is unknown, a defect for the safety suite to catch. Never in
-    /// production.
-    #[cfg(feature = "chaos")]
+    /// TEST-ONLY (debug builds; a release build has no such flag): retry
+    /// writes whose outcome is unknown, a defect for the safety suite to
+    /// catch. Never in production.
+    #[cfg(debug_assertions)]
     #[arg(long)]
     pub unsafe_retry_ambiguous_writes: bool,
 }

@@ -206,7 +206,8 @@ impl<'a> Nemesis<'a> {
 }
 
 /// Arms fail point `name` with `actions` (the `fail` crate's syntax) on
-/// member `id`; only a cell built with `--features chaos` has them.
+/// member `id`; only a debug build started with `--unsafe-fail-points`
+/// serves them.
 pub async fn arm_fail_point(
     cluster: &Cluster,
     id: u64,
@@ -218,14 +219,15 @@ pub async fn arm_fail_point(
     match http_request(addr, "PUT", &path, actions).await {
         Some(r) if r.starts_with("HTTP/1.1 200") => Ok(()),
         Some(r) => Err(format!(
-            "member {id} refused fail point {name}: {} (is it built with --features chaos?)",
+            "member {id} refused fail point {name}: {} (is it a debug build started with --unsafe-fail-points?)",
             r.lines().next().unwrap_or_default()
         )),
         None => Err(format!("member {id} did not answer at {addr}")),
     }
 }
 
-/// Whether the members were built with fail points (`--features chaos`).
+/// Whether the members serve fail points (a debug build started with
+/// `--unsafe-fail-points`).
 pub async fn has_fail_points(cluster: &Cluster, id: u64) -> bool {
     let addr = &cluster.member(id).metrics;
     matches!(

@@ -25,8 +25,8 @@ pub enum FaultKind {
     /// A lock holder (a client process) SIGSTOPped past its session's TTL.
     ClientPause,
     /// A member crashes at its next log append, after writing and before
-    /// the fsync (fail point `log-append-before-fsync`; a cell built with
-    /// `--features chaos`), restarted at heal.
+    /// the fsync (fail point `log-append-before-fsync`; a debug build
+    /// started with `--unsafe-fail-points`), restarted at heal.
     LogAppendCrash,
     /// The leader crashes right after its next commit, before answering
     /// (fail point `committed-before-answer`): writes that happened with
