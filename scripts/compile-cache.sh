@@ -51,6 +51,8 @@ compile_cache_on() {
 compile_cache_stats() {
   [ -n "${RUSTC_WRAPPER:-}" ] || return 0
   "$SCCACHE" --show-stats 2>/dev/null |
-    awk '/^Compile requests /{r=$NF} /^Cache hits /&&!/rate/{h=$NF} /^Cache misses /&&!/rate/{m=$NF}
-         END { printf "compile cache: %s compile requests, %s hits, %s misses\n", r, h, m }'
+    awk '$1 == "Compile" && $2 == "requests" && NF == 3 { r = $3 }
+         $1 == "Cache" && $2 == "hits" && NF == 3 { h = $3 }
+         $1 == "Cache" && $2 == "misses" && NF == 3 { m = $3 }
+         END { printf "compile cache: %s compile requests, %s hits, %s misses (the rest cannot be cached)\n", r, h, m }'
 }
