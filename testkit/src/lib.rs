@@ -39,6 +39,8 @@
 //!   [`Cluster`] or of its own `--dev` cell.
 //! - [`etcdctl_session`]: the scripted etcdctl sessions, run against a
 //!   cell's members or a proxy alike.
+//! - [`outliers`]: [`outlier_bound`], a bound on outages and gaps taken
+//!   from the run itself, so a loaded machine does not fail it.
 //!
 //! Data flows one way: a test starts a [`Cluster`], talks to its members
 //! through `etcd-client` (or etcdctl), and waits with
@@ -57,6 +59,7 @@ pub mod eventually;
 pub mod linearizability;
 pub mod lock_holders;
 pub mod metrics;
+pub mod outliers;
 pub mod ports;
 pub mod process;
 pub mod proxy;
@@ -81,5 +84,6 @@ pub use etcdctl::{etcdctl, member_id_in, try_etcdctl, EtcdctlProcess};
 pub use eventually::{eventually, poll_until};
 pub use lock_holders::{FencedLog, FencedSummary, FencedWrite, Holders, HOLDER_TTL_SECS};
 pub use metrics::{http_get, http_request, metric_value};
+pub use outliers::outlier_bound;
 pub use ports::free_port;
 pub use proxy::{proxy_binary, ProxyProcess};

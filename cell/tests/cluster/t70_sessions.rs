@@ -4,7 +4,7 @@
 
 use crate::CELL_BIN;
 use etcd_client::{Client, EventType, WatchOptions};
-use latchkey_shared::client::{KeepAliveStream, RefreshStream};
+use latchkey_shared::client::{ClientError, KeepAliveStream, RefreshStream};
 use latchkey_shared::session::{Session, SessionOptions, SessionState};
 use latchkey_testkit::{
     count_keys, err_text, eventually, grant_kept_alive, http_get, metric_value, Cluster,
@@ -250,7 +250,10 @@ async fn a_session_rides_out_a_short_partition_and_expires_in_a_long_one() {
     )
     .await;
     println!("{s:?} {:?} after the cells stopped", stopped.elapsed());
-    tokio::time::sleep(Duration::from_millis(3500).saturating_sub(stopped.elapsed())).await;
+    // Continued as soon as the session is in jeopardy (about 3 s in; it
+    // was a fixed 3.5 s). What is left of the TTL is the cell's time to
+    // confirm a refresh after it runs again, and on a loaded machine the
+    // fixed stop left it as little as half a second.
     cluster.signal_all("CONT");
     wait_state(
         &mut states,
@@ -301,6 +304,8 @@ async fn a_dead_lease_expires_within_ttl_plus_grace_through_five_leader_changes(
         .await
         .expect("grant")
         .id();
+    // This run's pace: the expiry is a write like this one.
+    let put_started = Instant::now();
     client
         .put(
             "dead/key",
@@ -309,6 +314,7 @@ async fn a_dead_lease_expires_within_ttl_plus_grace_through_five_leader_changes(
         )
         .await
         .expect("put");
+    let write = put_started.elapsed();
     let deletes = count_deletes(&mut client, "dead/").await;
     // The last refresh the lease will ever get; the cell handles it after
     // `refreshed`, so the lease must live until refreshed + TTL.
@@ -356,10 +362,15 @@ async fn a_dead_lease_expires_within_ttl_plus_grace_through_five_leader_changes(
         took >= Duration::from_secs(TTL) - CLOCK_SLACK,
         "expired early: {took:?} after its last refresh"
     );
-    // The expiry loop looks every 100 ms, and a commit takes a few more.
+    // The expiry loop looks every 100 ms, and a commit takes a few more:
+    // 500 ms, plus three of this run's writes (the revoke, its apply and
+    // the watch event), so a loaded machine slows the bound as it slows
+    // the expiry. A restarted TTL or a full grace from a late leader
+    // change lands 0.5-2.5 s later.
+    let late_bound = limit + Duration::from_millis(500) + 3 * write;
     assert!(
-        took <= limit + Duration::from_millis(500),
-        "expired late: {took:?} after its last refresh"
+        took <= late_bound,
+        "expired late: {took:?} after its last refresh (bound {late_bound:?}; a write took {write:?})"
     );
 }
 
@@ -444,17 +455,15 @@ async fn s1_a_leader_whose_peer_traffic_is_blackholed_stops_granting_time() {
     leader_cut_off_from_its_quorum_stops_granting_time(Cut::BlackholeLeader).await;
 }
 
-/// The old leader must grant no time after the cut, fail each keep-alive
-/// within one election timeout of it being sent, say on /readyz within the
+/// The old leader must grant no time after the cut, refuse each keep-alive
+/// itself (not leave it to the client's timeout), say on /readyz within the
 /// quorum timeout (four election timeouts) that it is not ready, and a
 /// session on it must go to
 /// jeopardy, then expire, never believing in more time than it was granted
 /// before the cut.
 async fn leader_cut_off_from_its_quorum_stops_granting_time(how: Cut) {
     const TTL: i64 = 6;
-    // The cell's default election timeout, which bounds a grant's
-    // confirmation round, and its quorum timeout (four of them).
-    const ELECTION_TIMEOUT: Duration = Duration::from_millis(400);
+    // The cell's quorum timeout (four default election timeouts).
     const QUORUM_TIMEOUT: Duration = Duration::from_millis(1600);
     // Scheduling slack on a loaded 2-core machine.
     const SLACK: Duration = Duration::from_millis(1000);
@@ -512,11 +521,15 @@ async fn leader_cut_off_from_its_quorum_stops_granting_time(how: Cut) {
                 "a keep-alive sent {:?} after the cut was granted {ttls:?}",
                 sent - cut
             ),
+            // The cut-off leader itself refuses (its quorum check gives up
+            // after an election timeout), well before the client's own
+            // 5 s timeout would fail the attempt. (This was a clock bound of
+            // an election timeout + 1 s, which a loaded machine can pass.)
             Err(e) => {
-                let limit = sent + ELECTION_TIMEOUT + SLACK;
                 assert!(
-                    Instant::now() <= limit,
-                    "a keep-alive failed only {took:?} after it was sent ({e})"
+                    !matches!(e, ClientError::TimedOut { .. }),
+                    "a keep-alive failed only {took:?} after it was sent, by the client's \
+                     timeout ({e}), not refused by the cut-off leader"
                 );
             }
         }
@@ -555,10 +568,14 @@ async fn leader_cut_off_from_its_quorum_stops_granting_time(how: Cut) {
         options.keep_alive + options.attempt_timeout + SLACK,
     )
     .await;
+    // The session declares itself expired at the first failed attempt
+    // after its TTL ran out, and an attempt may take its whole timeout.
     wait_state(
         &mut states,
         |s| *s == SessionState::Expired,
-        Duration::from_secs(TTL as u64).saturating_sub(cut.elapsed()) + SLACK,
+        Duration::from_secs(TTL as u64).saturating_sub(cut.elapsed())
+            + options.attempt_timeout
+            + SLACK,
     )
     .await;
     println!("session expired {:?} after the cut", cut.elapsed());

@@ -71,6 +71,20 @@ impl FaultKind {
         !matches!(self, FaultKind::ClientPause | FaultKind::CellRestart)
     }
 
+    /// A fault that takes the leader away, so the cell must elect another
+    /// before it writes again: its outage is an election and a client
+    /// finding the new leader.
+    pub fn deposes_leader(self) -> bool {
+        matches!(
+            self,
+            FaultKind::LeaderPartition
+                | FaultKind::OneWayPartition
+                | FaultKind::LeaderKill
+                | FaultKind::LeaderPause
+                | FaultKind::CommitCrash
+        )
+    }
+
     /// How long the fault holds before it is healed.
     fn hold(self, rng: &mut ChaCha8Rng) -> Duration {
         let ms = match self {
