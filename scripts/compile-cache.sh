@@ -16,7 +16,8 @@
 #                         (detached, so no pipe waits on it). Without
 #                         sccache, or with LATCHKEY_COMPILE_CACHE=off, it
 #                         says so and cargo builds everything from source.
-#   compile_cache_stats   one line: this run's hits and misses.
+#   compile_cache_stats   one line: the hits and misses since compile_cache_on
+#                         (read it before the server's 10 idle minutes end).
 #
 # The cache: $SCCACHE_DIR (default ~/.cache/latchkey/sccache), at most
 # $SCCACHE_CACHE_SIZE (default 20G, least recently used out first). Clear it

@@ -16,7 +16,8 @@ source scripts/stages.sh
 # shellcheck source=scripts/compile-cache.sh
 source scripts/compile-cache.sh
 log=$(mktemp)
-trap 'stage_table; compile_cache_stats; rm -f "$log"' EXIT
+cache_line=""
+trap 'stage_table; echo "$cache_line"; rm -f "$log"' EXIT
 # Output also goes to $log, for the closing count of tests.
 logged() { "$@" 2>&1 | tee -a "$log"; }
 
@@ -24,6 +25,9 @@ stage "install-deps" scripts/install-deps.sh
 compile_cache_on
 stage "format check" cargo fmt --all -- --check
 stage "build" cargo build --workspace --all-targets
+# Read now: sccache's server stops itself after 10 idle minutes, and its
+# counts with it.
+cache_line=$(compile_cache_stats)
 stage "install-deps checks" logged scripts/test-install-deps.sh
 # The Helm chart and the Dockerfile, offline (helm lint and template, the
 # Kubernetes API schemas, hadolint: nothing deployed, nothing built), then
