@@ -3,6 +3,7 @@
 //! what it knows to be committed, and if it is the leader it has heard from
 //! a quorum within the quorum timeout).
 
+use crate::metrics_catalog::{HAS_LEADER, IS_LEADER, LAST_LOG_INDEX, LOG_PURGED_INDEX, RAFT_TERM};
 use crate::node::CellNode;
 use crate::raft::leadership::quorum_lost;
 use crate::raft::{Member, NodeId};
@@ -24,13 +25,13 @@ struct AdminState {
 
 async fn metrics_text(State(s): State<AdminState>) -> String {
     let m = s.node.raft.metrics().borrow().clone();
-    metrics::gauge!("latchkey_raft_term").set(m.current_term as f64);
-    metrics::gauge!("latchkey_is_leader").set(if s.node.is_leader() { 1.0 } else { 0.0 });
-    metrics::gauge!("latchkey_has_leader").set(if m.current_leader.is_some() { 1.0 } else { 0.0 });
-    metrics::gauge!("latchkey_last_log_index").set(m.last_log_index.unwrap_or(0) as f64);
+    metrics::gauge!(RAFT_TERM.name).set(m.current_term as f64);
+    metrics::gauge!(IS_LEADER.name).set(if s.node.is_leader() { 1.0 } else { 0.0 });
+    metrics::gauge!(HAS_LEADER.name).set(if m.current_leader.is_some() { 1.0 } else { 0.0 });
+    metrics::gauge!(LAST_LOG_INDEX.name).set(m.last_log_index.unwrap_or(0) as f64);
     // Entries up to here are gone from the log: a member behind it catches
     // up only from a snapshot.
-    metrics::gauge!("latchkey_log_purged_index").set(m.purged.map_or(0, |id| id.index) as f64);
+    metrics::gauge!(LOG_PURGED_INDEX.name).set(m.purged.map_or(0, |id| id.index) as f64);
     s.prometheus
         .as_ref()
         .map(PrometheusHandle::render)

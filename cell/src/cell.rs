@@ -285,6 +285,279 @@ where
     })
 }
 
+/// The member's three listeners, bound before Raft starts: once Raft
+/// runs, a failure to start must stop it.
+struct Listeners {
+    peer: tokio::net::TcpListener,
+    peer_addr: SocketAddr,
+    admin: tokio::net::TcpListener,
+    metrics_addr: SocketAddr,
+    api: tokio::net::TcpListener,
+    client_addr: SocketAddr,
+}
+
+impl Listeners {
+    /// The addresses as the flags give them, refused before anything is
+    /// opened if one is not `ip:port`.
+    fn parse(cfg: &Resolved) -> anyhow::Result<[SocketAddr; 3]> {
+        Ok([
+            parse_addr("--client-addr", &cfg.cfg.client_addr)?,
+            parse_addr("--peer-addr", &cfg.cfg.peer_addr)?,
+            parse_addr("--metrics-addr", &cfg.cfg.metrics_addr)?,
+        ])
+    }
+
+    async fn bind(
+        [client_addr, peer_addr, metrics_addr]: [SocketAddr; 3],
+    ) -> anyhow::Result<Listeners> {
+        let peer = tokio::net::TcpListener::bind(peer_addr)
+            .await
+            .with_context(|| format!("binding --peer-addr {peer_addr}"))?;
+        let admin = tokio::net::TcpListener::bind(metrics_addr)
+            .await
+            .with_context(|| format!("binding --metrics-addr {metrics_addr}"))?;
+        let api = tokio::net::TcpListener::bind(client_addr)
+            .await
+            .with_context(|| format!("binding --client-addr {client_addr}"))?;
+        Ok(Listeners {
+            peer_addr: peer.local_addr()?,
+            metrics_addr: admin.local_addr()?,
+            client_addr: api.local_addr()?,
+            peer,
+            admin,
+            api,
+        })
+    }
+}
+
+/// Raft started on the member's storage, and the member around it.
+struct Started {
+    raft: Raft,
+    node: Arc<CellNode>,
+    log: LogStore,
+    lessor: Arc<Lessor>,
+    state: crate::state_machine::store::SharedState,
+}
+
+/// Loads the state machine from its snapshot, starts Raft on the log and
+/// builds the member around it.
+async fn start_raft(
+    cfg: &Resolved,
+    db: &Arc<rocksdb::DB>,
+    peer_addr: SocketAddr,
+) -> anyhow::Result<Started> {
+    let lessor = Arc::new(Lessor::new());
+    let hub = Arc::new(WatchHub::new());
+    let purger = LogPurger::gated(db.clone()).context("reading the log's purge point")?;
+    let sm = StateMachineStore::open(
+        &cfg.data_dir,
+        Some(lessor.clone()),
+        hub.clone(),
+        Some(purger.clone()),
+    )
+    .await
+    .with_context(|| format!("loading the snapshot in {}", cfg.data_dir.display()))?;
+    let config = Arc::new(raft_config(cfg)?);
+    let log = LogStore::new(db.clone(), purger).context("starting the log store")?;
+    let state = sm.shared();
+    let channels = PeerChannels::new(cfg.cluster_id, peer_addr);
+    let nudge = ElectionNudge::default();
+    let raft = Raft::new(
+        cfg.id,
+        config,
+        NetworkFactory {
+            channels: channels.clone(),
+            nudge: nudge.clone(),
+        },
+        log.clone(),
+        sm,
+    )
+    .await;
+    let raft = match raft {
+        Ok(raft) => {
+            nudge.attach(raft.clone());
+            raft
+        }
+        Err(e) => {
+            log.stop_flusher();
+            return Err(e).context("starting raft");
+        }
+    };
+    let node = Arc::new(CellNode::new(
+        cfg,
+        raft.clone(),
+        state.clone(),
+        lessor.clone(),
+        hub,
+        db.clone(),
+        // Forwarded client requests on connections of their own: a
+        // burst of them, or a large txn's answer, never holds up the
+        // heartbeats and votes on Raft's connections.
+        PeerClients::new(PeerChannels::new(cfg.cluster_id, peer_addr)),
+    ));
+    Ok(Started {
+        raft,
+        node,
+        log,
+        lessor,
+        state,
+    })
+}
+
+/// Serves Raft and forwarded requests to the other members.
+fn serve_peers(
+    cfg: &Resolved,
+    started: &Started,
+    listener: tokio::net::TcpListener,
+    stopped_tx: &tokio::sync::watch::Sender<Option<Stopped>>,
+) -> JoinHandle<Result<(), String>> {
+    let lifecycle = &started.node.lifecycle;
+    let peer_server = PeerServer::new(PeerService {
+        cluster_id: cfg.cluster_id,
+        raft: started.raft.clone(),
+        handler: started.node.clone(),
+        snapshot_receipt: SnapshotReceipt::new(started.raft.clone(), AFTER_SNAPSHOT_CHUNK),
+    })
+    .max_decoding_message_size(MAX_PEER_MESSAGE_BYTES)
+    .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES);
+    spawn_server(lifecycle, stopped_tx, "peer server", {
+        let token = lifecycle.token();
+        tonic::transport::Server::builder()
+            // A peer cancels every Raft request that outlives its
+            // timeout (one heartbeat for AppendEntries). After a stall
+            // or a healed partition many such resets arrive together,
+            // and at h2's default limit of 20 the server closed the
+            // connection (ENHANCE_YOUR_CALM), failing the requests
+            // that were still good: seen in the safety suite's member
+            // logs. Peers are members of this cell, not strangers.
+            .http2_max_pending_accept_reset_streams(Some(PEER_PENDING_RESETS))
+            .initial_stream_window_size(PEER_STREAM_WINDOW)
+            .initial_connection_window_size(PEER_CONNECTION_WINDOW)
+            .add_service(peer_server)
+            .serve_with_incoming_shutdown(
+                crate::api::nodelay_incoming(listener),
+                token.cancelled_owned(),
+            )
+    })
+}
+
+/// Bootstraps a new cell from `--initial-cluster`. A joining member never
+/// bootstraps: the leader replicates to it. (A failed `is_initialized`
+/// means Raft stopped; `stopped` says so.)
+async fn bootstrap_if_new(cfg: &Resolved, raft: &Raft) {
+    if cfg.join.is_empty() && !raft.is_initialized().await.unwrap_or(true) {
+        let members = initial_members(cfg);
+        tracing::info!(members = ?cfg.initial_cluster, "bootstrapping a new cell");
+        if let Err(e) = raft.initialize(members).await {
+            // Another member's bootstrap reached us first: that is fine.
+            tracing::info!(error = %e, "initialize skipped");
+        }
+    }
+}
+
+/// Starts the member's background jobs: the lessor's loop, publishing its
+/// own addresses, snapshots, auto-compaction, and the watch for its
+/// removal from the cell (which reports through `stopped_tx`).
+fn spawn_jobs(
+    cfg: &Resolved,
+    started: Started,
+    stopped_tx: &tokio::sync::watch::Sender<Option<Stopped>>,
+) {
+    let Started {
+        raft,
+        node,
+        lessor,
+        state,
+        ..
+    } = started;
+    let lifecycle = node.lifecycle.clone();
+    let lessor_loop = LessorLoop {
+        id: cfg.id,
+        raft,
+        state,
+        lessor,
+        grace: Duration::from_millis(cfg.cfg.lease_grace_ms),
+        checkpoint_interval: cfg.lease_checkpoint_interval(),
+        request_timeout: cfg.request_timeout(),
+        quorum_timeout: node.quorum_timeout,
+    };
+    lifecycle.spawn_owned(|token| lessor_loop.run(token));
+    lifecycle.spawn(PublishMember { node: node.clone() }.run());
+    lifecycle.spawn(
+        SnapshotTrigger {
+            raft: node.raft.clone(),
+            state: node.state.clone(),
+            every: cfg.cfg.snapshot_entries,
+        }
+        .run(),
+    );
+    lifecycle.spawn(
+        AutoCompaction {
+            node: node.clone(),
+            retention: cfg.retention,
+        }
+        .run(),
+    );
+    let stopped_tx = stopped_tx.clone();
+    lifecycle.spawn(async move {
+        let why = member_ends(&node).await;
+        if why == Stopped::Removed {
+            tracing::warn!("this member was removed from the cell; stopping");
+            // Let in-flight answers (such as the MemberRemove that
+            // removed this leader) reach their clients first.
+            tokio::time::sleep(REMOVED_LINGER).await;
+        }
+        stopped_tx.send_replace(Some(why));
+    });
+}
+
+/// Serves `/metrics`, `/healthz` and `/readyz`.
+fn serve_admin(
+    node: &Arc<CellNode>,
+    prometheus: Option<PrometheusHandle>,
+    listener: tokio::net::TcpListener,
+    stopped_tx: &tokio::sync::watch::Sender<Option<Stopped>>,
+) -> JoinHandle<Result<(), String>> {
+    let lifecycle = &node.lifecycle;
+    let admin = crate::admin::router(node.clone(), prometheus);
+    spawn_server(lifecycle, stopped_tx, "metrics server", {
+        let token = lifecycle.token();
+        async move {
+            axum::serve(listener, admin)
+                .with_graceful_shutdown(token.cancelled_owned())
+                .await
+        }
+    })
+}
+
+/// Serves the etcd API to clients.
+fn serve_api(
+    cfg: &Resolved,
+    node: &Arc<CellNode>,
+    listener: tokio::net::TcpListener,
+    stopped_tx: &tokio::sync::watch::Sender<Option<Stopped>>,
+) -> JoinHandle<Result<(), String>> {
+    let lifecycle = &node.lifecycle;
+    spawn_server(
+        lifecycle,
+        stopped_tx,
+        "client API server",
+        crate::api::serve(
+            node.clone(),
+            listener,
+            cfg.cfg.max_request_bytes,
+            WatchOptions {
+                progress_interval: Duration::from_millis(
+                    cfg.cfg.watch_progress_notify_interval_ms.max(100),
+                ),
+                max_watches: cfg.cfg.max_watches_per_stream,
+                max_response_bytes: cfg.cfg.max_request_bytes,
+            },
+            lifecycle.token().cancelled_owned(),
+        ),
+    )
+}
+
 impl Cell {
     /// Starts a member. `prometheus` renders `/metrics` when the embedding
     /// process installed a recorder.
@@ -292,202 +565,43 @@ impl Cell {
         mut cfg: Resolved,
         prometheus: Option<PrometheusHandle>,
     ) -> anyhow::Result<CellHandle> {
-        let client_addr = parse_addr("--client-addr", &cfg.cfg.client_addr)?;
-        let peer_addr = parse_addr("--peer-addr", &cfg.cfg.peer_addr)?;
-        let metrics_addr = parse_addr("--metrics-addr", &cfg.cfg.metrics_addr)?;
-
+        // HELP text and units for `/metrics` (a no-op without a recorder).
+        crate::metrics_catalog::describe();
+        let addrs = Listeners::parse(&cfg)?;
         std::fs::create_dir_all(&cfg.data_dir)
             .with_context(|| format!("creating {}", cfg.data_dir.display()))?;
         let db = crate::storage::open(&cfg.data_dir)
             .with_context(|| format!("opening the log in {}", cfg.data_dir.display()))?;
         settle_identity(&mut cfg, &db).await?;
-
-        // Every port first: once Raft runs, a failure to start must stop it.
-        let peer_listener = tokio::net::TcpListener::bind(peer_addr)
-            .await
-            .with_context(|| format!("binding --peer-addr {peer_addr}"))?;
-        let peer_addr = peer_listener.local_addr()?;
-        let admin_listener = tokio::net::TcpListener::bind(metrics_addr)
-            .await
-            .with_context(|| format!("binding --metrics-addr {metrics_addr}"))?;
-        let metrics_addr = admin_listener.local_addr()?;
-        let api_listener = tokio::net::TcpListener::bind(client_addr)
-            .await
-            .with_context(|| format!("binding --client-addr {client_addr}"))?;
-        let client_addr = api_listener.local_addr()?;
-
-        let lessor = Arc::new(Lessor::new());
-        let hub = Arc::new(WatchHub::new());
-        let purger = LogPurger::gated(db.clone()).context("reading the log's purge point")?;
-        let sm = StateMachineStore::open(
-            &cfg.data_dir,
-            Some(lessor.clone()),
-            hub.clone(),
-            Some(purger.clone()),
-        )
-        .await
-        .with_context(|| format!("loading the snapshot in {}", cfg.data_dir.display()))?;
-        let config = Arc::new(raft_config(&cfg)?);
-        let log = LogStore::new(db.clone(), purger).context("starting the log store")?;
-        let shared = sm.shared();
-        let channels = PeerChannels::new(cfg.cluster_id, peer_addr);
-        let nudge = ElectionNudge::default();
-        let raft = Raft::new(
-            cfg.id,
-            config,
-            NetworkFactory {
-                channels: channels.clone(),
-                nudge: nudge.clone(),
-            },
-            log.clone(),
-            sm,
-        )
-        .await;
-        let raft = match raft {
-            Ok(raft) => {
-                nudge.attach(raft.clone());
-                raft
-            }
-            Err(e) => {
-                log.stop_flusher();
-                return Err(e).context("starting raft");
-            }
-        };
-        let node = Arc::new(CellNode::new(
-            &cfg,
-            raft.clone(),
-            shared.clone(),
-            lessor.clone(),
-            hub,
-            db.clone(),
-            // Forwarded client requests on connections of their own: a
-            // burst of them, or a large txn's answer, never holds up the
-            // heartbeats and votes on Raft's connections.
-            PeerClients::new(PeerChannels::new(cfg.cluster_id, peer_addr)),
-        ));
-        let lifecycle = node.lifecycle.clone();
+        let listeners = Listeners::bind(addrs).await?;
+        let (client_addr, peer_addr, metrics_addr) = (
+            listeners.client_addr,
+            listeners.peer_addr,
+            listeners.metrics_addr,
+        );
+        let started = start_raft(&cfg, &db, peer_addr).await?;
+        let (node, raft, log) = (
+            started.node.clone(),
+            started.raft.clone(),
+            started.log.clone(),
+        );
         let (stopped_tx, stopped) = tokio::sync::watch::channel(None);
-        let mut servers = Vec::new();
-
         // Peers first: the others may already be electing and need our vote.
-        // (A failed `is_initialized` means Raft stopped; `stopped` says so.)
-        let peer_server = PeerServer::new(PeerService {
-            cluster_id: cfg.cluster_id,
-            raft: raft.clone(),
-            handler: node.clone(),
-            snapshot_receipt: SnapshotReceipt::new(raft.clone(), AFTER_SNAPSHOT_CHUNK),
-        })
-        .max_decoding_message_size(MAX_PEER_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES);
-        servers.push(spawn_server(&lifecycle, &stopped_tx, "peer server", {
-            let token = lifecycle.token();
-            tonic::transport::Server::builder()
-                // A peer cancels every Raft request that outlives its
-                // timeout (one heartbeat for AppendEntries). After a stall
-                // or a healed partition many such resets arrive together,
-                // and at h2's default limit of 20 the server closed the
-                // connection (ENHANCE_YOUR_CALM), failing the requests
-                // that were still good: seen in the safety suite's member
-                // logs. Peers are members of this cell, not strangers.
-                .http2_max_pending_accept_reset_streams(Some(PEER_PENDING_RESETS))
-                .initial_stream_window_size(PEER_STREAM_WINDOW)
-                .initial_connection_window_size(PEER_CONNECTION_WINDOW)
-                .add_service(peer_server)
-                .serve_with_incoming_shutdown(
-                    crate::api::nodelay_incoming(peer_listener),
-                    token.cancelled_owned(),
-                )
-        }));
-
-        // A joining member never bootstraps: the leader replicates to it.
-        if cfg.join.is_empty() && !raft.is_initialized().await.unwrap_or(true) {
-            let members = initial_members(&cfg);
-            tracing::info!(members = ?cfg.initial_cluster, "bootstrapping a new cell");
-            if let Err(e) = raft.initialize(members).await {
-                // Another member's bootstrap reached us first: that is fine.
-                tracing::info!(error = %e, "initialize skipped");
-            }
-        }
-
-        let lessor_loop = LessorLoop {
-            id: cfg.id,
-            raft: raft.clone(),
-            state: shared,
-            lessor,
-            grace: Duration::from_millis(cfg.cfg.lease_grace_ms),
-            checkpoint_interval: cfg.lease_checkpoint_interval(),
-            request_timeout: cfg.request_timeout(),
-            quorum_timeout: node.quorum_timeout,
-        };
-        lifecycle.spawn_owned(|token| lessor_loop.run(token));
-        lifecycle.spawn(PublishMember { node: node.clone() }.run());
-        lifecycle.spawn(
-            SnapshotTrigger {
-                raft: node.raft.clone(),
-                state: node.state.clone(),
-                every: cfg.cfg.snapshot_entries,
-            }
-            .run(),
-        );
-        lifecycle.spawn(
-            AutoCompaction {
-                node: node.clone(),
-                retention: cfg.retention,
-            }
-            .run(),
-        );
-        lifecycle.spawn({
-            let (node, stopped_tx) = (node.clone(), stopped_tx.clone());
-            async move {
-                let why = member_ends(&node).await;
-                if why == Stopped::Removed {
-                    tracing::warn!("this member was removed from the cell; stopping");
-                    // Let in-flight answers (such as the MemberRemove that
-                    // removed this leader) reach their clients first.
-                    tokio::time::sleep(REMOVED_LINGER).await;
-                }
-                stopped_tx.send_replace(Some(why));
-            }
-        });
-
-        let admin = crate::admin::router(node.clone(), prometheus);
-        servers.push(spawn_server(&lifecycle, &stopped_tx, "metrics server", {
-            let token = lifecycle.token();
-            async move {
-                axum::serve(admin_listener, admin)
-                    .with_graceful_shutdown(token.cancelled_owned())
-                    .await
-            }
-        }));
-
-        servers.push(spawn_server(
-            &lifecycle,
-            &stopped_tx,
-            "client API server",
-            crate::api::serve(
-                node.clone(),
-                api_listener,
-                cfg.cfg.max_request_bytes,
-                WatchOptions {
-                    progress_interval: Duration::from_millis(
-                        cfg.cfg.watch_progress_notify_interval_ms.max(100),
-                    ),
-                    max_watches: cfg.cfg.max_watches_per_stream,
-                    max_response_bytes: cfg.cfg.max_request_bytes,
-                },
-                lifecycle.token().cancelled_owned(),
-            ),
-        ));
+        let mut servers = vec![serve_peers(&cfg, &started, listeners.peer, &stopped_tx)];
+        bootstrap_if_new(&cfg, &raft).await;
+        spawn_jobs(&cfg, started, &stopped_tx);
+        servers.push(serve_admin(&node, prometheus, listeners.admin, &stopped_tx));
+        servers.push(serve_api(&cfg, &node, listeners.api, &stopped_tx));
         tracing::info!(id = cfg.id, %client_addr, %peer_addr, %metrics_addr, data_dir = %cfg.data_dir.display(), "latchkey-cell started");
         Ok(CellHandle {
             id: cfg.id,
             client_addr,
             peer_addr,
             metrics_addr,
+            lifecycle: node.lifecycle.clone(),
             node,
             raft,
             log,
-            lifecycle,
             servers,
             stopped,
             db: Arc::downgrade(&db),

@@ -2,7 +2,7 @@
 
 use anyhow::{bail, Context};
 use clap::Parser;
-use latchkey_shared::limits;
+use latchkey_shared::{limits, telemetry};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -178,8 +178,11 @@ pub struct Config {
     #[arg(long, env = "LATCHKEY_AUTO_COMPACTION_RETENTION", default_value = "0")]
     pub auto_compaction_retention: String,
 
-    /// Log filter (tracing's EnvFilter syntax), e.g. "info" or "latchkey_cell=debug".
-    #[arg(long, env = "LATCHKEY_LOG", default_value = "info")]
+    /// Log filter (tracing's EnvFilter syntax), e.g. "info" or
+    /// "latchkey_cell=debug". The default shows latchkey's own events and
+    /// openraft's warnings; "info" adds openraft's per-vote and
+    /// per-replication lines.
+    #[arg(long, env = "LATCHKEY_LOG", default_value = telemetry::DEFAULT_LOG_FILTER)]
     pub log: String,
 
     /// TEST-ONLY (debug builds; a release build has no such flag): serve

@@ -9,7 +9,8 @@
 //!
 //! 1. [`storage`] (the data directory: key encodings, the disk and peer
 //!    codec), [`ids`] (cell and member ids), [`config`] (flags),
-//!    [`batching`] (group commit's queue).
+//!    [`batching`] (group commit's queue), [`metrics_catalog`] (every
+//!    metric the cell records, named and described once).
 //! 2. [`mvcc`]: the multi-version keyspace, the replicated lease table and
 //!    etcd's KV operations over them; pure.
 //! 3. [`raft`]: openraft's types, the log command, the RocksDB log store,
@@ -22,14 +23,16 @@
 //! 7. [`membership`]: member add/promote/remove/update, leader transfer,
 //!    `--join` discovery.
 //! 8. [`node`]: a running member and where each request is served.
-//! 9. [`jobs`] (auto-compaction, member publication) and [`watch`] (client
-//!    watch streams), which act through the node.
-//! 10. [`api`] (the etcd gRPC services) and [`admin`] (`/metrics`,
-//!     `/healthz`, `/readyz`).
+//! 9. [`jobs`] (auto-compaction, member publication), [`watch`] (client
+//!    watch streams) and [`ops`] (the KV and lease operations and the lock
+//!    recipes' backend, in etcd's words), which act through the node.
+//! 10. [`api`] (the etcd gRPC services: faces that translate to [`ops`])
+//!     and [`admin`] (`/metrics`, `/healthz`, `/readyz`).
 //! 11. [`cell`]: starting and stopping a member.
 //!
 //! ## Data flow
-//! A write arrives at [`api`], goes to [`node::CellNode::write`], which
+//! A write arrives at [`api`], which calls [`ops`]; it goes to
+//! [`node::CellNode::write`], which
 //! proposes it on the leader (forwarding from a follower through [`peer`],
 //! concurrent writes in one message); the leader's [`raft::proposer`] puts
 //! concurrent writes into one log entry (group commit). openraft appends it
@@ -51,8 +54,10 @@ pub mod ids;
 pub mod jobs;
 pub mod lease;
 pub mod membership;
+pub mod metrics_catalog;
 pub mod mvcc;
 pub mod node;
+pub mod ops;
 pub mod peer;
 pub mod raft;
 pub mod state_machine;

@@ -19,7 +19,7 @@ fn main() -> ExitCode {
 }
 
 async fn run(cfg: latchkey_cell::config::Resolved) -> anyhow::Result<()> {
-    telemetry::init_tracing(&cfg.cfg.log);
+    telemetry::init_tracing(&cfg.cfg.log).map_err(anyhow::Error::msg)?;
     #[cfg(debug_assertions)]
     latchkey_cell::chaos::switch_on(cfg.cfg.unsafe_fail_points, &cfg.cfg.unsafe_break);
     let prometheus = telemetry::install_prometheus().map_err(anyhow::Error::msg)?;

@@ -14,6 +14,9 @@ use crate::config::{Limits, Resolved};
 use crate::lease::leader_leases::{LeaderLeases, LeaseTtl};
 use crate::lease::lessor::Lessor;
 use crate::membership::Membership;
+use crate::metrics_catalog::{
+    LEASE_KEEPALIVES, PROPOSAL_COMMIT_SECONDS, REFRESH_BATCHES, REFRESH_BATCH_LEASES,
+};
 use crate::peer::client::{leader, send_to_leader, PeerClients};
 use crate::peer::protocol::{Forward, ForwardHandler, ForwardReply, MembershipChange};
 use crate::raft::command::{Request, Response};
@@ -188,8 +191,7 @@ impl CellNode {
         if result.is_ok() {
             crate::crash_point!(crate::chaos::COMMITTED_BEFORE_ANSWER);
         }
-        metrics::histogram!("latchkey_proposal_commit_seconds")
-            .record(started.elapsed().as_secs_f64());
+        metrics::histogram!(PROPOSAL_COMMIT_SECONDS.name).record(started.elapsed().as_secs_f64());
         result
     }
 
@@ -294,7 +296,7 @@ impl CellNode {
 
     /// A keep-alive, wherever it arrives: returns the lease's TTL.
     pub async fn keep_alive(&self, id: i64) -> Result<i64, ApiError> {
-        metrics::counter!("latchkey_lease_refreshes_total").increment(1);
+        metrics::counter!(LEASE_KEEPALIVES.name).increment(1);
         match self.on_leader(Forward::KeepAlive { id }).await? {
             ForwardReply::KeepAlive { ttl } => Ok(ttl),
             other => Err(unexpected(other)),
@@ -307,8 +309,8 @@ impl CellNode {
         let count = ids.len() as u64;
         match self.on_leader(Forward::RefreshBatch { ids }).await? {
             ForwardReply::Refreshed { ttls } => {
-                metrics::counter!("latchkey_refresh_batches_total").increment(1);
-                metrics::counter!("latchkey_leases_refreshed_total").increment(count);
+                metrics::counter!(REFRESH_BATCHES.name).increment(1);
+                metrics::counter!(REFRESH_BATCH_LEASES.name).increment(count);
                 Ok(ttls)
             }
             other => Err(unexpected(other)),

@@ -2,7 +2,7 @@
 
 use anyhow::{bail, Context};
 use clap::Parser;
-use latchkey_shared::limits;
+use latchkey_shared::{limits, telemetry};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -87,8 +87,11 @@ pub struct Config {
     #[arg(long, env = "LATCHKEY_DATA_DIR", default_value = "latchkey-data")]
     pub data_dir: PathBuf,
 
-    /// Log filter (tracing's EnvFilter syntax), e.g. "info" or "latchkey_proxy=debug".
-    #[arg(long, env = "LATCHKEY_LOG", default_value = "info")]
+    /// Log filter (tracing's EnvFilter syntax), e.g. "info" or
+    /// "latchkey_proxy=debug". The default shows latchkey's own events and
+    /// openraft's warnings; "info" adds openraft's per-vote and
+    /// per-replication lines.
+    #[arg(long, env = "LATCHKEY_LOG", default_value = telemetry::DEFAULT_LOG_FILTER)]
     pub log: String,
 
     /// TEST-ONLY (debug builds; a release build has no such flag): retry

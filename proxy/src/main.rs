@@ -20,7 +20,7 @@ fn main() -> ExitCode {
 }
 
 async fn run(mut cfg: Config) -> anyhow::Result<()> {
-    telemetry::init_tracing(&cfg.log);
+    telemetry::init_tracing(&cfg.log).map_err(anyhow::Error::msg)?;
     #[cfg(debug_assertions)]
     if cfg.unsafe_retry_ambiguous_writes {
         latchkey_proxy::chaos::retry_ambiguous_writes();

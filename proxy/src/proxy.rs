@@ -44,6 +44,9 @@ impl Proxy {
         cfg: Config,
         prometheus: Option<PrometheusHandle>,
     ) -> anyhow::Result<ProxyHandle> {
+        // HELP text and units for `/metrics` (a no-op without a recorder;
+        // with `--dev`, the embedded cell's start describes the cell's).
+        crate::metrics_catalog::describe();
         let http_listener = bind("--http-addr", &cfg.http_addr).await?;
         let grpc_listener = bind("--grpc-addr", &cfg.grpc_addr).await?;
         let metrics_listener = bind("--metrics-addr", &cfg.metrics_addr).await?;
@@ -65,7 +68,7 @@ impl Proxy {
             fanout: crate::watch::fanout::Fanout::new(cfg.fanout_jitter),
             cache: cache.clone(),
             floors: Default::default(),
-            retention: crate::idempotency::RetentionLease::new(cfg.idempotency_retention),
+            retention: latchkey_shared::idempotency::RetentionLease::new(cfg.idempotency_retention),
             request_timeout: cfg.request_timeout,
             max_request_bytes: cfg.max_request_bytes,
             lifecycle: lifecycle.clone(),

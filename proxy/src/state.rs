@@ -1,11 +1,11 @@
 //! [`ProxyState`]: what every request handler of both APIs shares.
 
 use crate::cache::{ClientFloors, ReadCache};
-use crate::idempotency::RetentionLease;
 use crate::session::SessionTable;
 use crate::upstream::Upstream;
 use crate::watch::coalescer::Coalescer;
 use crate::watch::fanout::Fanout;
+use latchkey_shared::idempotency::RetentionLease;
 use latchkey_shared::lifecycle::Lifecycle;
 use std::sync::Arc;
 use std::time::Duration;

@@ -17,7 +17,8 @@
 //! - [`key_range`]: [`KeyRange`], etcd's `key`/`range_end` rules, shared
 //!   by the cell's keyspace and the proxy's watch coalescing and read cache;
 //! - [`etcd_enums`]: etcd's sort, compare, filter and event values, named
-//!   once, decoded from their `i32` fields.
+//!   once, decoded from their `i32` fields;
+//! - [`etcd_methods`]: every etcd gRPC method path, named once.
 //!
 //! Errors: [`error`] is the one error model. A failure becomes an
 //! [`ApiError`] where it happens (a named constructor per code, with a
@@ -36,6 +37,9 @@
 //! - [`lifecycle`]: a shutdown signal and the tasks that obey it.
 //! - [`telemetry`]: logs, the metrics recorder and signals, installed once
 //!   per process by a binary's `main`.
+//! - [`metrics_catalog`]: what a catalogued metric is (name, type, unit,
+//!   HELP text), the one `describe_all`, and the lock recipe's metrics; the
+//!   cell's and the proxy's catalogs are their own `metrics_catalog`.
 //! - [`limits`]: default limits shared by cells and proxies.
 //! - [`net`]: accepted sockets with `TCP_NODELAY`, for every server.
 //! - [`idempotency`]: retry-safe writes (a record committed in the same
@@ -48,6 +52,7 @@
 pub mod client;
 pub mod error;
 pub mod etcd_enums;
+pub mod etcd_methods;
 pub mod idempotency;
 pub mod key_range;
 pub mod lease_id;
@@ -55,13 +60,11 @@ pub mod lifecycle;
 pub mod limits;
 pub mod lock;
 pub mod member_id;
+pub mod metrics_catalog;
 pub mod net;
 pub mod range_select;
 pub mod revision;
 pub mod telemetry;
-
-/// The session's older path, for callers not yet moved to [`client`].
-pub use client::session;
 
 /// The etcd v3 protocol types and server traits.
 pub use etcd_client::proto as etcdpb;

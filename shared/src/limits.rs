@@ -20,3 +20,14 @@ pub const MAX_TTL_SECS: i64 = 9_000_000_000;
 
 /// Most operations in one transaction (etcd's default --max-txn-ops).
 pub const MAX_TXN_OPS: usize = 128;
+
+/// Most leases one batched refresh may name. A cell refuses larger batches
+/// (and ends the stream); a proxy with more sessions splits them. Twice the
+/// 100 000 sessions a proxy is built for, so one batch per tick covers them.
+pub const MAX_REFRESH_BATCH: usize = 200_000;
+
+/// Largest refresh message either way, for the client and the cell alike:
+/// a lease id or TTL takes at most 11 bytes on the wire (a 10-byte varint
+/// and its share of the packed field's header), plus room for the other
+/// fields.
+pub const MAX_REFRESH_MESSAGE_BYTES: usize = MAX_REFRESH_BATCH * 11 + 1024;

@@ -4,7 +4,7 @@
 //! ([`Cluster::start_apart`]): on one shared address no rule could tell
 //! one member's connections from another's.
 
-use crate::Cluster;
+use crate::cluster::Cluster;
 use std::process::Command;
 
 /// What every rule of this process carries, so a crashed test's rules can

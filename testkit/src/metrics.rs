@@ -41,9 +41,29 @@ pub fn metric_value(text: &str, series: &str) -> Option<f64> {
         .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
 }
 
+/// The metric families in Prometheus text `text` that are latchkey's
+/// (`latchkey_...`) and have a `# TYPE` line but no `# HELP` line: metrics
+/// recorded without a description in their crate's catalog.
+pub fn undescribed(text: &str) -> Vec<String> {
+    let family = |line: &str, prefix: &str| -> Option<String> {
+        let name = line.strip_prefix(prefix)?.split_whitespace().next()?;
+        name.starts_with("latchkey_").then(|| name.to_string())
+    };
+    let described: std::collections::BTreeSet<String> =
+        text.lines().filter_map(|l| family(l, "# HELP ")).collect();
+    let mut missing: Vec<String> = text
+        .lines()
+        .filter_map(|l| family(l, "# TYPE "))
+        .filter(|name| !described.contains(name))
+        .collect();
+    missing.sort();
+    missing.dedup();
+    missing
+}
+
 #[cfg(test)]
 mod tests {
-    use super::metric_value;
+    use super::{metric_value, undescribed};
 
     const TEXT: &str = "# TYPE latchkey_keys gauge\n\
         latchkey_keys 12\n\
@@ -73,5 +93,40 @@ mod tests {
             metric_value(TEXT, "latchkey_leader_changes_total"),
             Some(1.0)
         );
+    }
+
+    #[test]
+    fn a_described_family_is_not_undescribed() {
+        let text = "# HELP latchkey_keys Live keys.\n\
+            # TYPE latchkey_keys gauge\n\
+            latchkey_keys 12\n";
+        assert!(undescribed(text).is_empty(), "{:?}", undescribed(text));
+    }
+
+    #[test]
+    fn a_family_with_a_type_and_no_help_is_undescribed() {
+        let text = "# HELP latchkey_keys Live keys.\n\
+            # TYPE latchkey_keys gauge\n\
+            latchkey_keys 12\n\n\
+            # TYPE latchkey_watch_commit_to_send_seconds histogram\n\
+            latchkey_watch_commit_to_send_seconds_bucket{le=\"+Inf\"} 4\n\
+            latchkey_watch_commit_to_send_seconds_count 4\n";
+        assert_eq!(
+            undescribed(text),
+            vec!["latchkey_watch_commit_to_send_seconds".to_string()]
+        );
+        // A HELP line for another family, or one whose name only starts
+        // like it, does not describe it.
+        let text = "# HELP latchkey_key Something else.\n\
+            # TYPE latchkey_keys gauge\n\
+            latchkey_keys 12\n";
+        assert_eq!(undescribed(text), vec!["latchkey_keys".to_string()]);
+    }
+
+    #[test]
+    fn families_that_are_not_latchkeys_are_ignored() {
+        let text = "# TYPE process_cpu_seconds_total counter\n\
+            process_cpu_seconds_total 3\n";
+        assert!(undescribed(text).is_empty(), "{:?}", undescribed(text));
     }
 }

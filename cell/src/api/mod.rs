@@ -1,84 +1,38 @@
 //! The etcd v3 gRPC API on the client address, one file per service.
 //!
-//! Handlers validate input, hand the request to the [`CellNode`] (which
-//! decides where it is served) and fill the response header. Errors become
-//! gRPC statuses through the one table in `latchkey_shared::error`.
-//! `v3lockpb.Lock` and `v3electionpb.Election` are the shared recipes'
-//! services over [`lock::LocalLocks`].
+//! A face: the KV and Lease handlers translate to and from the operations
+//! in [`ops`](crate::ops); the others hand the request to the [`CellNode`].
+//! Errors become gRPC statuses through the one table in
+//! `latchkey_shared::error`. `v3lockpb.Lock` and `v3electionpb.Election`
+//! are the shared recipes' services over [`LocalLocks`].
 
 pub mod cluster;
 pub mod kv;
 pub mod lease;
-pub mod lock;
 pub mod maintenance;
 pub mod sessions;
 pub mod watch;
 
 use crate::node::CellNode;
+use crate::ops::kv::Kv;
+use crate::ops::lease::Leases;
+use crate::ops::locks::LocalLocks;
+use crate::ops::GRPC_OVERHEAD_BYTES;
 use crate::watch::stream::WatchOptions;
 use latchkey_shared::sessions_pb::sessions_server::SessionsServer;
 
-use latchkey_shared::client::refresh_stream::MAX_BATCH as MAX_REFRESH_BATCH;
 use latchkey_shared::etcdpb::{
-    PbClusterServer, PbKvServer, PbLeaseServer, PbMaintenanceServer, PbResponseHeader,
-    PbWatchServer,
+    PbClusterServer, PbKvServer, PbLeaseServer, PbMaintenanceServer, PbWatchServer,
 };
+use latchkey_shared::limits::{MAX_REFRESH_BATCH, MAX_REFRESH_MESSAGE_BYTES};
 use latchkey_shared::ApiError;
 use std::sync::Arc;
-
-/// Takes the reply out of an applied [`Response`](crate::raft::command::Response),
-/// or its error.
-macro_rules! expect_reply {
-    ($resp:expr, $pat:pat => $val:expr) => {
-        match $resp.result {
-            Ok($pat) => Ok($val),
-            Ok(other) => Err(latchkey_shared::ApiError::internal(format!(
-                "unexpected apply result {other:?}"
-            ))),
-            Err(e) => Err(e),
-        }
-    };
-}
-pub(crate) use expect_reply;
-
-/// Rejects a value over the configured limit before it is proposed.
-pub fn check_value(node: &CellNode, len: usize) -> Result<(), ApiError> {
-    if len > node.limits.max_value_bytes {
-        return Err(ApiError::value_too_large(len, node.limits.max_value_bytes));
-    }
-    Ok(())
-}
-
-/// Refuses a request over the size limit before anything else, with
-/// etcd's errors: "request is too large" up to the transport's allowance
-/// past the limit, grpc-go's "message larger than max" beyond it.
-pub fn check_request_size(node: &CellNode, len: usize) -> Result<(), ApiError> {
-    let limit = node.limits.max_request_bytes;
-    if len > limit + GRPC_OVERHEAD_BYTES {
-        return Err(ApiError::message_too_large(
-            len,
-            limit + GRPC_OVERHEAD_BYTES,
-        ));
-    }
-    if len > limit {
-        return Err(ApiError::request_too_large());
-    }
-    Ok(())
-}
 
 /// The answer for an etcd RPC latchkey does not serve yet: gRPC's own
 /// "unimplemented", which etcd clients report as such.
 pub fn not_built(what: &str) -> tonic::Status {
     ApiError::unimplemented(what).into()
 }
-
-pub fn header_into(node: &CellNode, header: &mut Option<PbResponseHeader>, revision: i64) {
-    *header = Some(node.header(revision));
-}
-
-/// What the transport accepts beyond the request limit (etcd's own
-/// allowance for gRPC framing, 512 KiB).
-const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
 
 pub use latchkey_shared::net::nodelay_incoming;
 
@@ -98,10 +52,15 @@ pub async fn serve(
     // allowance still gets grpc-go's answer from `check_request_size`;
     // beyond it tonic refuses it unread with its own.
     let max_message = (max_request_bytes + GRPC_OVERHEAD_BYTES) * 2;
-    let kv = PbKvServer::new(kv::KvService { node: node.clone() })
-        .max_decoding_message_size(max_message);
-    let lease = PbLeaseServer::new(lease::LeaseService { node: node.clone() })
-        .max_decoding_message_size(max_message);
+    let kv = PbKvServer::new(kv::KvService {
+        kv: Kv::new(node.clone()),
+    })
+    .max_decoding_message_size(max_message);
+    let lease = PbLeaseServer::new(lease::LeaseService {
+        leases: Leases::new(node.clone()),
+        node: node.clone(),
+    })
+    .max_decoding_message_size(max_message);
     let maintenance =
         PbMaintenanceServer::new(maintenance::MaintenanceService { node: node.clone() });
     let watch = PbWatchServer::new(watch::WatchService {
@@ -109,14 +68,15 @@ pub async fn serve(
         options: watch_options,
     })
     .max_decoding_message_size(max_message);
-    // A batch of 200 000 ids is 1.6 MB: the request limit does not apply.
+    // A full refresh batch is larger than the request limit, which does not
+    // apply to it: its own bound does.
     let sessions = SessionsServer::new(sessions::SessionsService {
         node: node.clone(),
         max_batch: MAX_REFRESH_BATCH,
     })
-    .max_decoding_message_size(MAX_REFRESH_BATCH * 11 + 1024)
-    .max_encoding_message_size(MAX_REFRESH_BATCH * 11 + 1024);
-    let local_locks = Arc::new(lock::LocalLocks::new(node.clone()));
+    .max_decoding_message_size(MAX_REFRESH_MESSAGE_BYTES)
+    .max_encoding_message_size(MAX_REFRESH_MESSAGE_BYTES);
+    let local_locks = Arc::new(LocalLocks::new(node.clone()));
     let locks = latchkey_shared::v3lockpb::lock_server::LockServer::new(
         latchkey_shared::lock::LockService::new(local_locks.clone()),
     );

@@ -15,6 +15,7 @@
 //! way to shutdown, so the task always ends promptly when told to.
 
 use super::lessor::Lessor;
+use crate::metrics_catalog::{LEADER_CHANGES, LEASES_EXPIRED, LEASE_CHECKPOINTS, RAFT_TERM};
 use crate::raft::command::Request;
 use crate::raft::leadership::leads_with_quorum;
 use crate::raft::{NodeId, Raft};
@@ -82,8 +83,12 @@ impl LessorLoop {
                     // Every change this member observes, including losing
                     // sight of a leader.
                     last_leader = m.current_leader;
-                    metrics::counter!("latchkey_leader_changes_total").increment(1);
-                    metrics::gauge!("latchkey_raft_term").set(m.current_term as f64);
+                    let leader = m
+                        .current_leader
+                        .map_or_else(|| "none".into(), |l| l.to_string());
+                    tracing::info!(term = m.current_term, %leader, "leader changed");
+                    metrics::counter!(LEADER_CHANGES.name).increment(1);
+                    metrics::gauge!(RAFT_TERM.name).set(m.current_term as f64);
                 }
                 if self.lessor.is_primary() && primary_term != Some(m.current_term) {
                     // A new term, even one this member leads again: the
@@ -219,7 +224,7 @@ impl LessorLoop {
             if written.is_none() {
                 return Next::Go;
             }
-            metrics::counter!("latchkey_lease_checkpoints_total").increment(count);
+            metrics::counter!(LEASE_CHECKPOINTS.name).increment(count);
         }
     }
 
@@ -233,7 +238,7 @@ impl LessorLoop {
                 return Next::Go;
             };
             tracing::info!(count = ids.len(), lease_id = %LeaseId(first), "expiring leases");
-            metrics::counter!("latchkey_leases_expired_total").increment(ids.len() as u64);
+            metrics::counter!(LEASES_EXPIRED.name).increment(ids.len() as u64);
             self.bounded(
                 shutdown,
                 "lease expiry",

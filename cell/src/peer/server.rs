@@ -6,6 +6,7 @@
 //! protocol, not an API error.
 
 use super::protocol::{Forward, ForwardHandler};
+use crate::metrics_catalog::PEER_REQUESTS_REFUSED;
 use crate::raft::network::CLUSTER_ID_HEADER;
 use crate::raft::snapshot_receipt::SnapshotReceipt;
 use crate::raft::{NodeId, Raft, TypeConfig};
@@ -52,7 +53,7 @@ fn check_cell(ours: u64, req: &Request<Payload>) -> Result<(), Status> {
     if theirs == Some(ours) {
         return Ok(());
     }
-    metrics::counter!("latchkey_peer_requests_refused_total").increment(1);
+    metrics::counter!(PEER_REQUESTS_REFUSED.name).increment(1);
     let theirs = theirs.map_or_else(|| "no cell".to_string(), |id| format!("cell {id:x}"));
     let message = format!(
         "this member belongs to cell {ours:x} and the request came from {theirs}: members of \

@@ -15,6 +15,7 @@
 
 use super::log_purger::LogPurger;
 use super::{Entry, LogId, NodeId, StorageError, TypeConfig, Vote};
+use crate::metrics_catalog::{LOG_APPENDS_PER_FSYNC, LOG_FSYNC_SECONDS, LOG_WRITES_PER_FSYNC};
 use crate::storage::codec::{decode, encode};
 use crate::storage::keys::{self, CF_LOGS, CF_META};
 use crate::storage::{io_err, read_meta, sync_opts};
@@ -144,11 +145,11 @@ fn flusher(db: Arc<DB>, rx: mpsc::Receiver<Flush>) {
         let started = std::time::Instant::now();
         let result = db.flush_wal(true);
         crate::crash_point!(crate::chaos::LOG_APPEND_AFTER_FSYNC);
-        metrics::histogram!("latchkey_log_fsync_seconds").record(started.elapsed().as_secs_f64());
-        metrics::histogram!("latchkey_log_appends_per_fsync").record(batch.len() as f64);
+        metrics::histogram!(LOG_FSYNC_SECONDS.name).record(started.elapsed().as_secs_f64());
+        metrics::histogram!(LOG_APPENDS_PER_FSYNC.name).record(batch.len() as f64);
         let writes: usize = batch.iter().map(|f| f.writes).sum();
         if writes > 0 {
-            metrics::histogram!("latchkey_log_writes_per_fsync").record(writes as f64);
+            metrics::histogram!(LOG_WRITES_PER_FSYNC.name).record(writes as f64);
         }
         for flush in batch {
             flush

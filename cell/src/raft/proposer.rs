@@ -15,6 +15,7 @@
 use super::command::{Reply, Request, Response};
 use super::{errors, Raft};
 use crate::batching::{self, Batcher};
+use crate::metrics_catalog::WRITES_PER_ENTRY;
 use latchkey_shared::lifecycle::Lifecycle;
 use latchkey_shared::ApiError;
 use std::time::Duration;
@@ -67,7 +68,7 @@ impl Proposer {
 /// Commits `writes` as one entry; one answer per write, in order.
 async fn commit(raft: Raft, mut writes: Vec<Request>, timeout: Duration) -> Vec<Committed> {
     let count = writes.len();
-    metrics::histogram!("latchkey_writes_per_entry").record(count as f64);
+    metrics::histogram!(WRITES_PER_ENTRY.name).record(count as f64);
     let req = if count == 1 {
         writes.remove(0)
     } else {

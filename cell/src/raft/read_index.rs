@@ -10,6 +10,7 @@
 //! not one each.
 
 use super::{errors, Raft};
+use crate::metrics_catalog::{READ_INDEX_ROUNDS, READ_INDEX_WAITS};
 use latchkey_shared::ApiError;
 use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::time::Instant;
@@ -56,7 +57,7 @@ impl SharedRounds {
     where
         Fut: std::future::Future<Output = Result<u64, ApiError>>,
     {
-        metrics::counter!("latchkey_read_index_waits_total").increment(1);
+        metrics::counter!(READ_INDEX_WAITS.name).increment(1);
         let ticket = self.tickets.fetch_add(1, Ordering::SeqCst);
         let mut last = self.last.lock().await;
         if let Some(done) = *last {
@@ -66,7 +67,7 @@ impl SharedRounds {
         }
         let covers = self.tickets.load(Ordering::SeqCst);
         let started = Instant::now();
-        metrics::counter!("latchkey_read_index_rounds_total").increment(1);
+        metrics::counter!(READ_INDEX_ROUNDS.name).increment(1);
         let index = round().await?;
         let done = Confirmed {
             started,

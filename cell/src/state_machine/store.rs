@@ -8,6 +8,10 @@
 //! openraft replays the log after it.
 
 use super::{CellState, StateImage};
+use crate::metrics_catalog::{
+    APPLIED_INDEX, KEYS, KEYSPACE_BYTES, LEASES, REVISION, SNAPSHOTS_BUILT, SNAPSHOTS_INSTALLED,
+    SNAPSHOT_BUILD_SECONDS, SNAPSHOT_INSTALLED_BYTES,
+};
 use crate::mvcc::lease_table::LeaseSeed;
 use crate::raft::command::{Reply, Request, Response};
 use crate::raft::log_purger::LogPurger;
@@ -204,9 +208,8 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             let gone = std::io::Error::other("the snapshot file vanished after it was written");
             return Err(StorageIOError::write_snapshot(None, &gone).into());
         };
-        metrics::histogram!("latchkey_snapshot_build_seconds")
-            .record(started.elapsed().as_secs_f64());
-        metrics::counter!("latchkey_snapshots_built_total").increment(1);
+        metrics::histogram!(SNAPSHOT_BUILD_SECONDS.name).record(started.elapsed().as_secs_f64());
+        metrics::counter!(SNAPSHOTS_BUILT.name).increment(1);
         tracing::info!(snapshot_id = %meta.snapshot_id, bytes, "snapshot built");
         Ok(Snapshot {
             meta: on_disk,
@@ -281,15 +284,15 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 )
                 .into());
             }
-            metrics::gauge!("latchkey_revision").set(s.keys.revision() as f64);
-            metrics::gauge!("latchkey_keys").set(s.keys.live_keys() as f64);
-            metrics::gauge!("latchkey_leases").set(s.leases.len() as f64);
-            metrics::gauge!("latchkey_keyspace_bytes").set(s.keys.bytes() as f64);
+            metrics::gauge!(REVISION.name).set(s.keys.revision() as f64);
+            metrics::gauge!(KEYS.name).set(s.keys.live_keys() as f64);
+            metrics::gauge!(LEASES.name).set(s.leases.len() as f64);
+            metrics::gauge!(KEYSPACE_BYTES.name).set(s.keys.bytes() as f64);
         }
         // Watchers hear of the changes once the state holds them.
         self.hub.publish(changes, std::time::Instant::now());
         if let Some(index) = last_index {
-            metrics::gauge!("latchkey_applied_index").set(index as f64);
+            metrics::gauge!(APPLIED_INDEX.name).set(index as f64);
             self.applied_tx.send_replace(index);
         }
         Ok(out)
@@ -320,7 +323,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             .read_all()
             .await
             .map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), &e))?;
-        metrics::gauge!("latchkey_snapshot_installed_bytes").set(data.len() as f64);
+        metrics::gauge!(SNAPSHOT_INSTALLED_BYTES.name).set(data.len() as f64);
         // Decoding the image, building the maps and writing the file take
         // seconds of CPU for a large state: a blocking thread does them,
         // not a tokio worker (cell review P7).
@@ -352,7 +355,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         }
         self.applied_tx.send_replace(applied);
         self.hub.reset();
-        metrics::counter!("latchkey_snapshots_installed_total").increment(1);
+        metrics::counter!(SNAPSHOTS_INSTALLED.name).increment(1);
         tracing::info!(snapshot_id = %meta.snapshot_id, applied, "snapshot installed");
         Ok(())
     }

@@ -16,6 +16,9 @@
 //!   revision, as etcd does.
 
 use super::outbound::Outbound;
+use crate::metrics_catalog::{
+    WATCHERS, WATCH_COMMIT_TO_SEND_SECONDS, WATCH_EVENTS_SENT, WATCH_SLOW_STREAMS, WATCH_STREAMS,
+};
 use crate::mvcc::history::History;
 use crate::mvcc::keyspace::{Event, EventKind, KeyRange};
 use crate::mvcc::range::to_pb;
@@ -118,7 +121,7 @@ impl WatchStream {
     pub fn new(node: Arc<CellNode>, options: WatchOptions, out: Outbound) -> Self {
         let rx = node.watch_hub.subscribe();
         let seen = node.state.read(|s| s.keys.revision());
-        metrics::gauge!("latchkey_watch_streams").increment(1.0);
+        metrics::gauge!(WATCH_STREAMS.name).increment(1.0);
         WatchStream {
             node,
             options,
@@ -190,7 +193,7 @@ impl WatchStream {
             }
             Some(PbWatchRequestUnion::CancelRequest(cancel)) => {
                 if self.watches.remove(&cancel.watch_id).is_some() {
-                    metrics::gauge!("latchkey_watchers").decrement(1.0);
+                    metrics::gauge!(WATCHERS.name).decrement(1.0);
                     let mut resp = self.response(cancel.watch_id, self.seen);
                     resp.canceled = true;
                     self.send(resp).await?;
@@ -250,7 +253,7 @@ impl WatchStream {
         if watch.next_rev < compacted {
             return self.cancel_compacted(id, compacted).await;
         }
-        metrics::gauge!("latchkey_watchers").increment(1.0);
+        metrics::gauge!(WATCHERS.name).increment(1.0);
         self.watches.insert(id, watch);
         if self
             .watches
@@ -264,7 +267,7 @@ impl WatchStream {
 
     async fn cancel_compacted(&mut self, id: i64, compact_revision: i64) -> Result<(), Gone> {
         if self.watches.remove(&id).is_some() {
-            metrics::gauge!("latchkey_watchers").decrement(1.0);
+            metrics::gauge!(WATCHERS.name).decrement(1.0);
         }
         let mut resp = self.response(id, self.seen.max(compact_revision));
         resp.canceled = true;
@@ -322,7 +325,7 @@ impl WatchStream {
         let first = match notice {
             Ok(n) => n,
             Err(broadcast::error::RecvError::Lagged(missed)) => {
-                metrics::counter!("latchkey_watch_slow_streams_total").increment(1);
+                metrics::counter!(WATCH_SLOW_STREAMS.name).increment(1);
                 tracing::debug!(missed, "watch stream fell behind; catching up from history");
                 return self.resync().await;
             }
@@ -361,7 +364,7 @@ impl WatchStream {
             match more {
                 Ok(n) => next = Some(n),
                 Err(broadcast::error::RecvError::Lagged(_)) => {
-                    metrics::counter!("latchkey_watch_slow_streams_total").increment(1);
+                    metrics::counter!(WATCH_SLOW_STREAMS.name).increment(1);
                     then_resync = true;
                 }
                 // Nothing more now (a real close shows on the next recv).
@@ -408,7 +411,7 @@ impl WatchStream {
             self.send_events(id, &events, last).await?;
         }
         if let Some(first) = changes.first() {
-            metrics::histogram!("latchkey_watch_commit_to_send_seconds")
+            metrics::histogram!(WATCH_COMMIT_TO_SEND_SECONDS.name)
                 .record(first.applied_at.elapsed().as_secs_f64());
         }
         Ok(())
@@ -470,7 +473,7 @@ impl WatchStream {
                 resp.events = chunk.iter().map(|e| to_pb_event(e, with_prev)).collect();
                 self.send(resp).await?;
             }
-            metrics::counter!("latchkey_watch_events_sent_total").increment(chunk.len() as u64);
+            metrics::counter!(WATCH_EVENTS_SENT.name).increment(chunk.len() as u64);
             start = end;
         }
         Ok(())
@@ -529,7 +532,7 @@ impl WatchStream {
 
 impl Drop for WatchStream {
     fn drop(&mut self) {
-        metrics::gauge!("latchkey_watchers").decrement(self.watches.len() as f64);
-        metrics::gauge!("latchkey_watch_streams").decrement(1.0);
+        metrics::gauge!(WATCHERS.name).decrement(self.watches.len() as f64);
+        metrics::gauge!(WATCH_STREAMS.name).decrement(1.0);
     }
 }

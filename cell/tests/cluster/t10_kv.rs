@@ -440,6 +440,13 @@ async fn status_and_member_list_describe_the_cell() {
     let value = |series: &str| {
         metric_value(&metrics, series).unwrap_or_else(|| panic!("/metrics lacks {series}"))
     };
+    // Every metric recorded has its catalog entry's HELP text.
+    let undescribed = latchkey_testkit::metrics::undescribed(&metrics);
+    assert!(
+        undescribed.is_empty(),
+        "metrics without a description (add them to the crate's metrics_catalog): {}",
+        undescribed.join(", ")
+    );
     assert_eq!(value("latchkey_raft_term"), term as f64);
     assert!(
         value("latchkey_leader_changes_total") >= 1.0,

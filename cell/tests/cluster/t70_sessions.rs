@@ -4,8 +4,8 @@
 
 use crate::CELL_BIN;
 use etcd_client::{Client, EventType, WatchOptions};
+use latchkey_shared::client::session::{Session, SessionOptions, SessionState};
 use latchkey_shared::client::{ClientError, KeepAliveStream, RefreshStream};
-use latchkey_shared::session::{Session, SessionOptions, SessionState};
 use latchkey_testkit::{
     count_keys, err_text, eventually, grant_kept_alive, http_get, metric_value, Cluster,
     PeerBlackhole, CLOCK_SLACK,
@@ -412,7 +412,7 @@ async fn ttl_bounds_are_enforced_and_batched_refreshes_are_counted() {
     let metrics = cluster.metrics(1).await;
     let value = |series: &str| metric_value(&metrics, series);
     assert_eq!(value("latchkey_refresh_batches_total"), Some(1.0));
-    assert_eq!(value("latchkey_leases_refreshed_total"), Some(3.0));
+    assert_eq!(value("latchkey_refresh_batch_leases_total"), Some(3.0));
 
     // The answer names the cell and the leader that served it, so a proxy
     // in front of several cells knows whom it refreshed.

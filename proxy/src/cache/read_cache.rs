@@ -18,10 +18,11 @@
 //!   the read goes to the cell (the caller's part, see `cache::serve`).
 
 use super::cached_range::CachedRange;
-use crate::grpc::kv::RANGE;
+use crate::metrics_catalog::{CACHE_BYTES, CACHE_EVICTIONS, CACHE_RANGES};
 use crate::upstream::{Cell, Kind, Route};
 use crate::watch::coalescer::{Coalescer, Subscription};
 use crate::watch::{Item, WatchKey};
+use latchkey_shared::etcd_methods::kv::RANGE;
 use latchkey_shared::etcdpb::{PbRangeRequest, PbRangeResponse};
 use latchkey_shared::KeyRange;
 use std::collections::{HashMap, HashSet};
@@ -178,7 +179,7 @@ impl ReadCache {
             slots.by_range.insert(range, slot.clone());
             slot
         };
-        metrics::gauge!("latchkey_proxy_cache_ranges").set(self.ranges() as f64);
+        metrics::gauge!(CACHE_RANGES.name).set(self.ranges() as f64);
         tokio::spawn(self.clone().feed(slot));
     }
 
@@ -252,7 +253,7 @@ impl ReadCache {
 
     fn add_bytes(&self, delta: i64) {
         let now = self.bytes.fetch_add(delta, Ordering::Relaxed) + delta;
-        metrics::gauge!("latchkey_proxy_cache_bytes").set(now as f64);
+        metrics::gauge!(CACHE_BYTES.name).set(now as f64);
     }
 
     /// Drops `slot` from the cache (if still there) and its bytes.
@@ -268,7 +269,7 @@ impl ReadCache {
             }
         }
         self.discard(slot);
-        metrics::gauge!("latchkey_proxy_cache_ranges").set(self.ranges() as f64);
+        metrics::gauge!(CACHE_RANGES.name).set(self.ranges() as f64);
     }
 
     /// Ends `slot`'s feed and gives back its bytes (once).
@@ -288,7 +289,7 @@ impl ReadCache {
         if let Some(slot) = oldest {
             slots.by_range.remove(&slot.range);
             self.discard(&slot);
-            metrics::counter!("latchkey_proxy_cache_evictions_total").increment(1);
+            metrics::counter!(CACHE_EVICTIONS.name).increment(1);
         }
     }
 

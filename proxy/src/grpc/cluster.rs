@@ -5,90 +5,30 @@
 //! then talk to the members directly: keep endpoint auto-sync off when
 //! going through proxies (etcd's Go client leaves it off by default).
 
-use super::forward;
+use super::service;
 use crate::state::ProxyState;
-use crate::upstream::{Kind, Route};
+use latchkey_shared::etcd_methods::cluster::{
+    MEMBER_ADD, MEMBER_LIST, MEMBER_PROMOTE, MEMBER_REMOVE, MEMBER_UPDATE,
+};
 use latchkey_shared::etcdpb::{
     PbClusterService, PbMemberAddRequest, PbMemberAddResponse, PbMemberListRequest,
     PbMemberListResponse, PbMemberPromoteRequest, PbMemberPromoteResponse, PbMemberRemoveRequest,
     PbMemberRemoveResponse, PbMemberUpdateRequest, PbMemberUpdateResponse,
 };
 use std::sync::Arc;
-use tonic::{Request, Response, Status};
-
-pub const MEMBER_LIST: &str = "/etcdserverpb.Cluster/MemberList";
 
 pub struct ClusterService {
     pub state: Arc<ProxyState>,
 }
 
-#[tonic::async_trait]
-impl PbClusterService for ClusterService {
-    async fn member_add(
-        &self,
-        request: Request<PbMemberAddRequest>,
-    ) -> Result<Response<PbMemberAddResponse>, Status> {
-        let cell = self.state.upstream.home().clone();
-        forward(
-            &cell,
-            Route::Leader,
-            Kind::Write,
-            "/etcdserverpb.Cluster/MemberAdd",
-            request,
-        )
-        .await
-    }
-
-    async fn member_remove(
-        &self,
-        request: Request<PbMemberRemoveRequest>,
-    ) -> Result<Response<PbMemberRemoveResponse>, Status> {
-        let cell = self.state.upstream.home().clone();
-        forward(
-            &cell,
-            Route::Leader,
-            Kind::Write,
-            "/etcdserverpb.Cluster/MemberRemove",
-            request,
-        )
-        .await
-    }
-
-    async fn member_update(
-        &self,
-        request: Request<PbMemberUpdateRequest>,
-    ) -> Result<Response<PbMemberUpdateResponse>, Status> {
-        let cell = self.state.upstream.home().clone();
-        forward(
-            &cell,
-            Route::Leader,
-            Kind::Write,
-            "/etcdserverpb.Cluster/MemberUpdate",
-            request,
-        )
-        .await
-    }
-
-    async fn member_list(
-        &self,
-        request: Request<PbMemberListRequest>,
-    ) -> Result<Response<PbMemberListResponse>, Status> {
-        let cell = self.state.upstream.home().clone();
-        forward(&cell, Route::Leader, Kind::Read, MEMBER_LIST, request).await
-    }
-
-    async fn member_promote(
-        &self,
-        request: Request<PbMemberPromoteRequest>,
-    ) -> Result<Response<PbMemberPromoteResponse>, Status> {
-        let cell = self.state.upstream.home().clone();
-        forward(
-            &cell,
-            Route::Leader,
-            Kind::Write,
-            "/etcdserverpb.Cluster/MemberPromote",
-            request,
-        )
-        .await
+service! {
+    impl PbClusterService for ClusterService {
+        pass_through {
+            member_add(PbMemberAddRequest) -> PbMemberAddResponse = Write, MEMBER_ADD;
+            member_remove(PbMemberRemoveRequest) -> PbMemberRemoveResponse = Write, MEMBER_REMOVE;
+            member_update(PbMemberUpdateRequest) -> PbMemberUpdateResponse = Write, MEMBER_UPDATE;
+            member_list(PbMemberListRequest) -> PbMemberListResponse = Read, MEMBER_LIST;
+            member_promote(PbMemberPromoteRequest) -> PbMemberPromoteResponse = Write, MEMBER_PROMOTE;
+        }
     }
 }

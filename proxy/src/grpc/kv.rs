@@ -1,11 +1,13 @@
-//! etcd v3 `KV`: writes to the leader, never resent once their outcome is
-//! unknown; ranges through `cache::range` (linearizable ones to the
-//! leader, serializable ones from the read cache or any member).
+//! etcd v3 `KV`: the gRPC face of [`ops::kv`](crate::ops::kv) (ranges
+//! through the read cache, writes to the leader), and RangeStream passed
+//! through to one member.
 
-use super::forward;
+use super::answered;
+use crate::ops;
 use crate::state::ProxyState;
-use crate::upstream::{Kind, Route};
+use crate::upstream::Route;
 use latchkey_shared::client::call;
+use latchkey_shared::etcd_methods::kv::{COMPACT, DELETE_RANGE, PUT, RANGE, RANGE_STREAM, TXN};
 use latchkey_shared::etcdpb::{
     PbCompactionRequest, PbCompactionResponse, PbDeleteRequest, PbDeleteResponse, PbKvService,
     PbPutRequest, PbPutResponse, PbRangeRequest, PbRangeResponse, PbRangeStreamResponse,
@@ -13,19 +15,13 @@ use latchkey_shared::etcdpb::{
 };
 use std::pin::Pin;
 use std::sync::Arc;
+use tokio::time::Instant;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
 pub struct KvService {
     pub state: Arc<ProxyState>,
 }
-
-pub const RANGE: &str = "/etcdserverpb.KV/Range";
-pub const RANGE_STREAM: &str = "/etcdserverpb.KV/RangeStream";
-pub const PUT: &str = "/etcdserverpb.KV/Put";
-pub const DELETE_RANGE: &str = "/etcdserverpb.KV/DeleteRange";
-pub const TXN: &str = "/etcdserverpb.KV/Txn";
-pub const COMPACT: &str = "/etcdserverpb.KV/Compact";
 
 /// Where a range is served: any member when the client accepts a
 /// possibly stale answer, the leader otherwise.
@@ -43,11 +39,10 @@ impl PbKvService for KvService {
         &self,
         request: Request<PbRangeRequest>,
     ) -> Result<Response<PbRangeResponse>, Status> {
-        let started = tokio::time::Instant::now();
+        let started = Instant::now();
         let client = request.remote_addr();
-        let result = crate::cache::range(&self.state, client, request.into_inner()).await;
-        super::record("grpc", RANGE, started, result.as_ref().err());
-        result.map(Response::new).map_err(Into::into)
+        let result = ops::kv::range(&self.state, client, request.into_inner()).await;
+        answered(RANGE, started, result)
     }
 
     type RangeStreamStream =
@@ -70,34 +65,32 @@ impl PbKvService for KvService {
     }
 
     async fn put(&self, request: Request<PbPutRequest>) -> Result<Response<PbPutResponse>, Status> {
-        let cell = self.state.upstream.cell_for(&request.get_ref().key).clone();
-        forward(&cell, Route::Leader, Kind::Write, PUT, request).await
+        let started = Instant::now();
+        let result = ops::kv::put(&self.state, request.into_inner()).await;
+        answered(PUT, started, result)
     }
 
     async fn delete_range(
         &self,
         request: Request<PbDeleteRequest>,
     ) -> Result<Response<PbDeleteResponse>, Status> {
-        let cell = self.state.upstream.cell_for(&request.get_ref().key).clone();
-        forward(&cell, Route::Leader, Kind::Write, DELETE_RANGE, request).await
+        let started = Instant::now();
+        let result = ops::kv::delete_range(&self.state, request.into_inner()).await;
+        answered(DELETE_RANGE, started, result)
     }
 
     async fn txn(&self, request: Request<PbTxnRequest>) -> Result<Response<PbTxnResponse>, Status> {
-        let key = request
-            .get_ref()
-            .compare
-            .first()
-            .map(|c| c.key.clone())
-            .unwrap_or_default();
-        let cell = self.state.upstream.cell_for(&key).clone();
-        forward(&cell, Route::Leader, Kind::Write, TXN, request).await
+        let started = Instant::now();
+        let result = ops::kv::txn(&self.state, request.into_inner()).await;
+        answered(TXN, started, result)
     }
 
     async fn compact(
         &self,
         request: Request<PbCompactionRequest>,
     ) -> Result<Response<PbCompactionResponse>, Status> {
-        let cell = self.state.upstream.home().clone();
-        forward(&cell, Route::Leader, Kind::Write, COMPACT, request).await
+        let started = Instant::now();
+        let result = ops::kv::compact(&self.state, request.into_inner()).await;
+        answered(COMPACT, started, result)
     }
 }

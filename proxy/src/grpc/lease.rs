@@ -1,13 +1,17 @@
-//! etcd v3 `Lease`. Grant, revoke, time-to-live and list pass through to
-//! the cell; keep-alives are answered by the proxy from its session table
+//! etcd v3 `Lease`: the gRPC face of [`ops::lease`](crate::ops::lease)
+//! (grant, revoke, time-to-live); the list passes through to the cell;
+//! keep-alives are answered by the proxy from its session table
 //! (DESIGN section 3), so 100 000 client leases cost the cell one refresh
 //! batch per tick instead of a message per lease.
 
-use super::{forward, record};
+use super::{answered, forward, record};
+use crate::metrics_catalog::KEEPALIVES;
+use crate::ops;
 use crate::session::{self, KeepAlive};
 use crate::state::ProxyState;
 use crate::upstream::{Kind, Route};
 use futures::stream::FuturesUnordered;
+use latchkey_shared::etcd_methods::lease::{GRANT, KEEP_ALIVE, LEASES, REVOKE, TIME_TO_LIVE};
 use latchkey_shared::etcdpb::{
     PbLeaseGrantRequest, PbLeaseGrantResponse, PbLeaseKeepAliveRequest, PbLeaseKeepAliveResponse,
     PbLeaseLeasesRequest, PbLeaseLeasesResponse, PbLeaseRevokeRequest, PbLeaseRevokeResponse,
@@ -21,12 +25,6 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
-pub const GRANT: &str = "/etcdserverpb.Lease/LeaseGrant";
-pub const REVOKE: &str = "/etcdserverpb.Lease/LeaseRevoke";
-pub const TIME_TO_LIVE: &str = "/etcdserverpb.Lease/LeaseTimeToLive";
-pub const LEASES: &str = "/etcdserverpb.Lease/LeaseLeases";
-const KEEP_ALIVE: &str = "/etcdserverpb.Lease/LeaseKeepAlive";
-
 /// Answers queued per keep-alive stream before its task waits for the
 /// client to read them.
 const OUTBOUND_QUEUE: usize = 256;
@@ -39,48 +37,6 @@ pub struct LeaseService {
     pub state: Arc<ProxyState>,
 }
 
-/// Grants a lease on the cell and enters it in the session table.
-pub async fn grant(
-    state: &ProxyState,
-    request: PbLeaseGrantRequest,
-) -> Result<PbLeaseGrantResponse, latchkey_shared::ApiError> {
-    let cell = state.upstream.home();
-    let sent = Instant::now();
-    let granted: PbLeaseGrantResponse = cell
-        .call(Route::Leader, Kind::Write, GRANT, request)
-        .await?;
-    if granted.error.is_empty() {
-        state
-            .sessions
-            .granted(LeaseId::from(granted.id), granted.ttl, sent);
-    }
-    Ok(granted)
-}
-
-/// Revokes a lease on the cell and drops it from the session table.
-pub async fn revoke(
-    state: &ProxyState,
-    id: LeaseId,
-) -> Result<PbLeaseRevokeResponse, latchkey_shared::ApiError> {
-    let result = state
-        .upstream
-        .home()
-        .call(
-            Route::Leader,
-            Kind::Write,
-            REVOKE,
-            PbLeaseRevokeRequest { id: id.get() },
-        )
-        .await;
-    match &result {
-        Ok(_) => state.sessions.revoked(id),
-        Err(e) if e.code == ErrorCode::LeaseNotFound => state.sessions.revoked(id),
-        Err(e) if e.retry() != latchkey_shared::Retry::Never => state.sessions.unsure(id),
-        Err(_) => {}
-    }
-    result
-}
-
 #[tonic::async_trait]
 impl PbLeaseService for LeaseService {
     async fn lease_grant(
@@ -88,7 +44,7 @@ impl PbLeaseService for LeaseService {
         request: Request<PbLeaseGrantRequest>,
     ) -> Result<Response<PbLeaseGrantResponse>, Status> {
         let started = Instant::now();
-        let result = grant(&self.state, request.into_inner()).await;
+        let result = ops::lease::grant(&self.state, request.into_inner()).await;
         record("grpc", GRANT, started, result.as_ref().err());
         result.map(Response::new).map_err(Into::into)
     }
@@ -99,7 +55,7 @@ impl PbLeaseService for LeaseService {
     ) -> Result<Response<PbLeaseRevokeResponse>, Status> {
         let started = Instant::now();
         let id = LeaseId::from(request.get_ref().id);
-        let result = revoke(&self.state, id).await;
+        let result = ops::lease::revoke(&self.state, id).await;
         record("grpc", REVOKE, started, result.as_ref().err());
         result.map(Response::new).map_err(Into::into)
     }
@@ -124,8 +80,9 @@ impl PbLeaseService for LeaseService {
         &self,
         request: Request<PbLeaseTimeToLiveRequest>,
     ) -> Result<Response<PbLeaseTimeToLiveResponse>, Status> {
-        let cell = self.state.upstream.home().clone();
-        forward(&cell, Route::Leader, Kind::Read, TIME_TO_LIVE, request).await
+        let started = Instant::now();
+        let result = ops::lease::time_to_live(&self.state, request.into_inner()).await;
+        answered(TIME_TO_LIVE, started, result)
     }
 
     async fn lease_leases(
@@ -154,8 +111,7 @@ async fn serve_keep_alives(
                 Some(Ok(request)) => {
                     let id = LeaseId::from(request.id);
                     let started = Instant::now();
-                    metrics::counter!("latchkey_proxy_keepalives_total", "api" => "grpc")
-                        .increment(1);
+                    metrics::counter!(KEEPALIVES.name, "api" => "grpc").increment(1);
                     match state.sessions.keep_alive(id, started) {
                         Ok(KeepAlive::Ttl(ttl)) => (id, Ok(ttl), started),
                         Ok(KeepAlive::Wait(answer)) => {

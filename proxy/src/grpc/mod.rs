@@ -6,7 +6,7 @@
 //! any member for serializable ones) and retries by the error's retry
 //! class. What the proxy answers itself: lease keep-alives (from the
 //! session table, `lease.rs`), serializable ranges it holds in its read
-//! cache (`kv.rs`, through `cache::range`), and watches, coalesced into
+//! cache (`kv.rs`, through `ops::kv::range`), and watches, coalesced into
 //! one upstream watch per distinct watch (`watch.rs`).
 
 pub mod cluster;
@@ -15,7 +15,8 @@ pub mod lease;
 pub mod maintenance;
 pub mod watch;
 
-use crate::lock_backend::UpstreamLocks;
+use crate::metrics_catalog::{REQUESTS, REQUEST_SECONDS};
+use crate::ops::locks::UpstreamLocks;
 use crate::state::ProxyState;
 use crate::upstream::cell_client::HasHeader;
 use crate::upstream::{Kind, Route};
@@ -46,6 +47,65 @@ where
     result.map(tonic::Response::new).map_err(Into::into)
 }
 
+/// A service impl whose listed methods pass through to the home cell's
+/// leader unchanged (through [`forward`], so each is timed and counted),
+/// followed by the methods the proxy serves itself:
+///
+/// ```ignore
+/// service! {
+///     impl PbClusterService for ClusterService {
+///         pass_through {
+///             member_add(PbMemberAddRequest) -> PbMemberAddResponse = Write, MEMBER_ADD;
+///         }
+///         // other methods, written out
+///     }
+/// }
+/// ```
+///
+/// The whole impl is generated so that `async_trait` sees the methods the
+/// macro writes.
+macro_rules! service {
+    (impl $service:ident for $for:ident {
+        pass_through {
+            $( $name:ident($req:ty) -> $resp:ty = $kind:ident, $path:expr; )*
+        }
+        $($rest:tt)*
+    }) => {
+        #[tonic::async_trait]
+        impl $service for $for {
+            $(
+                async fn $name(
+                    &self,
+                    request: tonic::Request<$req>,
+                ) -> Result<tonic::Response<$resp>, tonic::Status> {
+                    let cell = self.state.upstream.home().clone();
+                    $crate::grpc::forward(
+                        &cell,
+                        $crate::upstream::Route::Leader,
+                        $crate::upstream::Kind::$kind,
+                        $path,
+                        request,
+                    )
+                    .await
+                }
+            )*
+            $($rest)*
+        }
+    };
+}
+pub(crate) use service;
+
+/// Records an operation's latency and outcome under its method's path, and
+/// gives its result to the client.
+pub fn answered<T>(
+    path: &'static str,
+    started: Instant,
+    result: Result<T, latchkey_shared::ApiError>,
+) -> Result<tonic::Response<T>, tonic::Status> {
+    record("grpc", path, started, result.as_ref().err());
+    result.map(tonic::Response::new).map_err(Into::into)
+}
+
 /// Counts a client request and its latency by API and route.
 pub fn record(
     api: &'static str,
@@ -54,9 +114,9 @@ pub fn record(
     error: Option<&latchkey_shared::ApiError>,
 ) {
     let outcome = error.map_or("ok", |e| e.code.as_str());
-    metrics::histogram!("latchkey_proxy_request_seconds", "api" => api, "route" => route)
+    metrics::histogram!(REQUEST_SECONDS.name, "api" => api, "route" => route)
         .record(started.elapsed().as_secs_f64());
-    metrics::counter!("latchkey_proxy_requests_total", "api" => api, "route" => route, "outcome" => outcome)
+    metrics::counter!(REQUESTS.name, "api" => api, "route" => route, "outcome" => outcome)
         .increment(1);
 }
 

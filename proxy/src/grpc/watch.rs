@@ -8,11 +8,12 @@
 //! A client watch dropped for reading too slowly is cancelled with a
 //! reason naming the revision to resume from.
 
-use crate::grpc::maintenance::STATUS;
+use crate::metrics_catalog::{CLIENT_WATCHES, SLOW_CLIENTS_CANCELLED, WATCH_STREAMS};
 use crate::state::ProxyState;
 use crate::upstream::{Kind, Route};
 use crate::watch::fanout::Paced;
 use crate::watch::{Cancel, Item, WatchKey};
+use latchkey_shared::etcd_methods::maintenance::STATUS;
 use latchkey_shared::etcdpb::{
     PbResponseHeader, PbStatusRequest, PbStatusResponse, PbWatchRequest, PbWatchRequestUnion,
     PbWatchResponse, PbWatchService,
@@ -25,8 +26,6 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
-
-pub const WATCH: &str = "/etcdserverpb.Watch/Watch";
 
 /// Responses queued per client stream before its tasks wait for the client.
 const OUTBOUND_QUEUE: usize = 256;
@@ -58,7 +57,7 @@ impl PbWatchService for WatchService {
             watches: HashMap::new(),
             next_id: 0,
         };
-        metrics::gauge!("latchkey_proxy_watch_streams").increment(1.0);
+        metrics::gauge!(WATCH_STREAMS.name).increment(1.0);
         self.state.lifecycle.spawn(client.run(inbound));
         Ok(Response::new(Box::pin(
             tokio_stream::wrappers::ReceiverStream::new(rx),
@@ -88,9 +87,9 @@ impl ClientStream {
         }
         for (_, watch) in self.watches.drain() {
             watch.forwarder.abort();
-            metrics::gauge!("latchkey_proxy_client_watches", "api" => "grpc").decrement(1.0);
+            metrics::gauge!(CLIENT_WATCHES.name, "api" => "grpc").decrement(1.0);
         }
-        metrics::gauge!("latchkey_proxy_watch_streams").decrement(1.0);
+        metrics::gauge!(WATCH_STREAMS.name).decrement(1.0);
     }
 
     fn header(&self, revision: i64) -> PbResponseHeader {
@@ -220,14 +219,13 @@ impl ClientStream {
                         sent_through,
                     },
                 );
-                metrics::gauge!("latchkey_proxy_client_watches", "api" => "grpc").increment(1.0);
+                metrics::gauge!(CLIENT_WATCHES.name, "api" => "grpc").increment(1.0);
                 Ok(())
             }
             Some(PbWatchRequestUnion::CancelRequest(c)) => {
                 if let Some(watch) = self.watches.remove(&c.watch_id) {
                     watch.forwarder.abort();
-                    metrics::gauge!("latchkey_proxy_client_watches", "api" => "grpc")
-                        .decrement(1.0);
+                    metrics::gauge!(CLIENT_WATCHES.name, "api" => "grpc").decrement(1.0);
                     let revision = watch.sent_through.load(Ordering::Relaxed);
                     self.send(PbWatchResponse {
                         header: Some(self.header(revision)),
@@ -306,7 +304,7 @@ async fn forward(
             // Closed without a cancel: dropped for reading too slowly.
             None => {
                 let resume_from = sent_through.load(Ordering::Relaxed) + 1;
-                metrics::counter!("latchkey_proxy_slow_clients_cancelled_total").increment(1);
+                metrics::counter!(SLOW_CLIENTS_CANCELLED.name).increment(1);
                 let _ = out
                     .send(Ok(PbWatchResponse {
                         header: at(resume_from - 1),

@@ -8,7 +8,7 @@ use super::extract::{Client, Json, Path, Query};
 use super::model::ErrorBody;
 use super::watch_sse::{serve, start_revision, WatchEvent};
 use super::{answer, Answer};
-use crate::lock_backend::UpstreamLocks;
+use crate::ops::locks::UpstreamLocks;
 use crate::state::ProxyState;
 use crate::watch::WatchKey;
 use axum::extract::State;

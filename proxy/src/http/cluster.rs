@@ -2,11 +2,11 @@
 
 use super::model::ErrorBody;
 use super::{answer, Answer};
-use crate::grpc::cluster::MEMBER_LIST;
-use crate::grpc::maintenance::STATUS;
 use crate::state::ProxyState;
 use crate::upstream::{Kind, Route};
 use axum::extract::State;
+use latchkey_shared::etcd_methods::cluster::MEMBER_LIST;
+use latchkey_shared::etcd_methods::maintenance::STATUS;
 use latchkey_shared::etcdpb::{
     PbMemberListRequest, PbMemberListResponse, PbStatusRequest, PbStatusResponse,
 };

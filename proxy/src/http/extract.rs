@@ -2,7 +2,7 @@
 //! query, JSON body or oversized body gets the API's JSON error with the
 //! table's status instead of axum's plain-text one.
 
-use crate::idempotency::Keyed;
+use crate::ops::idempotency::Keyed;
 use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;

@@ -4,11 +4,9 @@
 use super::extract::{on, Client, Flag, KeyedBody, Path, Query};
 use super::model::{parse_session, session_gone, DeleteAnswer, ErrorBody, PutAnswer, RangeAnswer};
 use super::{answer, Answer};
-use crate::grpc::kv::{DELETE_RANGE, PUT};
-use crate::idempotency::{self, Committed};
+use crate::ops;
+use crate::ops::idempotency::{self, Committed};
 use crate::state::ProxyState;
-use crate::upstream::Kind;
-use crate::upstream::Route;
 use axum::extract::State;
 use latchkey_shared::etcd_enums::{CompareResult, CompareTarget};
 use latchkey_shared::etcdpb::{
@@ -109,7 +107,7 @@ pub async fn get_kv(
         serializable: on(params.serializable),
         ..Default::default()
     };
-    let resp = crate::cache::range(&state, client, request).await?;
+    let resp = ops::kv::range(&state, client, request).await?;
     answer(RangeAnswer::from_pb(&resp, keys_only))
 }
 
@@ -141,10 +139,7 @@ pub async fn put_kv(
     let cell = state.upstream.cell_for(key.as_bytes());
     let guard = idempotency::guard(&state, keyed.as_ref()).await?;
     if compares.is_empty() && guard.is_none() {
-        let resp: latchkey_shared::etcdpb::PbPutResponse = cell
-            .call(Route::Leader, Kind::Write, PUT, put)
-            .await
-            .map_err(session_gone)?;
+        let resp = ops::kv::put(&state, put).await.map_err(session_gone)?;
         return answer(PutAnswer {
             revision: resp.header.map_or(0, |h| h.revision),
         });
@@ -250,10 +245,7 @@ pub async fn delete_kv(
         range_end: range.end,
         ..Default::default()
     };
-    let cell = state.upstream.cell_for(key.as_bytes());
-    let resp: latchkey_shared::etcdpb::PbDeleteResponse = cell
-        .call(Route::Leader, Kind::Write, DELETE_RANGE, request)
-        .await?;
+    let resp = ops::kv::delete_range(&state, request).await?;
     answer(DeleteAnswer {
         revision: resp.header.map_or(0, |h| h.revision),
         deleted: resp.deleted,

@@ -8,8 +8,8 @@
 use super::extract::{KeyedJson, Path, Query};
 use super::model::{parse_session, session_gone, session_id, ErrorBody};
 use super::{answer, Answer};
-use crate::idempotency;
-use crate::lock_backend::UpstreamLocks;
+use crate::ops::idempotency;
+use crate::ops::locks::UpstreamLocks;
 use crate::state::ProxyState;
 use axum::extract::State;
 use latchkey_shared::etcdpb::PbKeyValue;

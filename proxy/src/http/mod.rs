@@ -28,6 +28,7 @@ pub mod session;
 pub mod txn;
 pub mod watch_sse;
 
+use crate::metrics_catalog::{HTTP_RESPONSES, REQUEST_SECONDS};
 use crate::state::ProxyState;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::http::{Method, StatusCode, Uri};
@@ -175,10 +176,9 @@ async fn track(request: Request, next: Next) -> Response {
     let route = format!("{} {path}", request.method());
     let response = next.run(request).await;
     let status = response.status().as_u16().to_string();
-    metrics::histogram!("latchkey_proxy_request_seconds", "api" => "http", "route" => route.clone())
+    metrics::histogram!(REQUEST_SECONDS.name, "api" => "http", "route" => route.clone())
         .record(started.elapsed().as_secs_f64());
-    metrics::counter!("latchkey_proxy_http_responses_total", "route" => route, "status" => status)
-        .increment(1);
+    metrics::counter!(HTTP_RESPONSES.name, "route" => route, "status" => status).increment(1);
     response.into_response()
 }
 
@@ -209,7 +209,7 @@ mod tests {
             fanout: crate::watch::fanout::Fanout::new(std::time::Duration::ZERO),
             cache,
             floors: Default::default(),
-            retention: crate::idempotency::RetentionLease::new(Duration::from_secs(60)),
+            retention: latchkey_shared::idempotency::RetentionLease::new(Duration::from_secs(60)),
             sessions: Arc::new(SessionTable::new()),
             request_timeout: Duration::from_millis(300),
             max_request_bytes: 1 << 20,

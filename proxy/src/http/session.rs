@@ -6,14 +6,12 @@
 use super::extract::{Json, Path};
 use super::model::{encode, parse_session, session_gone, session_id, Encoding, ErrorBody};
 use super::{answer, Answer};
-use crate::grpc::lease::{self, TIME_TO_LIVE};
+use crate::metrics_catalog::KEEPALIVES;
+use crate::ops::lease;
 use crate::session;
 use crate::state::ProxyState;
-use crate::upstream::{Kind, Route};
 use axum::extract::State;
-use latchkey_shared::etcdpb::{
-    PbLeaseGrantRequest, PbLeaseTimeToLiveRequest, PbLeaseTimeToLiveResponse,
-};
+use latchkey_shared::etcdpb::{PbLeaseGrantRequest, PbLeaseTimeToLiveRequest};
 use latchkey_shared::limits::MAX_TTL_SECS;
 use latchkey_shared::{ApiError, ErrorCode};
 use serde::{Deserialize, Serialize};
@@ -110,7 +108,7 @@ pub async fn keep_alive(
     Path(id): Path<String>,
 ) -> Answer<SessionAnswer> {
     let id = parse_session(&id)?;
-    metrics::counter!("latchkey_proxy_keepalives_total", "api" => "http").increment(1);
+    metrics::counter!(KEEPALIVES.name, "api" => "http").increment(1);
     let ttl = session::keep_alive(&state.sessions, id, state.request_timeout).await?;
     answer(SessionAnswer {
         id: id.to_string(),
@@ -128,18 +126,11 @@ pub async fn info(
     Path(id): Path<String>,
 ) -> Answer<SessionInfo> {
     let id = parse_session(&id)?;
-    let resp: PbLeaseTimeToLiveResponse = state
-        .upstream
-        .home()
-        .call(
-            Route::Leader,
-            Kind::Read,
-            TIME_TO_LIVE,
-            PbLeaseTimeToLiveRequest {
-                id: id.get(),
-                keys: true,
-            },
-        )
+    let request = PbLeaseTimeToLiveRequest {
+        id: id.get(),
+        keys: true,
+    };
+    let resp = lease::time_to_live(&state, request)
         .await
         .map_err(session_gone)?;
     // etcd answers TTL -1 for a lease that does not exist.

@@ -7,7 +7,7 @@ use super::model::{
 };
 use super::{answer, Answer};
 use crate::http::kv::key_range;
-use crate::idempotency::{self, Committed};
+use crate::ops::idempotency::{self, Committed};
 use crate::state::ProxyState;
 use axum::extract::State;
 use latchkey_shared::etcd_enums::{CompareResult, CompareTarget};

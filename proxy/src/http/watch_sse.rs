@@ -14,6 +14,7 @@
 use super::extract::{on, Flag, Path, Query};
 use super::model::{ErrorBody, KeyValue};
 use crate::http::kv::key_range;
+use crate::metrics_catalog::{CLIENT_WATCHES, SLOW_CLIENTS_CANCELLED};
 use crate::state::ProxyState;
 use crate::watch::fanout::Paced;
 use crate::watch::{Cancel, Item, WatchKey};
@@ -156,14 +157,14 @@ struct ClientWatchGauge;
 
 impl ClientWatchGauge {
     fn new() -> ClientWatchGauge {
-        metrics::gauge!("latchkey_proxy_client_watches", "api" => "sse").increment(1.0);
+        metrics::gauge!(CLIENT_WATCHES.name, "api" => "sse").increment(1.0);
         ClientWatchGauge
     }
 }
 
 impl Drop for ClientWatchGauge {
     fn drop(&mut self) {
-        metrics::gauge!("latchkey_proxy_client_watches", "api" => "sse").decrement(1.0);
+        metrics::gauge!(CLIENT_WATCHES.name, "api" => "sse").decrement(1.0);
     }
 }
 
@@ -216,7 +217,7 @@ fn sse_events(
                 // Closed without a cancel: dropped for reading too slowly.
                 None => {
                     feed.ended = true;
-                    metrics::counter!("latchkey_proxy_slow_clients_cancelled_total").increment(1);
+                    metrics::counter!(SLOW_CLIENTS_CANCELLED.name).increment(1);
                     vec![error_event(&ApiError::watch_too_slow(
                         feed.sent_through + 1,
                     ))]

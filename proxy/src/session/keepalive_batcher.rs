@@ -10,8 +10,11 @@
 //! confirmed time runs down waits for the cell instead of being told more.
 
 use super::registry::{Answer, SessionTable};
-use latchkey_shared::client::refresh_stream::MAX_BATCH;
+use crate::metrics_catalog::{
+    REFRESH_BATCHES, REFRESH_BATCH_LEASES, REFRESH_FAILURES, REFRESH_SECONDS, SESSIONS,
+};
 use latchkey_shared::client::{is_gone, RefreshStream};
+use latchkey_shared::limits::MAX_REFRESH_BATCH;
 use latchkey_shared::LeaseId;
 use std::sync::Arc;
 use std::time::Duration;
@@ -62,21 +65,20 @@ impl KeepAliveBatcher {
                     tracing::debug!(dropped, "sessions the cell has expired left the table");
                 }
             }
-            metrics::gauge!("latchkey_proxy_sessions").set(self.table.len() as f64);
+            metrics::gauge!(SESSIONS.name).set(self.table.len() as f64);
         }
     }
 
     /// One tick's batch (split only past the cell's batch limit).
     async fn send(&mut self, due: &[LeaseId]) {
-        for chunk in due.chunks(MAX_BATCH) {
+        for chunk in due.chunks(MAX_REFRESH_BATCH) {
             let ids: Vec<i64> = chunk.iter().map(|id| id.get()).collect();
             let sent = Instant::now();
-            metrics::counter!("latchkey_proxy_refresh_batches_total").increment(1);
-            metrics::histogram!("latchkey_proxy_refresh_batch_leases").record(ids.len() as f64);
+            metrics::counter!(REFRESH_BATCHES.name).increment(1);
+            metrics::histogram!(REFRESH_BATCH_LEASES.name).record(ids.len() as f64);
             match self.stream.refresh(&ids, BATCH_TIMEOUT).await {
                 Ok(reply) if reply.ttls.len() == ids.len() => {
-                    metrics::histogram!("latchkey_proxy_refresh_seconds")
-                        .record(sent.elapsed().as_secs_f64());
+                    metrics::histogram!(REFRESH_SECONDS.name).record(sent.elapsed().as_secs_f64());
                     for (id, ttl) in chunk.iter().zip(reply.ttls) {
                         let answer = if is_gone(ttl) {
                             Answer::Gone
@@ -87,7 +89,7 @@ impl KeepAliveBatcher {
                     }
                 }
                 Ok(reply) => {
-                    metrics::counter!("latchkey_proxy_refresh_failures_total").increment(1);
+                    metrics::counter!(REFRESH_FAILURES.name).increment(1);
                     tracing::warn!(
                         endpoint = %reply.endpoint,
                         asked = ids.len(),
@@ -97,7 +99,7 @@ impl KeepAliveBatcher {
                     self.table.retry(chunk);
                 }
                 Err(e) => {
-                    metrics::counter!("latchkey_proxy_refresh_failures_total").increment(1);
+                    metrics::counter!(REFRESH_FAILURES.name).increment(1);
                     tracing::warn!(error = %e, leases = ids.len(), "refresh batch failed; the leases go in the next one");
                     self.table.retry(chunk);
                 }

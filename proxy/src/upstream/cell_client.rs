@@ -10,6 +10,7 @@
 //! outcome is unknown is reported as such and never resent. Every call ends
 //! by the request deadline.
 
+use crate::metrics_catalog::{UPSTREAM_ERRORS, UPSTREAM_SECONDS};
 use latchkey_shared::client::{call, endpoint};
 use latchkey_shared::etcdpb::PbResponseHeader;
 use latchkey_shared::{ApiError, ErrorCode, Retry};
@@ -224,7 +225,7 @@ impl CellClient {
                 }
             })
             .await;
-        metrics::histogram!("latchkey_proxy_upstream_seconds", "path" => path)
+        metrics::histogram!(UPSTREAM_SECONDS.name, "path" => path)
             .record(started.elapsed().as_secs_f64());
         result
     }
@@ -256,9 +257,7 @@ impl CellClient {
                 Ok(Err(e)) => e,
                 Err(_) => return Err(ApiError::timeout()),
             };
-            metrics::counter!("latchkey_proxy_upstream_errors_total",
-                "code" => error.code.as_str())
-            .increment(1);
+            metrics::counter!(UPSTREAM_ERRORS.name, "code" => error.code.as_str()).increment(1);
             if !self.may_retry(member, kind, &error) {
                 return Err(error);
             }

@@ -6,6 +6,7 @@
 
 use super::cell_client::{Cell, HasHeader};
 use latchkey_shared::client::call;
+use latchkey_shared::etcd_methods::maintenance::STATUS;
 use latchkey_shared::etcdpb::{PbStatusRequest, PbStatusResponse};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -22,8 +23,6 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Least time between two probe rounds, so a burst of failing calls does
 /// not turn into a burst of probes.
 const MIN_PROBE_GAP: Duration = Duration::from_millis(50);
-
-pub const STATUS: &str = "/etcdserverpb.Maintenance/Status";
 
 pub struct LeaderTracker {
     pub cell: Cell,

@@ -9,12 +9,13 @@
 //! must answer); concurrent first joiners of one key wait on the same
 //! creation.
 
-use super::member_stream::{CreateWatch, MemberStream, MemberStreamHandle, WATCH};
 use super::pump::{Pump, Upstream};
 use super::shared_watch::{Cancel, Item, Join, Revision, SharedWatch};
 use super::upstream_answer::Answer;
+use super::upstream_watches::{Opened, UpstreamWatches};
 use super::watch_key::WatchKey;
-use crate::upstream::{Cell, Kind, Route};
+use crate::metrics_catalog::WATCH_CATCH_UPS;
+use crate::upstream::Cell;
 use latchkey_shared::ApiError;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -30,22 +31,12 @@ struct Entry {
 
 pub struct Coalescer {
     cell: Cell,
-    /// One stream per member index, opened on first use.
-    streams: tokio::sync::Mutex<HashMap<usize, MemberStreamHandle>>,
+    upstream: Arc<UpstreamWatches>,
     /// A std mutex: held for map operations and `SharedWatch::join/leave`
     /// (no await).
     watches: Mutex<HashMap<WatchKey, Entry>>,
     history_len: usize,
     queue_len: usize,
-}
-
-/// An upstream watch just created on a member.
-pub(super) struct Opened {
-    pub stream: MemberStreamHandle,
-    pub watch_id: i64,
-    pub answers: mpsc::UnboundedReceiver<Answer>,
-    /// It reports every revision after this one.
-    pub revision: i64,
 }
 
 /// One client watch: its items in order, the shared watch's history
@@ -105,8 +96,8 @@ pub struct Ticket {
 impl Coalescer {
     pub fn new(cell: Cell, history_len: usize, queue_len: usize) -> Arc<Coalescer> {
         Arc::new(Coalescer {
+            upstream: Arc::new(UpstreamWatches::new(cell.clone())),
             cell,
-            streams: tokio::sync::Mutex::new(HashMap::new()),
             watches: Mutex::new(HashMap::new()),
             history_len,
             queue_len,
@@ -120,9 +111,7 @@ impl Coalescer {
     /// Asks every member stream for a progress answer: each shared watch
     /// then learns how far its member has come, and tells its subscribers.
     pub async fn request_progress(&self) {
-        for stream in self.streams.lock().await.values() {
-            stream.progress();
-        }
+        self.upstream.request_progress().await;
     }
 
     /// Whether a shared watch of `key` exists (clients watch it).
@@ -232,19 +221,6 @@ impl Coalescer {
         }
     }
 
-    /// The stream to `member`, opened if needed.
-    async fn stream(&self, member: usize) -> Result<MemberStreamHandle, ApiError> {
-        let mut streams = self.streams.lock().await;
-        if let Some(stream) = streams.get(&member) {
-            if !stream.is_closed() {
-                return Ok(stream.clone());
-            }
-        }
-        let stream = MemberStream::open(self.cell.members[member].channel.clone()).await?;
-        streams.insert(member, stream.clone());
-        Ok(stream)
-    }
-
     /// Creates `key` upstream from the next revision and starts its pump.
     async fn create(
         self: &Arc<Self>,
@@ -256,14 +232,19 @@ impl Coalescer {
             watch_id,
             answers,
             revision,
-        } = self.open(&key, 0).await?;
+        } = self.upstream.open(&key, 0).await?;
         let shared = Arc::new(SharedWatch::new(
             revision + 1,
             self.history_len,
             self.queue_len,
         ));
+        // The pump removes the shared watch when it ends (compacted,
+        // cancelled by the member); the next joiner creates a new one.
+        let coalescer = self.clone();
+        let ended = key.clone();
         let pump = Pump {
-            coalescer: self.clone(),
+            upstream: self.upstream.clone(),
+            on_end: Box::new(move || coalescer.remove(&ended)),
             key,
             shared: shared.clone(),
         };
@@ -276,61 +257,6 @@ impl Coalescer {
             stop,
         ));
         Ok(shared)
-    }
-
-    /// Creates `key` upstream from `start_revision` on a member that is
-    /// up, trying the members in turn by the cell client's retry rules
-    /// (a compacted start is final), for up to the request timeout.
-    pub(super) async fn open(
-        &self,
-        key: &WatchKey,
-        start_revision: i64,
-    ) -> Result<Opened, ApiError> {
-        self.cell
-            .retrying(Route::Any, Kind::Read, WATCH, |member, _| {
-                self.open_on(key, start_revision, member)
-            })
-            .await
-    }
-
-    /// One attempt of [`Coalescer::open`], on `member`.
-    async fn open_on(
-        &self,
-        key: &WatchKey,
-        start_revision: i64,
-        member: usize,
-    ) -> Result<Opened, ApiError> {
-        let stream = self.stream(member).await?;
-        let (watch_id, mut answers) = stream
-            .create(CreateWatch {
-                key: key.range.start.clone(),
-                range_end: key.range.end.clone(),
-                filters: key.filters.clone(),
-                prev_kv: key.prev_kv,
-                start_revision,
-            })
-            .await?;
-        match tokio::time::timeout(self.cell.request_timeout, answers.recv()).await {
-            Ok(Some(Answer::Created { revision, .. })) => Ok(Opened {
-                stream,
-                watch_id,
-                answers,
-                revision,
-            }),
-            Ok(Some(Answer::Compacted {
-                compact_revision, ..
-            })) => Err(ApiError::compacted(compact_revision)),
-            Ok(Some(Answer::Cancelled { reason, .. })) => Err(ApiError::unavailable(format!(
-                "the member refused the watch: {reason}"
-            ))),
-            Ok(Some(other)) => Err(ApiError::internal(format!(
-                "a watch's first answer was {other:?}"
-            ))),
-            Ok(None) => Err(ApiError::unavailable("the member's watch stream failed")),
-            Err(_) => Err(ApiError::unavailable(
-                "the member did not create the watch in time",
-            )),
-        }
     }
 }
 
@@ -366,7 +292,7 @@ impl Coalescer {
             }),
             Join::CatchUp { join_at } => {
                 // Opened here, so a compacted start is the caller's error.
-                let opened = match self.open(&key, start_revision).await {
+                let opened = match self.upstream.open(&key, start_revision).await {
                     Ok(opened) => opened,
                     Err(e) => {
                         self.drop_if_unused(&key);
@@ -406,7 +332,7 @@ impl Coalescer {
             mut answers,
             ..
         } = opened;
-        metrics::counter!("latchkey_proxy_watch_catch_ups_total").increment(1);
+        metrics::counter!(WATCH_CATCH_UPS.name).increment(1);
         // The first revision the client has not been given.
         let mut next = start;
         stream.progress();
@@ -512,8 +438,10 @@ async fn forward(backlog: Vec<Revision>, mut items: mpsc::Receiver<Item>, tx: &m
 mod tests {
     use super::*;
     use crate::upstream::CellClient;
+    use crate::upstream::Route;
     use crate::watch::shared_watch::Item;
     use crate::watch::test_cell::TestCell;
+    use latchkey_shared::etcd_methods::kv::PUT;
     use latchkey_shared::etcdpb::{PbPutRequest, PbPutResponse};
     use std::time::Duration;
 
@@ -590,6 +518,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_shared_watch_survives_the_death_of_its_member_without_gap_or_repeat() {
         use crate::upstream::Kind;
+        use latchkey_cell::metrics_catalog::WATCHERS;
         let mut cluster =
             latchkey_testkit::Cluster::start(latchkey_testkit::cell_binary(), 3, &[]).await;
         let addrs: Vec<String> = cluster.members.iter().map(|m| m.client.clone()).collect();
@@ -599,7 +528,7 @@ mod tests {
         // The member serving the watch is the one with a watcher.
         let mut host = None;
         for id in cluster.running() {
-            if cluster.metric(id, "latchkey_watchers").await == Some(1.0) {
+            if cluster.metric(id, WATCHERS.name).await == Some(1.0) {
                 host = Some(id);
             }
         }
@@ -616,7 +545,7 @@ mod tests {
                 ..Default::default()
             };
             match cell
-                .call::<_, PbPutResponse>(Route::Leader, Kind::Write, "/etcdserverpb.KV/Put", put)
+                .call::<_, PbPutResponse>(Route::Leader, Kind::Write, PUT, put)
                 .await
             {
                 Ok(resp) => acked.push(resp.header.expect("header").revision),

@@ -9,6 +9,7 @@
 
 use super::coalescer::Subscription;
 use super::shared_watch::Item;
+use crate::metrics_catalog::{FANOUT_DELAY_SECONDS, WATCH_EVENTS_OUT};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -62,8 +63,8 @@ impl Paced {
         Paced {
             items,
             offset,
-            delay: metrics::histogram!("latchkey_proxy_fanout_delay_seconds"),
-            events_out: metrics::counter!("latchkey_proxy_watch_events_out_total"),
+            delay: metrics::histogram!(FANOUT_DELAY_SECONDS.name),
+            events_out: metrics::counter!(WATCH_EVENTS_OUT.name),
         }
     }
 

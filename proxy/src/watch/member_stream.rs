@@ -15,7 +15,9 @@
 //! another member from the first revision it has not published.
 
 use super::upstream_answer::{read, Answer};
+use crate::metrics_catalog::UPSTREAM_WATCH_STREAMS;
 use latchkey_shared::client::call;
+use latchkey_shared::etcd_methods::watch::WATCH;
 use latchkey_shared::etcdpb::{PbWatchRequest, PbWatchRequestUnion, PbWatchResponse};
 use latchkey_shared::ApiError;
 use std::collections::HashMap;
@@ -23,8 +25,6 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_stream::StreamExt;
 use tonic::transport::Channel;
-
-pub const WATCH: &str = "/etcdserverpb.Watch/Watch";
 
 /// The watch id etcd gives answers that concern the whole stream (a
 /// progress answer to a WatchProgress request).
@@ -119,7 +119,7 @@ async fn run(
 ) {
     let mut watches: HashMap<i64, Watch> = HashMap::new();
     let mut next_id: i64 = 1;
-    metrics::gauge!("latchkey_proxy_upstream_watch_streams").increment(1.0);
+    metrics::gauge!(UPSTREAM_WATCH_STREAMS.name).increment(1.0);
     loop {
         tokio::select! {
             command = inbox.recv() => match command {
@@ -180,7 +180,7 @@ async fn run(
             },
         }
     }
-    metrics::gauge!("latchkey_proxy_upstream_watch_streams").decrement(1.0);
+    metrics::gauge!(UPSTREAM_WATCH_STREAMS.name).decrement(1.0);
     // Dropping `watches` closes every watch's channel: they resume elsewhere.
 }
 

@@ -10,6 +10,9 @@
 //!   subscribers dropped.
 //! - [`pump`]: [`pump::Pump`], the task that feeds one shared watch from
 //!   its upstream watch and resumes it elsewhere.
+//! - [`upstream_watches`]: [`upstream_watches::UpstreamWatches`], the
+//!   member streams and the creation of an upstream watch on a member
+//!   that is up (shared, catch-up and resumed watches alike).
 //! - [`member_stream`]: [`member_stream::MemberStream`], ONE upstream
 //!   Watch stream per member carrying many watches.
 //! - [`upstream_answer`]: what an upstream `WatchResponse` says (created,
@@ -33,6 +36,7 @@ pub mod shared_watch;
 #[cfg(test)]
 mod test_cell;
 pub mod upstream_answer;
+pub mod upstream_watches;
 pub mod watch_key;
 
 pub use shared_watch::{Cancel, Item, Join, Revision, SharedWatch};

@@ -4,11 +4,12 @@
 //! fails re-creates the upstream watch on another member from the first
 //! revision not yet published, so subscribers see no gap and no repeat.
 
-use super::coalescer::Coalescer;
 use super::member_stream::MemberStreamHandle;
 use super::shared_watch::SharedWatch;
 use super::upstream_answer::Answer;
+use super::upstream_watches::UpstreamWatches;
 use super::watch_key::WatchKey;
+use crate::metrics_catalog::{UPSTREAM_WATCHES, WATCH_EVENTS_IN};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -27,7 +28,10 @@ pub struct Upstream {
 
 /// Moves one shared watch's upstream answers into it.
 pub struct Pump {
-    pub coalescer: Arc<Coalescer>,
+    /// Where the watch is resumed when its member's stream fails.
+    pub upstream: Arc<UpstreamWatches>,
+    /// Called once when the shared watch ends (the coalescer forgets it).
+    pub on_end: Box<dyn Fn() + Send + Sync>,
     pub key: WatchKey,
     pub shared: Arc<SharedWatch>,
 }
@@ -37,7 +41,7 @@ impl Pump {
     /// `stop` (nobody watches any more) is cancelled; when the member's
     /// stream fails, resumes on another member.
     pub async fn run(self, mut upstream: Upstream, stop: CancellationToken) {
-        metrics::gauge!("latchkey_proxy_upstream_watches").increment(1.0);
+        metrics::gauge!(UPSTREAM_WATCHES.name).increment(1.0);
         loop {
             tokio::select! {
                 _ = stop.cancelled() => {
@@ -58,7 +62,7 @@ impl Pump {
                 },
             }
         }
-        metrics::gauge!("latchkey_proxy_upstream_watches").decrement(1.0);
+        metrics::gauge!(UPSTREAM_WATCHES.name).decrement(1.0);
     }
 
     /// Applies one answer; false when the shared watch has ended.
@@ -66,7 +70,7 @@ impl Pump {
         match answer {
             Answer::Revisions { revisions, .. } => {
                 let events: usize = revisions.iter().map(|r| r.events.len()).sum();
-                metrics::counter!("latchkey_proxy_watch_events_in_total").increment(events as u64);
+                metrics::counter!(WATCH_EVENTS_IN.name).increment(events as u64);
                 for revision in revisions {
                     self.shared.publish(revision);
                 }
@@ -92,7 +96,7 @@ impl Pump {
 
     fn end(&self, reason: &str) {
         self.shared.end(reason);
-        self.coalescer.remove(&self.key);
+        (self.on_end)();
     }
 
     /// Re-creates the watch on another member from the first revision not
@@ -104,7 +108,7 @@ impl Pump {
                 return None;
             }
             let from = self.shared.resume_from();
-            match self.coalescer.open(&self.key, from).await {
+            match self.upstream.open(&self.key, from).await {
                 Ok(opened) => {
                     tracing::info!(revision = from, "shared watch resumed on another member");
                     return Some(Upstream {

@@ -23,6 +23,7 @@
 //! The state is behind a std mutex: every critical section is a few
 //! vector operations and `try_send`s, never an await.
 
+use crate::metrics_catalog::SLOW_WATCHERS;
 use latchkey_shared::etcdpb::PbEvent;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -240,7 +241,7 @@ impl SharedWatch {
                 Err(mpsc::error::TrySendError::Full(_)) => {
                     // Dropping the sender closes the channel behind what is
                     // queued: the reader's "slow" (see the module doc).
-                    metrics::counter!("latchkey_proxy_slow_watchers_total").increment(1);
+                    metrics::counter!(SLOW_WATCHERS.name).increment(1);
                     tracing::debug!(
                         subscriber = s.id,
                         revision = revision.revision,

@@ -3,6 +3,7 @@
 
 use crate::upstream::{Cell, CellClient};
 use latchkey_shared::client::call;
+use latchkey_shared::etcd_methods::kv::PUT;
 use latchkey_shared::etcdpb::{PbPutRequest, PbPutResponse};
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,7 +41,7 @@ impl TestCell {
     pub async fn put(&self, key: &str) -> i64 {
         let resp: PbPutResponse = call::unary(
             self.channel(),
-            "/etcdserverpb.KV/Put",
+            PUT,
             tonic::Request::new(PbPutRequest {
                 key: key.as_bytes().to_vec(),
                 value: b"v".to_vec(),

@@ -39,7 +39,7 @@ const EXPIRY_SLACK: Duration = Duration::from_secs(2);
 async fn cell_counters(cluster: &Cluster) -> (f64, f64) {
     (
         cluster.metric_sum("latchkey_refresh_batches_total").await,
-        cluster.metric_sum("latchkey_lease_refreshes_total").await,
+        cluster.metric_sum("latchkey_lease_keepalives_total").await,
     )
 }
 

@@ -69,6 +69,14 @@ async fn a_client_that_leaves_a_watch_ends_it_on_the_cell() {
         }
     })
     .await;
+    // Every metric this process recorded, the proxy's and the embedded
+    // cell's, has its catalog entry's HELP text.
+    let undescribed = latchkey_testkit::metrics::undescribed(&proxy.metrics().await);
+    assert!(
+        undescribed.is_empty(),
+        "metrics without a description (add them to the crate's metrics_catalog): {}",
+        undescribed.join(", ")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

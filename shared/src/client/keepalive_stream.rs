@@ -13,6 +13,7 @@
 //! one start on a fresh stream to the same address.
 
 use super::{connect, ClientError};
+use crate::etcd_methods::lease;
 use crate::etcdpb::{PbLeaseKeepAliveRequest, PbLeaseKeepAliveResponse};
 use futures::StreamExt;
 use std::collections::{BTreeMap, HashSet};
@@ -25,9 +26,6 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::codegen::http::uri::PathAndQuery;
 use tonic::transport::Channel;
 use tonic::Streaming;
-
-/// etcd's keep-alive method.
-const LEASE_KEEP_ALIVE: &str = "/etcdserverpb.Lease/LeaseKeepAlive";
 
 /// Rounds queued before `refresh` waits for the transport to take them.
 /// Rounds go one at a time, so one slot would do; the second keeps a
@@ -83,7 +81,7 @@ impl KeepAliveStream {
             >::default();
             grpc.streaming(
                 tonic::Request::new(requests),
-                PathAndQuery::from_static(LEASE_KEEP_ALIVE),
+                PathAndQuery::from_static(lease::KEEP_ALIVE),
                 codec,
             )
             .await

@@ -21,6 +21,7 @@
 //! put it behind a `tokio::sync::Mutex`.
 
 use super::{authority, connect, endpoint, ClientError};
+use crate::limits::{MAX_REFRESH_BATCH, MAX_REFRESH_MESSAGE_BYTES};
 use crate::sessions_pb::sessions_client::SessionsClient;
 use crate::sessions_pb::{RefreshRequest, RefreshResponse};
 use std::time::Duration;
@@ -28,15 +29,6 @@ use tokio::sync::mpsc;
 use tokio::time::{timeout_at, Instant};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Streaming;
-
-/// Most leases one batch may name. A cell refuses larger batches (and ends
-/// the stream); a proxy with more sessions splits them.
-pub const MAX_BATCH: usize = 200_000;
-
-/// Largest refresh message either way: a lease id or TTL takes at most 11
-/// bytes on the wire (a 10-byte varint and its share of the packed field
-/// header), plus room for the other fields. The same bound as the cell's.
-const MAX_MESSAGE_BYTES: usize = MAX_BATCH * 11 + 1024;
 
 /// Requests queued on a stream before `refresh` waits: the batch being sent,
 /// and one left by a cancelled call that the transport has not taken yet.
@@ -144,10 +136,10 @@ impl RefreshStream {
         ids: &[i64],
         timeout: Duration,
     ) -> Result<RefreshReply, ClientError> {
-        if ids.len() > MAX_BATCH {
+        if ids.len() > MAX_REFRESH_BATCH {
             return Err(ClientError::BatchTooLarge {
                 len: ids.len(),
-                max: MAX_BATCH,
+                max: MAX_REFRESH_BATCH,
             });
         }
         let deadline = Instant::now() + timeout;
@@ -266,8 +258,8 @@ async fn open_stream(addr: &str, first: RefreshRequest) -> Result<Open, ClientEr
         addr: addr.to_string(),
     })?;
     let responses = SessionsClient::new(channel)
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES)
+        .max_decoding_message_size(MAX_REFRESH_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_REFRESH_MESSAGE_BYTES)
         .refresh(ReceiverStream::new(queue))
         .await
         .map_err(|status| ClientError::rpc(addr, status))?
@@ -448,10 +440,10 @@ mod tests {
     #[tokio::test]
     async fn batches_over_the_limit_and_bad_endpoints_are_refused_before_any_io() {
         let mut stream = RefreshStream::new(["127.0.0.1:1"]).expect("endpoints");
-        let big = vec![1; MAX_BATCH + 1];
+        let big = vec![1; MAX_REFRESH_BATCH + 1];
         let refused = stream.refresh(&big, TIMEOUT).await;
         assert!(
-            matches!(refused, Err(ClientError::BatchTooLarge { len, .. }) if len == MAX_BATCH + 1),
+            matches!(refused, Err(ClientError::BatchTooLarge { len, .. }) if len == MAX_REFRESH_BATCH + 1),
             "{refused:?}"
         );
         assert!(matches!(

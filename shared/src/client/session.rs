@@ -16,15 +16,13 @@
 //! granted.
 
 use super::{connect, is_gone, ClientError, RefreshStream};
+use crate::etcd_methods::lease;
 use crate::etcdpb::{PbLeaseGrantRequest, PbLeaseGrantResponse};
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tonic::codegen::http::uri::PathAndQuery;
-
-/// etcd's lease grant method.
-const LEASE_GRANT: &str = "/etcdserverpb.Lease/LeaseGrant";
 
 /// How long granting the lease may take on one endpoint. A grant commits
 /// through Raft; across a leader election (2 s target) that still takes
@@ -143,7 +141,7 @@ async fn grant(addr: &str, ttl: i64) -> Result<PbLeaseGrantResponse, ClientError
         })?;
         let codec = tonic_prost::ProstCodec::<PbLeaseGrantRequest, PbLeaseGrantResponse>::default();
         let request = tonic::Request::new(PbLeaseGrantRequest { ttl, id: 0 });
-        grpc.unary(request, PathAndQuery::from_static(LEASE_GRANT), codec)
+        grpc.unary(request, PathAndQuery::from_static(lease::GRANT), codec)
             .await
             .map_err(|status| ClientError::rpc(addr, status))
     };

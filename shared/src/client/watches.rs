@@ -3,15 +3,13 @@
 //! the watch benchmark) and need raw responses with their watch ids.
 
 use super::call;
+use crate::etcd_methods::watch::WATCH;
 use crate::etcdpb::{PbWatchRequest, PbWatchRequestUnion, PbWatchResponse};
 use crate::ApiError;
 use futures::StreamExt;
 use tokio::sync::mpsc;
 use tonic::transport::Channel;
 use tonic::Streaming;
-
-/// etcd's Watch method.
-pub const WATCH: &str = "/etcdserverpb.Watch/Watch";
 
 /// Opens a Watch stream on `channel` with `watches` watches of `key` from
 /// `start_revision` (0: from the next revision) and returns once every

@@ -11,6 +11,7 @@ use crate::etcdpb::{
     PbTxnRequest,
 };
 use crate::idempotency::{Guard, Outcome};
+use crate::metrics_catalog::LOCK_DELAYS;
 use crate::ApiError;
 use std::sync::Arc;
 use std::time::Duration;
@@ -72,7 +73,7 @@ pub async fn acquire<B: LockBackend>(
         }
         _ => {
             if let Some(owed) = owed {
-                metrics::counter!("latchkey_lock_delays_total").increment(1);
+                metrics::counter!(LOCK_DELAYS.name).increment(1);
                 if let Err(e) = sleep_within(deadline, owed).await {
                     place.give_up();
                     return Err(e);

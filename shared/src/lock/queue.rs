@@ -13,6 +13,7 @@ use crate::etcdpb::{
     PbTargetUnion, PbTxnOpRequest, PbTxnOpResponse, PbTxnRequest, PbTxnRequestOp,
 };
 use crate::idempotency::{Guard, Outcome};
+use crate::metrics_catalog::{LOCK_DELAYS, LOCK_WAKEUPS};
 use crate::{ApiError, KeyRange, LeaseId};
 use std::sync::Arc;
 use tokio::time::Instant;
@@ -478,7 +479,7 @@ async fn wait<B: LockBackend>(
         .await?;
         // One waiter woken by one departure: the count a test compares
         // with the departures.
-        metrics::counter!("latchkey_lock_wakeups_total").increment(1);
+        metrics::counter!(LOCK_WAKEUPS.name).increment(1);
         // A predecessor that asked for a lock-delay: if it held the lock
         // and did not leave on purpose, the delay is owed from now.
         if honour_lock_delay && !delay::decode(&predecessor_value).is_zero() {
@@ -488,7 +489,7 @@ async fn wait<B: LockBackend>(
             )
             .await?;
             if let Some((lock_delay, record)) = owed {
-                metrics::counter!("latchkey_lock_delays_total").increment(1);
+                metrics::counter!(LOCK_DELAYS.name).increment(1);
                 sleep_within(deadline, lock_delay).await?;
                 place.honoured = Some(record);
             }

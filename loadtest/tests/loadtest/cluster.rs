@@ -2,9 +2,7 @@
 //! proxies that outlive the command and serve at once, an etcd cluster
 //! beside it, and `down` leaving no process and no data behind.
 
-mod common;
-
-use common::{arg, loadtest, text};
+use crate::common::{arg, loadtest, text};
 use latchkey_testkit::{http_get, http_request};
 use std::path::Path;
 use std::process::Output;

@@ -3,13 +3,13 @@
 //! path; its waits for a change are watches on the coalescer, so
 //! every waiter behind the same key shares one upstream watch.
 
-use crate::grpc::kv::{DELETE_RANGE, RANGE, TXN};
-use crate::idempotency::Keyed;
+use crate::ops::idempotency::Keyed;
 use crate::state::ProxyState;
 use crate::upstream::{Kind, Route};
 use crate::watch::{Cancel, Item, WatchKey};
 use futures::future::BoxFuture;
 use latchkey_shared::etcd_enums::{EventType, FilterType};
+use latchkey_shared::etcd_methods::kv::{DELETE_RANGE, RANGE, TXN};
 use latchkey_shared::etcdpb::{
     PbDeleteRequest, PbDeleteResponse, PbRangeRequest, PbRangeResponse, PbTxnRequest, PbTxnResponse,
 };
@@ -61,7 +61,7 @@ impl LockBackend for UpstreamLocks {
     fn guard(&self, key: String, request: Vec<Vec<u8>>) -> BoxFuture<'_, Result<Guard, ApiError>> {
         Box::pin(async move {
             let keyed = Keyed { key, request };
-            crate::idempotency::guard(&self.state, Some(&keyed))
+            crate::ops::idempotency::guard(&self.state, Some(&keyed))
                 .await?
                 .ok_or_else(|| ApiError::internal("a named idempotency key gave no guard"))
         })

@@ -1,20 +1,19 @@
-//! [`LocalLocks`]: the shared lock and election recipes' backend in a cell member. Its
-//! txns, ranges and deletes take the KV service's own paths (writes go to
-//! the leader through this member; ranges are linearizable); its waits
+//! [`LocalLocks`]: the shared lock and election recipes' backend in a cell
+//! member. Its txns, ranges and deletes are the KV operations' (writes go
+//! to the leader through this member; ranges are linearizable); its waits
 //! for a change read this member's history and then its watch hub.
 
-use super::kv::KvService;
-use super::lease::LeaseService;
+use super::kv::Kv;
+use super::lease::Leases;
 use crate::mvcc::history::History;
 use crate::mvcc::keyspace::{Event, EventKind, KeyRange};
 use crate::node::CellNode;
 use crate::state_machine::watch_hub::Notice;
 use futures::future::BoxFuture;
 use latchkey_shared::etcdpb::{
-    PbDeleteRequest, PbDeleteResponse, PbKvService, PbRangeRequest, PbRangeResponse, PbTxnRequest,
-    PbTxnResponse,
+    PbDeleteRequest, PbDeleteResponse, PbLeaseGrantRequest, PbRangeRequest, PbRangeResponse,
+    PbTxnRequest, PbTxnResponse,
 };
-use latchkey_shared::etcdpb::{PbLeaseGrantRequest, PbLeaseService};
 use latchkey_shared::idempotency::{Guard, RetentionLease};
 use latchkey_shared::lock::LockBackend;
 use latchkey_shared::ApiError;
@@ -23,7 +22,9 @@ use std::time::Duration;
 use tokio::sync::broadcast::error::RecvError;
 
 pub struct LocalLocks {
-    kv: KvService,
+    node: Arc<CellNode>,
+    kv: Kv,
+    leases: Leases,
     /// The lease idempotency records of Lock and Unlock are written with.
     retention: RetentionLease,
 }
@@ -34,7 +35,9 @@ const IDEMPOTENCY_RETENTION: Duration = Duration::from_secs(24 * 3600);
 impl LocalLocks {
     pub fn new(node: Arc<CellNode>) -> LocalLocks {
         LocalLocks {
-            kv: KvService { node },
+            kv: Kv::new(node.clone()),
+            leases: Leases::new(node.clone()),
+            node,
             retention: RetentionLease::new(IDEMPOTENCY_RETENTION),
         }
     }
@@ -50,7 +53,7 @@ impl LocalLocks {
         from: i64,
         deletes_only: bool,
     ) -> (Option<i64>, i64) {
-        let keys = self.kv.node.state.read(|s| s.keys.clone());
+        let keys = self.node.state.read(|s| s.keys.clone());
         let now = keys.revision();
         if from > now {
             return (None, now);
@@ -71,12 +74,7 @@ fn counts(event: &Event, deletes_only: bool) -> bool {
 
 impl LockBackend for LocalLocks {
     fn txn(&self, req: PbTxnRequest) -> BoxFuture<'_, Result<PbTxnResponse, ApiError>> {
-        Box::pin(async move {
-            PbKvService::txn(&self.kv, tonic::Request::new(req))
-                .await
-                .map(tonic::Response::into_inner)
-                .map_err(|status| ApiError::from_status(&status))
-        })
+        Box::pin(self.kv.txn(req))
     }
 
     fn range(&self, req: PbRangeRequest) -> BoxFuture<'_, Result<PbRangeResponse, ApiError>> {
@@ -85,7 +83,7 @@ impl LockBackend for LocalLocks {
                 serializable: false,
                 ..req
             };
-            self.kv.range_inner(&req).await
+            self.kv.range(&req).await
         })
     }
 
@@ -95,7 +93,7 @@ impl LockBackend for LocalLocks {
     ) -> BoxFuture<'_, Result<PbRangeResponse, ApiError>> {
         // Waits here are woken from this member's own history, so it has
         // applied the revisions they read at.
-        Box::pin(async move { self.kv.range_inner(&req).await })
+        Box::pin(async move { self.kv.range(&req).await })
     }
 
     fn guard(&self, key: String, request: Vec<Vec<u8>>) -> BoxFuture<'_, Result<Guard, ApiError>> {
@@ -104,16 +102,11 @@ impl LockBackend for LocalLocks {
             let lease = self
                 .retention
                 .lease(|ttl| async move {
-                    let leases = LeaseService {
-                        node: self.kv.node.clone(),
-                    };
-                    let granted = PbLeaseService::lease_grant(
-                        &leases,
-                        tonic::Request::new(PbLeaseGrantRequest { ttl, id: 0 }),
-                    )
-                    .await
-                    .map_err(|status| ApiError::from_status(&status))?;
-                    Ok(granted.into_inner().id)
+                    let granted = self
+                        .leases
+                        .grant(PbLeaseGrantRequest { ttl, id: 0 })
+                        .await?;
+                    Ok(granted.id)
                 })
                 .await?;
             let parts: Vec<&[u8]> = request.iter().map(Vec::as_slice).collect();
@@ -122,12 +115,7 @@ impl LockBackend for LocalLocks {
     }
 
     fn delete(&self, req: PbDeleteRequest) -> BoxFuture<'_, Result<PbDeleteResponse, ApiError>> {
-        Box::pin(async move {
-            PbKvService::delete_range(&self.kv, tonic::Request::new(req))
-                .await
-                .map(tonic::Response::into_inner)
-                .map_err(|status| ApiError::from_status(&status))
-        })
+        Box::pin(self.kv.delete_range(req))
     }
 
     fn wait_change(
@@ -140,7 +128,7 @@ impl LockBackend for LocalLocks {
             loop {
                 // Subscribe first, then read history: every revision after
                 // the history read arrives on the hub.
-                let mut notices = self.kv.node.watch_hub.subscribe();
+                let mut notices = self.node.watch_hub.subscribe();
                 let (changed, read_at) = self.changed_in_history(&range, after + 1, deletes_only);
                 if let Some(revision) = changed {
                     return Ok(revision);

@@ -3,13 +3,12 @@
 //! (`--idempotency-retention`; see `latchkey_shared::idempotency` for what
 //! the guard does in the cell).
 
-use crate::grpc::kv::TXN;
 use crate::state::ProxyState;
 use crate::upstream::{Cell, Kind, Route};
+use latchkey_shared::etcd_methods::kv::TXN;
 use latchkey_shared::etcdpb::{
     PbLeaseGrantRequest, PbLeaseGrantResponse, PbResponseHeader, PbTxnRequest, PbTxnResponse,
 };
-pub use latchkey_shared::idempotency::RetentionLease;
 use latchkey_shared::idempotency::{Guard, Outcome, Record};
 use latchkey_shared::ApiError;
 
@@ -39,7 +38,7 @@ pub async fn guard(state: &ProxyState, keyed: Option<&Keyed>) -> Result<Option<G
                 .call(
                     Route::Leader,
                     Kind::Write,
-                    crate::grpc::lease::GRANT,
+                    latchkey_shared::etcd_methods::lease::GRANT,
                     PbLeaseGrantRequest { ttl, id: 0 },
                 )
                 .await?;

@@ -1,6 +1,5 @@
 //! What the loadtest's integration tests share: running the binary and
-//! showing what it said. Each test binary uses part of it.
-#![allow(dead_code)]
+//! showing what it said.
 
 use std::process::{Command, Output};
 

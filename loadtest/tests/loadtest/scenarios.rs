@@ -3,9 +3,7 @@
 //! holds its figures and its safety counters, all zero; and a bad flag or
 //! a missing cluster is a clear error with a non-zero exit.
 
-mod common;
-
-use common::{arg, loadtest, text};
+use crate::common::{arg, loadtest, text};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
@@ -280,7 +278,7 @@ fn report_opens_in_chromium_with_its_plots(results: &Path, runs: usize) {
     let plots = html.matches("<svg").count();
     // Every run has a series; every run has at least one latency.
     assert!(plots >= 2 * runs, "{plots} plots for {runs} runs");
-    let chromium = match common::chromium() {
+    let chromium = match crate::common::chromium() {
         Ok(c) => c,
         Err(why) => {
             eprintln!("skipped: opening the report in Chromium: {why}");

@@ -1,0 +1,96 @@
+//! etcd's KV operations through the proxy, for both faces: [`range`] is
+//! THE Range path (linearizable reads go to the leader; serializable ones
+//! are answered from the read cache when it holds the range at or above
+//! the client's floor, and otherwise by any member, or by the leader,
+//! linearizably, when that member is behind the floor); writes go to the
+//! leader of the cell that holds the key, never resent once their outcome
+//! is unknown.
+
+use crate::metrics_catalog::{CACHE_HITS, CACHE_MISSES};
+use crate::state::ProxyState;
+use crate::upstream::{Kind, Route};
+use latchkey_shared::etcd_methods::kv::RANGE;
+use latchkey_shared::etcd_methods::kv::{COMPACT, DELETE_RANGE, PUT, TXN};
+use latchkey_shared::etcdpb::{
+    PbCompactionRequest, PbCompactionResponse, PbDeleteRequest, PbDeleteResponse, PbPutRequest,
+    PbPutResponse, PbRangeRequest, PbRangeResponse, PbTxnRequest, PbTxnResponse,
+};
+use latchkey_shared::ApiError;
+use std::net::SocketAddr;
+
+pub fn revision_of(resp: &PbRangeResponse) -> i64 {
+    resp.header.as_ref().map_or(0, |h| h.revision)
+}
+
+/// A Range request from `client` (its connection's address, if known).
+pub async fn range(
+    state: &ProxyState,
+    client: Option<SocketAddr>,
+    req: PbRangeRequest,
+) -> Result<PbRangeResponse, ApiError> {
+    let cell = state.upstream.cell_for(&req.key);
+    if !req.serializable {
+        let resp: PbRangeResponse = cell.call(Route::Leader, Kind::Read, RANGE, req).await?;
+        state.floors.raise(client, revision_of(&resp));
+        return Ok(resp);
+    }
+    let floor = state.floors.floor(client);
+    if let Some(resp) = state.cache.answer(&req, floor) {
+        metrics::counter!(CACHE_HITS.name).increment(1);
+        state.floors.raise(client, revision_of(&resp));
+        return Ok(resp);
+    }
+    if req.revision == 0 {
+        metrics::counter!(CACHE_MISSES.name).increment(1);
+    }
+    let mut resp: PbRangeResponse = cell
+        .call(Route::Any, Kind::Read, RANGE, req.clone())
+        .await?;
+    // A member behind what this client has seen: ask the leader, whose
+    // linearizable answer is at least as new as anything answered before.
+    if req.revision == 0 && revision_of(&resp) < floor {
+        let linearizable = PbRangeRequest {
+            serializable: false,
+            ..req.clone()
+        };
+        resp = cell
+            .call(Route::Leader, Kind::Read, RANGE, linearizable)
+            .await?;
+    }
+    state.cache.missed(&req);
+    state.floors.raise(client, revision_of(&resp));
+    Ok(resp)
+}
+
+pub async fn put(state: &ProxyState, req: PbPutRequest) -> Result<PbPutResponse, ApiError> {
+    let cell = state.upstream.cell_for(&req.key);
+    cell.call(Route::Leader, Kind::Write, PUT, req).await
+}
+
+pub async fn delete_range(
+    state: &ProxyState,
+    req: PbDeleteRequest,
+) -> Result<PbDeleteResponse, ApiError> {
+    let cell = state.upstream.cell_for(&req.key);
+    cell.call(Route::Leader, Kind::Write, DELETE_RANGE, req)
+        .await
+}
+
+/// A txn goes to the cell of its first compare's key.
+pub async fn txn(state: &ProxyState, req: PbTxnRequest) -> Result<PbTxnResponse, ApiError> {
+    let key = req
+        .compare
+        .first()
+        .map(|c| c.key.clone())
+        .unwrap_or_default();
+    let cell = state.upstream.cell_for(&key);
+    cell.call(Route::Leader, Kind::Write, TXN, req).await
+}
+
+pub async fn compact(
+    state: &ProxyState,
+    req: PbCompactionRequest,
+) -> Result<PbCompactionResponse, ApiError> {
+    let cell = state.upstream.home();
+    cell.call(Route::Leader, Kind::Write, COMPACT, req).await
+}

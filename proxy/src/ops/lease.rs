@@ -1,0 +1,66 @@
+//! etcd's lease operations through the proxy, for both faces: grant and
+//! revoke on the home cell with the session table kept in step, and
+//! time-to-live. Keep-alives are the session table's
+//! ([`session`](crate::session)).
+
+use crate::state::ProxyState;
+use crate::upstream::{Kind, Route};
+use latchkey_shared::etcd_methods::lease::{GRANT, REVOKE, TIME_TO_LIVE};
+use latchkey_shared::etcdpb::{
+    PbLeaseGrantRequest, PbLeaseGrantResponse, PbLeaseRevokeRequest, PbLeaseRevokeResponse,
+    PbLeaseTimeToLiveRequest, PbLeaseTimeToLiveResponse,
+};
+use latchkey_shared::{ApiError, ErrorCode, LeaseId};
+use tokio::time::Instant;
+
+/// Grants a lease on the cell and enters it in the session table.
+pub async fn grant(
+    state: &ProxyState,
+    request: PbLeaseGrantRequest,
+) -> Result<PbLeaseGrantResponse, ApiError> {
+    let cell = state.upstream.home();
+    let sent = Instant::now();
+    let granted: PbLeaseGrantResponse = cell
+        .call(Route::Leader, Kind::Write, GRANT, request)
+        .await?;
+    if granted.error.is_empty() {
+        state
+            .sessions
+            .granted(LeaseId::from(granted.id), granted.ttl, sent);
+    }
+    Ok(granted)
+}
+
+/// Revokes a lease on the cell and drops it from the session table.
+pub async fn revoke(state: &ProxyState, id: LeaseId) -> Result<PbLeaseRevokeResponse, ApiError> {
+    let result = state
+        .upstream
+        .home()
+        .call(
+            Route::Leader,
+            Kind::Write,
+            REVOKE,
+            PbLeaseRevokeRequest { id: id.get() },
+        )
+        .await;
+    match &result {
+        Ok(_) => state.sessions.revoked(id),
+        Err(e) if e.code == ErrorCode::LeaseNotFound => state.sessions.revoked(id),
+        Err(e) if e.retry() != latchkey_shared::Retry::Never => state.sessions.unsure(id),
+        Err(_) => {}
+    }
+    result
+}
+
+/// A lease's time left (TTL -1 if it does not exist, as etcd answers) and,
+/// if asked, its keys.
+pub async fn time_to_live(
+    state: &ProxyState,
+    request: PbLeaseTimeToLiveRequest,
+) -> Result<PbLeaseTimeToLiveResponse, ApiError> {
+    state
+        .upstream
+        .home()
+        .call(Route::Leader, Kind::Read, TIME_TO_LIVE, request)
+        .await
+}

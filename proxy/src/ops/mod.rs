@@ -1,0 +1,22 @@
+//! What the proxy does, in etcd's words, whichever face asked (as etcd's
+//! `etcdserver` sits under its `v3rpc`): [`grpc`](crate::grpc) and
+//! [`http`](crate::http) translate to and from these calls and never
+//! import each other, so a check or a route added here is written once for
+//! both APIs.
+//!
+//! Each operation takes the [`ProxyState`](crate::state::ProxyState) and
+//! an etcd message and returns etcd's answer or an `ApiError`.
+//!
+//! - [`kv`]: ranges (read cache, client floors, member), puts, deletes,
+//!   txns and compaction.
+//! - [`lease`]: grant and revoke with the session table kept in step;
+//!   time-to-live.
+//! - [`idempotency`]: the guard of a request that names an
+//!   `Idempotency-Key`, written with the proxy's retention lease.
+//! - [`locks`]: the lock and election recipes' backend over the cell
+//!   client and coalesced watches.
+
+pub mod idempotency;
+pub mod kv;
+pub mod lease;
+pub mod locks;

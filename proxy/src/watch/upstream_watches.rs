@@ -1,0 +1,110 @@
+//! [`UpstreamWatches`]: the proxy's watches on one cell's members: ONE
+//! multiplexed [`MemberStream`] per member, opened on first use, and the
+//! creation of an upstream watch on a member that is up, tried member by
+//! member by the cell client's retry rules. The coalescer creates shared
+//! watches and catch-up watches through it; a pump resumes its watch
+//! through it when a member's stream fails.
+
+use super::member_stream::{CreateWatch, MemberStream, MemberStreamHandle};
+use super::upstream_answer::Answer;
+use super::watch_key::WatchKey;
+use crate::upstream::{Cell, Kind, Route};
+use latchkey_shared::etcd_methods::watch::WATCH;
+use latchkey_shared::ApiError;
+use std::collections::HashMap;
+use tokio::sync::mpsc;
+
+/// An upstream watch just created on a member.
+pub struct Opened {
+    pub stream: MemberStreamHandle,
+    pub watch_id: i64,
+    pub answers: mpsc::UnboundedReceiver<Answer>,
+    /// It reports every revision after this one.
+    pub revision: i64,
+}
+
+pub struct UpstreamWatches {
+    cell: Cell,
+    /// One stream per member index, opened on first use.
+    streams: tokio::sync::Mutex<HashMap<usize, MemberStreamHandle>>,
+}
+
+impl UpstreamWatches {
+    pub fn new(cell: Cell) -> UpstreamWatches {
+        UpstreamWatches {
+            cell,
+            streams: tokio::sync::Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Asks every member stream for a progress answer.
+    pub async fn request_progress(&self) {
+        for stream in self.streams.lock().await.values() {
+            stream.progress();
+        }
+    }
+
+    /// The stream to `member`, opened if needed.
+    async fn stream(&self, member: usize) -> Result<MemberStreamHandle, ApiError> {
+        let mut streams = self.streams.lock().await;
+        if let Some(stream) = streams.get(&member) {
+            if !stream.is_closed() {
+                return Ok(stream.clone());
+            }
+        }
+        let stream = MemberStream::open(self.cell.members[member].channel.clone()).await?;
+        streams.insert(member, stream.clone());
+        Ok(stream)
+    }
+
+    /// Creates `key` upstream from `start_revision` on a member that is
+    /// up, trying the members in turn by the cell client's retry rules
+    /// (a compacted start is final), for up to the request timeout.
+    pub async fn open(&self, key: &WatchKey, start_revision: i64) -> Result<Opened, ApiError> {
+        self.cell
+            .retrying(Route::Any, Kind::Read, WATCH, |member, _| {
+                self.open_on(key, start_revision, member)
+            })
+            .await
+    }
+
+    /// One attempt of [`UpstreamWatches::open`], on `member`.
+    async fn open_on(
+        &self,
+        key: &WatchKey,
+        start_revision: i64,
+        member: usize,
+    ) -> Result<Opened, ApiError> {
+        let stream = self.stream(member).await?;
+        let (watch_id, mut answers) = stream
+            .create(CreateWatch {
+                key: key.range.start.clone(),
+                range_end: key.range.end.clone(),
+                filters: key.filters.clone(),
+                prev_kv: key.prev_kv,
+                start_revision,
+            })
+            .await?;
+        match tokio::time::timeout(self.cell.request_timeout, answers.recv()).await {
+            Ok(Some(Answer::Created { revision, .. })) => Ok(Opened {
+                stream,
+                watch_id,
+                answers,
+                revision,
+            }),
+            Ok(Some(Answer::Compacted {
+                compact_revision, ..
+            })) => Err(ApiError::compacted(compact_revision)),
+            Ok(Some(Answer::Cancelled { reason, .. })) => Err(ApiError::unavailable(format!(
+                "the member refused the watch: {reason}"
+            ))),
+            Ok(Some(other)) => Err(ApiError::internal(format!(
+                "a watch's first answer was {other:?}"
+            ))),
+            Ok(None) => Err(ApiError::unavailable("the member's watch stream failed")),
+            Err(_) => Err(ApiError::unavailable(
+                "the member did not create the watch in time",
+            )),
+        }
+    }
+}

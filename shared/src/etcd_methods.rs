@@ -1,0 +1,53 @@
+//! Every etcd v3 gRPC method path latchkey calls or records, named once.
+//!
+//! A path is what a raw tonic call needs (`PathAndQuery`), and the proxy
+//! labels its request metrics with it, so a face, an operation and a
+//! client all take it from here instead of spelling it again. One module
+//! per etcd service, as in `rpc.proto`.
+
+/// `etcdserverpb.KV`.
+pub mod kv {
+    pub const RANGE: &str = "/etcdserverpb.KV/Range";
+    /// A range answered in several messages (`RangeStream`, in the
+    /// `rpc.proto` the etcd-client crate carries).
+    pub const RANGE_STREAM: &str = "/etcdserverpb.KV/RangeStream";
+    pub const PUT: &str = "/etcdserverpb.KV/Put";
+    pub const DELETE_RANGE: &str = "/etcdserverpb.KV/DeleteRange";
+    pub const TXN: &str = "/etcdserverpb.KV/Txn";
+    pub const COMPACT: &str = "/etcdserverpb.KV/Compact";
+}
+
+/// `etcdserverpb.Lease`.
+pub mod lease {
+    pub const GRANT: &str = "/etcdserverpb.Lease/LeaseGrant";
+    pub const REVOKE: &str = "/etcdserverpb.Lease/LeaseRevoke";
+    pub const KEEP_ALIVE: &str = "/etcdserverpb.Lease/LeaseKeepAlive";
+    pub const TIME_TO_LIVE: &str = "/etcdserverpb.Lease/LeaseTimeToLive";
+    pub const LEASES: &str = "/etcdserverpb.Lease/LeaseLeases";
+}
+
+/// `etcdserverpb.Watch`.
+pub mod watch {
+    pub const WATCH: &str = "/etcdserverpb.Watch/Watch";
+}
+
+/// `etcdserverpb.Cluster`.
+pub mod cluster {
+    pub const MEMBER_ADD: &str = "/etcdserverpb.Cluster/MemberAdd";
+    pub const MEMBER_REMOVE: &str = "/etcdserverpb.Cluster/MemberRemove";
+    pub const MEMBER_UPDATE: &str = "/etcdserverpb.Cluster/MemberUpdate";
+    pub const MEMBER_LIST: &str = "/etcdserverpb.Cluster/MemberList";
+    pub const MEMBER_PROMOTE: &str = "/etcdserverpb.Cluster/MemberPromote";
+}
+
+/// `etcdserverpb.Maintenance`.
+pub mod maintenance {
+    pub const ALARM: &str = "/etcdserverpb.Maintenance/Alarm";
+    pub const STATUS: &str = "/etcdserverpb.Maintenance/Status";
+    pub const DEFRAGMENT: &str = "/etcdserverpb.Maintenance/Defragment";
+    pub const HASH: &str = "/etcdserverpb.Maintenance/Hash";
+    pub const HASH_KV: &str = "/etcdserverpb.Maintenance/HashKV";
+    pub const SNAPSHOT: &str = "/etcdserverpb.Maintenance/Snapshot";
+    pub const MOVE_LEADER: &str = "/etcdserverpb.Maintenance/MoveLeader";
+    pub const DOWNGRADE: &str = "/etcdserverpb.Maintenance/Downgrade";
+}
