@@ -2,7 +2,7 @@
 //! client asked for serializable), puts, deletes, txns (one that only
 //! reads skips the log) and compaction.
 
-use super::{check_request_size, check_value, expect_reply, header_into};
+use super::{check_request_size, check_value, expect_reply};
 use crate::mvcc::{range, txn};
 use crate::node::CellNode;
 use crate::raft::command::{Reply, Request};
@@ -44,7 +44,7 @@ impl Kv {
         check_value(&self.node, req.value.len())?;
         let resp = self.node.write(Request::Put(req)).await?;
         let mut reply = expect_reply!(resp, Reply::Put(r) => r)?;
-        header_into(&self.node, &mut reply.header, resp.revision);
+        reply.header = Some(self.node.header(resp.revision));
         Ok(reply)
     }
 
@@ -52,7 +52,7 @@ impl Kv {
         check_request_size(&self.node, req.encoded_len())?;
         let resp = self.node.write(Request::DeleteRange(req)).await?;
         let mut reply = expect_reply!(resp, Reply::DeleteRange(r) => r)?;
-        header_into(&self.node, &mut reply.header, resp.revision);
+        reply.header = Some(self.node.header(resp.revision));
         Ok(reply)
     }
 

@@ -13,7 +13,6 @@ pub mod lease;
 pub mod locks;
 
 use crate::node::CellNode;
-use latchkey_shared::etcdpb::PbResponseHeader;
 use latchkey_shared::ApiError;
 
 /// Takes the reply out of an applied [`Response`](crate::raft::command::Response),
@@ -58,8 +57,4 @@ pub fn check_request_size(node: &CellNode, len: usize) -> Result<(), ApiError> {
         return Err(ApiError::request_too_large());
     }
     Ok(())
-}
-
-fn header_into(node: &CellNode, header: &mut Option<PbResponseHeader>, revision: i64) {
-    *header = Some(node.header(revision));
 }

@@ -45,8 +45,7 @@ impl PbLeaseService for LeaseService {
     ) -> Result<Response<PbLeaseGrantResponse>, Status> {
         let started = Instant::now();
         let result = ops::lease::grant(&self.state, request.into_inner()).await;
-        record("grpc", GRANT, started, result.as_ref().err());
-        result.map(Response::new).map_err(Into::into)
+        answered(GRANT, started, result)
     }
 
     async fn lease_revoke(
@@ -56,8 +55,7 @@ impl PbLeaseService for LeaseService {
         let started = Instant::now();
         let id = LeaseId::from(request.get_ref().id);
         let result = ops::lease::revoke(&self.state, id).await;
-        record("grpc", REVOKE, started, result.as_ref().err());
-        result.map(Response::new).map_err(Into::into)
+        answered(REVOKE, started, result)
     }
 
     type LeaseKeepAliveStream =

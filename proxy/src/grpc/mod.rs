@@ -43,8 +43,7 @@ where
 {
     let started = Instant::now();
     let result = cell.call(route, kind, path, request.into_inner()).await;
-    record("grpc", path, started, result.as_ref().err());
-    result.map(tonic::Response::new).map_err(Into::into)
+    answered(path, started, result)
 }
 
 /// A service impl whose listed methods pass through to the home cell's
