@@ -11,7 +11,7 @@
 #   g++, make the C++ toolchain that compiles RocksDB.
 #   etcdctl   etcd's own client, used by the compatibility tests.
 #   etcd      etcd itself (Debian's etcd-server), the reference: `cluster up
-#             --etcd` and its test, the benchmarks, the Go client suite.
+#             --etcd` and its test, `compare`, the Go client suite.
 #   iptables  the partition tests (they need root).
 #   curl      the proxy's README test runs the README's curl examples.
 #   shellcheck  scripts/test-helm.sh lints the chart's start script.

@@ -20,12 +20,12 @@ pub struct CompareArgs {
     /// State file of a running etcd cluster (`cluster up --etcd`).
     #[arg(long, requires = "latchkey_state")]
     etcd_state: Option<PathBuf>,
-    /// Workloads, comma-separated: kv, sessions, locks, watch-fanout,
-    /// mass-expiry, slow-watcher.
+    /// Workloads, comma-separated (see [`WORKLOADS`]; `--help` lists them).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "kv,sessions,locks,watch-fanout"
+        default_value = "put,linearizable-range,serializable-range,cas,lease-grants,watch-fanout,sessions,locks",
+        value_parser = clap::builder::PossibleValuesParser::new(WORKLOADS)
     )]
     workloads: Vec<String>,
     /// Rounds: each workload runs this many times on each system.
@@ -34,60 +34,101 @@ pub struct CompareArgs {
     /// How long each timed workload runs.
     #[arg(long, default_value = "10s")]
     duration: String,
-    /// Sessions for `sessions` (etcd must hold them too).
-    #[arg(long, default_value_t = 20_000)]
+    /// Sessions for `sessions`: leases on etcd's keep-alive streams, many
+    /// per stream, on both systems (through the proxies on latchkey).
+    #[arg(long, default_value_t = 50_000)]
     sessions: u64,
+    /// Their TTL in seconds; each is refreshed every third of it.
+    #[arg(long, default_value_t = 30)]
+    session_ttl: u64,
     /// Watchers for `watch-fanout`.
     #[arg(long, default_value_t = 10_000)]
     watchers: u64,
+    /// Proxies in front of the cell `compare` brings up (0: the load goes
+    /// straight to the members, as it does to etcd's).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u8).range(0..=16))]
+    proxies: u8,
     /// Every result line goes here too (for `report`).
     #[arg(long)]
     out: Option<PathBuf>,
-    /// A Markdown file whose block between `<!-- compare:begin -->` and
-    /// `<!-- compare:end -->` is replaced with the table (docs/capacity.md).
+    /// A Markdown file whose block between `<!-- NAME:begin -->` and
+    /// `<!-- NAME:end -->` is replaced with the table and the command that
+    /// measured it (docs/capacity.md, README.md).
     #[arg(long)]
     write_into: Option<PathBuf>,
+    /// NAME of that block (a file can hold several).
+    #[arg(long, default_value = "compare", requires = "write_into", value_parser = block_name)]
+    block: String,
     #[command(flatten)]
     bins: crate::binaries::Binaries,
 }
 
+/// What `compare` can run. Each is one scenario with its arguments; the
+/// result line carries the workload's name (`workload`), by which the
+/// ratios are taken.
+pub const WORKLOADS: [&str; 11] = [
+    "kv",
+    "put",
+    "linearizable-range",
+    "serializable-range",
+    "cas",
+    "lease-grants",
+    "sessions",
+    "locks",
+    "watch-fanout",
+    "mass-expiry",
+    "slow-watcher",
+];
+
 /// A workload's scenario arguments, the same for both systems.
 fn scenario_args(workload: &str, args: &CompareArgs) -> Result<Vec<String>, String> {
-    let d = args.duration.clone();
-    let v: Vec<String> = match workload {
-        "kv" => vec!["kv".into(), "--duration".into(), d],
-        "sessions" => vec![
-            "sessions".into(),
-            "--sessions".into(),
-            args.sessions.to_string(),
-            "--api".into(),
-            "grpc".into(),
-            "--ttl".into(),
-            "15".into(),
-            "--duration".into(),
+    let d = args.duration.as_str();
+    let sessions = args.sessions.to_string();
+    let ttl = args.session_ttl.to_string();
+    let watchers = args.watchers.to_string();
+    let v: &[&str] = match workload {
+        "kv" => &["kv", "--duration", d],
+        "put" => &["kv", "--duration", d, "--writes", "1", "--keys", "10000"],
+        "linearizable-range" => &["kv", "--duration", d, "--writes", "0", "--keys", "1"],
+        "serializable-range" => &[
+            "kv",
+            "--duration",
+            d,
+            "--writes",
+            "0",
+            "--keys",
+            "1",
+            "--reads",
+            "serializable",
+        ],
+        "cas" => &["cas", "--duration", d],
+        "lease-grants" => &["lease-grants", "--duration", d],
+        "sessions" => &[
+            "sessions",
+            "--sessions",
+            &sessions,
+            "--api",
+            "grpc",
+            "--ttl",
+            &ttl,
+            "--duration",
             d,
         ],
-        "locks" => vec![
-            "locks".into(),
-            "--duration".into(),
-            d,
-            "--locks".into(),
-            "4".into(),
+        "locks" => &["locks", "--duration", d, "--locks", "4"],
+        "watch-fanout" => &[
+            "watch-fanout",
+            "--watchers",
+            &watchers,
+            "--writes",
+            "20",
+            "--write-every",
+            "250ms",
         ],
-        "watch-fanout" => vec![
-            "watch-fanout".into(),
-            "--watchers".into(),
-            args.watchers.to_string(),
-            "--writes".into(),
-            "20".into(),
-            "--write-every".into(),
-            "250ms".into(),
-        ],
-        "mass-expiry" => vec!["mass-expiry".into(), "--duration".into(), d],
-        "slow-watcher" => vec!["slow-watcher".into(), "--duration".into(), d],
+        "mass-expiry" => &["mass-expiry", "--duration", d],
+        "slow-watcher" => &["slow-watcher", "--duration", d],
         other => return Err(format!("no workload {other:?} to compare")),
     };
-    Ok(v)
+    Ok(v.iter().map(|s| s.to_string()).collect())
 }
 
 fn this_binary() -> Result<PathBuf, String> {
@@ -149,6 +190,7 @@ fn bring_up(args: &CompareArgs) -> Result<(OwnClusters, PathBuf, PathBuf), Strin
         _dir: dir,
     };
     let mut up: Vec<String> = vec!["cluster".into(), "up".into(), "--state".into(), path(&l)];
+    up.extend(["--proxies".into(), args.proxies.to_string()]);
     for (flag, value) in [
         ("--cell-bin", &args.bins.cell_bin),
         ("--proxy-bin", &args.bins.proxy_bin),
@@ -204,19 +246,20 @@ fn compare(args: &CompareArgs) -> Result<(), String> {
     let mut lines: Vec<serde_json::Map<String, serde_json::Value>> = Vec::new();
     let mut all_text = String::new();
     for round in 1..=args.rounds {
-        for plan in &plans {
+        for (workload, plan) in args.workloads.iter().zip(&plans) {
             for state in [&latchkey, &etcd] {
-                eprintln!("compare: round {round}: {} on {}", plan[0], path(state));
+                eprintln!("compare: round {round}: {workload} on {}", path(state));
                 let mut a = plan.clone();
                 a.extend(["--state".into(), path(state)]);
                 let stdout = run_self(&a)?;
                 let line = stdout.lines().next().unwrap_or_default();
-                match serde_json::from_str(line) {
-                    Ok(serde_json::Value::Object(m)) => lines.push(m),
-                    _ => return Err(format!("`{}` gave no result line:\n{stdout}", a.join(" "))),
-                }
-                all_text.push_str(line);
+                let Ok(serde_json::Value::Object(mut m)) = serde_json::from_str(line) else {
+                    return Err(format!("`{}` gave no result line:\n{stdout}", a.join(" ")));
+                };
+                m.insert("workload".into(), workload.as_str().into());
+                all_text.push_str(&serde_json::Value::Object(m.clone()).to_string());
                 all_text.push('\n');
+                lines.push(m);
             }
         }
     }
@@ -240,7 +283,7 @@ fn compare(args: &CompareArgs) -> Result<(), String> {
             args.rounds,
             machine()
         );
-        write_into(doc, &block)?;
+        write_into(doc, &args.block, &block)?;
         eprintln!("compare: the table is in {}", doc.display());
     }
     Ok(())
@@ -270,21 +313,39 @@ fn machine() -> String {
     format!("{cpus} CPUs ({model}), {mem_gib:.0} GiB")
 }
 
-const BEGIN: &str = "<!-- compare:begin -->";
-const END: &str = "<!-- compare:end -->";
+/// A block name: letters, digits and `-`, so that it cannot end a comment.
+fn block_name(s: &str) -> Result<String, String> {
+    let fine = !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '-');
+    if fine {
+        Ok(s.to_string())
+    } else {
+        Err(format!("{s:?}: letters, digits and '-' only"))
+    }
+}
 
-/// Replaces the block between the markers in `doc` with `block`.
-fn write_into(doc: &Path, block: &str) -> Result<(), String> {
+/// The markers around block `name`.
+fn markers(name: &str) -> (String, String) {
+    (
+        format!("<!-- {name}:begin -->"),
+        format!("<!-- {name}:end -->"),
+    )
+}
+
+/// Replaces block `name` of `doc` with `block`.
+fn write_into(doc: &Path, name: &str, block: &str) -> Result<(), String> {
     let text = std::fs::read_to_string(doc).map_err(|e| format!("{}: {e}", doc.display()))?;
-    let replaced = replace_block(&text, block)
-        .ok_or_else(|| format!("{} has no {BEGIN} ... {END} block", doc.display()))?;
+    let replaced = replace_block(&text, name, block).ok_or_else(|| {
+        let (begin, end) = markers(name);
+        format!("{} has no {begin} ... {end} block", doc.display())
+    })?;
     std::fs::write(doc, replaced).map_err(|e| format!("{}: {e}", doc.display()))
 }
 
-fn replace_block(text: &str, block: &str) -> Option<String> {
-    let start = text.find(BEGIN)? + BEGIN.len();
-    let end = start + text[start..].find(END)?;
-    Some(format!("{}\n{block}{}", &text[..start], &text[end..]))
+fn replace_block(text: &str, name: &str, block: &str) -> Option<String> {
+    let (begin, end) = markers(name);
+    let start = text.find(&begin)? + begin.len();
+    let stop = start + text[start..].find(&end)?;
+    Some(format!("{}\n{block}{}", &text[..start], &text[stop..]))
 }
 
 /// Each figure averaged over the rounds that measured it on both systems,
@@ -339,16 +400,22 @@ mod tests {
     fn the_table_replaces_only_the_marked_block() {
         let doc =
             "# Capacity\nbefore\n<!-- compare:begin -->\nold table\n<!-- compare:end -->\nafter\n";
-        let new = replace_block(doc, "new table\n").expect("a block");
+        let new = replace_block(doc, "compare", "new table\n").expect("a block");
         assert_eq!(
             new,
             "# Capacity\nbefore\n<!-- compare:begin -->\nnew table\n<!-- compare:end -->\nafter\n"
         );
         // Again: the block is replaced, not appended to.
         assert_eq!(
-            replace_block(&new, "new table\n").as_deref(),
+            replace_block(&new, "compare", "new table\n").as_deref(),
             Some(new.as_str())
         );
-        assert_eq!(replace_block("no markers", "x"), None);
+        assert_eq!(replace_block("no markers", "compare", "x"), None);
+        // Another block of the same file is another name.
+        let two = format!("{doc}<!-- direct:begin -->\n<!-- direct:end -->\n");
+        let direct = replace_block(&two, "direct", "t2\n").expect("the second block");
+        assert!(direct.starts_with(doc), "{direct}");
+        assert!(direct.ends_with("<!-- direct:begin -->\nt2\n<!-- direct:end -->\n"));
+        assert!(block_name("a-b2").is_ok() && block_name("x -->").is_err());
     }
 }

@@ -7,8 +7,8 @@
 //!   every invariant).
 //! - `cluster up | down`: a local cell and proxies (or etcd) as processes
 //!   that outlive the command ([`cluster`]).
-//! - `kv`, `sessions`, `watch-fanout`, `locks`, `failover`, `slow-watcher`,
-//!   `mass-expiry`: load scenarios against a
+//! - `kv`, `cas`, `lease-grants`, `sessions`, `watch-fanout`, `locks`,
+//!   `failover`, `slow-watcher`, `mass-expiry`: load scenarios against a
 //!   running cluster ([`scenario`]), each with live progress, one JSON
 //!   result line and a table; exit status 1 when a safety counter (expired
 //!   sessions, missed events, lock violations) is not zero.
@@ -44,6 +44,12 @@ enum Command {
     Cluster(cluster::ClusterArgs),
     /// Puts and gets in a closed loop: ops/s, p50/p99/p999.
     Kv(scenario::kv::KvArgs),
+    /// Counters incremented with compare-and-swap txns: committed
+    /// increments/s, lost races; lost or phantom increments (must be 0).
+    Cas(scenario::cas::CasArgs),
+    /// Leases granted in a closed loop (revoked at the end): grants/s and
+    /// latency; duplicate lease IDs (must be 0).
+    LeaseGrants(scenario::lease_grants::LeaseGrantsArgs),
     /// Many sessions kept alive through the proxies: spurious expiries
     /// (must be 0), keep-alives/s and latency, refresh batches the cell
     /// sees per tick, CPU and memory.
@@ -88,6 +94,8 @@ fn main() -> ExitCode {
         Command::Chaos(args) => runtime.block_on(chaos::main(args)),
         Command::Cluster(args) => runtime.block_on(cluster::main(args)),
         Command::Kv(args) => runtime.block_on(scenario::kv::main(args)),
+        Command::Cas(args) => runtime.block_on(scenario::cas::main(args)),
+        Command::LeaseGrants(args) => runtime.block_on(scenario::lease_grants::main(args)),
         Command::Sessions(args) => runtime.block_on(scenario::sessions::main(args)),
         Command::WatchFanout(args) => runtime.block_on(scenario::watch_fanout::main(args)),
         Command::Locks(args) => runtime.block_on(scenario::locks::main(args)),

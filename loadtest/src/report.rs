@@ -79,6 +79,15 @@ fn text(run: &Run, field: &str) -> String {
         .to_string()
 }
 
+/// What a run measured: the workload `compare` named it by (several
+/// workloads are one scenario with other arguments), else its scenario.
+fn workload(run: &Run) -> String {
+    match run.get("workload").and_then(Value::as_str) {
+        Some(w) => w.to_string(),
+        None => text(run, "scenario"),
+    }
+}
+
 /// A figure worth comparing, and which way is better: throughput and the
 /// `ratio` of slow-watcher (higher), p50/p99 latency and CPU (lower).
 /// Offered load (client keep-alives/s, set by the TTL) is not compared,
@@ -130,18 +139,18 @@ impl Ratio {
     }
 }
 
-/// For each scenario run on both systems, the last run of each compared
-/// figure by figure (rates and latencies only).
+/// For each workload (or scenario) run on both systems, the last run of
+/// each compared figure by figure (rates, latencies and CPU only).
 pub fn comparisons(runs: &[Run]) -> Vec<Ratio> {
     let mut out = Vec::new();
-    let mut scenarios: Vec<String> = runs.iter().map(|r| text(r, "scenario")).collect();
+    let mut scenarios: Vec<String> = runs.iter().map(workload).collect();
     scenarios.sort();
     scenarios.dedup();
     for scenario in scenarios {
         let last = |target: &str| {
             runs.iter()
                 .rev()
-                .find(|r| text(r, "scenario") == scenario && text(r, "target") == target)
+                .find(|r| workload(r) == scenario && text(r, "target") == target)
         };
         let (Some(l), Some(e)) = (last("latchkey"), last("etcd")) else {
             continue;
@@ -177,7 +186,7 @@ fn page(runs: &[Run]) -> String {
         let _ = writeln!(
             h,
             "<tr><td><a href=\"#run-{i}\">{i}</a></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-            escape(&text(run, "scenario")),
+            escape(&workload(run)),
             escape(&text(run, "target")),
             run.get("unix_time").map(Value::to_string).unwrap_or_default(),
             safety(run)
@@ -210,7 +219,7 @@ fn page(runs: &[Run]) -> String {
         let _ = writeln!(
             h,
             "<section id=\"run-{i}\"><h2>{i}. {} on {}</h2>",
-            escape(&text(run, "scenario")),
+            escape(&workload(run)),
             escape(&text(run, "target"))
         );
         h.push_str("<div class=\"plots\">");
@@ -420,6 +429,26 @@ mod tests {
             .find(|x| x.figure == "latency_p99_ms")
             .expect("p99");
         assert_eq!((p99.ratio, p99.latchkey_ahead), (0.5, true));
+    }
+
+    #[test]
+    fn workloads_of_one_scenario_are_compared_apart() {
+        let kv = |workload: &str, target: &str, rate: f64| {
+            run(
+                json!({"scenario": "kv", "workload": workload, "target": target, "ops_per_s": rate}),
+            )
+        };
+        let runs = vec![
+            kv("put", "latchkey", 10.0),
+            kv("put", "etcd", 20.0),
+            kv("serializable-range", "latchkey", 90.0),
+            kv("serializable-range", "etcd", 30.0),
+        ];
+        let r = comparisons(&runs);
+        let ratio = |w: &str| r.iter().find(|x| x.scenario == w).map(|x| x.ratio);
+        assert_eq!(r.len(), 2, "{r:?}");
+        assert_eq!(ratio("put"), Some(0.5));
+        assert_eq!(ratio("serializable-range"), Some(3.0));
     }
 
     #[test]

@@ -9,7 +9,7 @@
 use latchkey_shared::metrics_catalog::{describe_all, Kind, Metric};
 use metrics::Unit;
 
-// Client requests (grpc/mod.rs, http/mod.rs).
+// Client requests (grpc/request_metrics.rs, http/mod.rs).
 
 pub const REQUEST_SECONDS: Metric = Metric {
     name: "latchkey_proxy_request_seconds",
@@ -22,7 +22,7 @@ pub const REQUESTS: Metric = Metric {
     name: "latchkey_proxy_requests_total",
     kind: Kind::Counter,
     unit: Unit::Count,
-    help: "gRPC client requests the proxy answered, by api (grpc), route (the etcd gRPC method path) and outcome (ok, or the error code's name).",
+    help: "gRPC client requests the proxy answered (unary calls, and each keep-alive of a stream), by api (grpc), route (the etcd gRPC method path, or unknown) and outcome (ok, the error code's name, or grpc_ and the gRPC status).",
 };
 
 pub const HTTP_RESPONSES: Metric = Metric {

@@ -51,3 +51,75 @@ pub mod maintenance {
     pub const MOVE_LEADER: &str = "/etcdserverpb.Maintenance/MoveLeader";
     pub const DOWNGRADE: &str = "/etcdserverpb.Maintenance/Downgrade";
 }
+
+/// `v3lockpb.Lock` (etcd's lock service).
+pub mod lock {
+    pub const LOCK: &str = "/v3lockpb.Lock/Lock";
+    pub const UNLOCK: &str = "/v3lockpb.Lock/Unlock";
+}
+
+/// `v3electionpb.Election` (etcd's election service).
+pub mod election {
+    pub const CAMPAIGN: &str = "/v3electionpb.Election/Campaign";
+    pub const PROCLAIM: &str = "/v3electionpb.Election/Proclaim";
+    pub const LEADER: &str = "/v3electionpb.Election/Leader";
+    pub const OBSERVE: &str = "/v3electionpb.Election/Observe";
+    pub const RESIGN: &str = "/v3electionpb.Election/Resign";
+}
+
+/// The methods answered in one message.
+pub const UNARY: [&str; 27] = [
+    kv::RANGE,
+    kv::PUT,
+    kv::DELETE_RANGE,
+    kv::TXN,
+    kv::COMPACT,
+    lease::GRANT,
+    lease::REVOKE,
+    lease::TIME_TO_LIVE,
+    lease::LEASES,
+    cluster::MEMBER_ADD,
+    cluster::MEMBER_REMOVE,
+    cluster::MEMBER_UPDATE,
+    cluster::MEMBER_LIST,
+    cluster::MEMBER_PROMOTE,
+    maintenance::ALARM,
+    maintenance::STATUS,
+    maintenance::DEFRAGMENT,
+    maintenance::HASH,
+    maintenance::HASH_KV,
+    maintenance::MOVE_LEADER,
+    maintenance::DOWNGRADE,
+    lock::LOCK,
+    lock::UNLOCK,
+    election::CAMPAIGN,
+    election::PROCLAIM,
+    election::LEADER,
+    election::RESIGN,
+];
+
+/// The methods whose answer (or request) is a stream.
+pub const STREAMING: [&str; 5] = [
+    kv::RANGE_STREAM,
+    lease::KEEP_ALIVE,
+    watch::WATCH,
+    maintenance::SNAPSHOT,
+    election::OBSERVE,
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_path_is_unary_or_streaming_once() {
+        let mut all: Vec<&str> = UNARY.iter().chain(STREAMING.iter()).copied().collect();
+        let n = all.len();
+        all.sort_unstable();
+        all.dedup();
+        assert_eq!(all.len(), n, "a path is listed twice");
+        assert!(all
+            .iter()
+            .all(|p| p.starts_with('/') && p[1..].contains('/')));
+    }
+}

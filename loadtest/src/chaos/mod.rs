@@ -135,6 +135,94 @@ async fn run(
     proxy_bin: &std::path::Path,
     kinds: &[FaultKind],
 ) -> Result<(Findings, Vec<Entry>), String> {
+    let mut cluster = start_cell(args, cell_bin, kinds).await?;
+    let members: Vec<String> = cluster.members.iter().map(|m| m.client.clone()).collect();
+    let mut proxy_args: Vec<&str> = vec!["--refresh-tick", "100ms"];
+    proxy_args.extend(args.bins.proxy_arg.iter().map(String::as_str));
+    let proxy = ProxyProcess::start(proxy_bin, &members, &proxy_args).await;
+
+    let (fenced, fenced_addr) = FencedLog::serve().await;
+    let holders = Holders::start(3, &proxy.http, "fenced", fenced_addr);
+    let start_revision = {
+        let mut c = cluster.client(cluster.leader_at_start()).await;
+        c.status()
+            .await
+            .map_err(|e| format!("status: {e}"))?
+            .header()
+            .map_or(1, |h| h.revision())
+            + 1
+    };
+    let load = Load::start(args, &cluster, &proxy, start_revision);
+    let plan = schedule::plan(args.seed, args.duration, kinds);
+    let (done, skipped) = inject(args, &plan, &mut cluster, &holders, &load.rec).await;
+    let rec = load.rec.clone();
+    let (watch, leases_seen) = load.stop().await;
+    drop(holders);
+    let end_us = rec.now_us();
+
+    // After heal: one leader, then the checks.
+    cluster.wait_leader(Duration::from_secs(20)).await;
+    let mut entries = rec.entries();
+    let final_reads = final_reads(&cluster, &entries, &rec).await?;
+    entries.extend(final_reads);
+    let mut violations = Vec::new();
+    let committed = committed_history(&cluster, start_revision).await?;
+    violations.extend(watch.check(&committed, &entries).await);
+    violations.extend(checks::writes_at_most_once(&committed));
+    violations.extend(leases::expired_while_confirmed(&leases_seen));
+    violations.extend(checks::revisions_per_client(&entries));
+    violations.extend(hashes_agree(&cluster).await);
+    let (lock_grants, stale_refused) = match fenced.check() {
+        Ok(s) => (s.grants, s.stale_refused),
+        Err(e) => {
+            violations.push(format!("fencing: {e}"));
+            (0, 0)
+        }
+    };
+    let (linearizable, operations, bad_key) = verdict(&entries, &mut violations).await?;
+    let outages = outages(args, &done, &rec, end_us, &mut violations);
+    if operations < args.min_ops {
+        violations.push(format!(
+            "only {operations} operations checked (at least {})",
+            args.min_ops
+        ));
+    }
+    if done.len() < args.min_faults {
+        violations.push(format!(
+            "only {} faults injected (at least {})",
+            done.len(),
+            args.min_faults
+        ));
+    }
+    if !violations.is_empty() || args.keep_history {
+        keep_member_logs(&cluster, &args.out);
+    }
+    print_upstream_errors(&proxy).await;
+    drop(proxy);
+    Ok((
+        Findings {
+            seed: args.seed,
+            operations,
+            faults: done,
+            skipped,
+            violations,
+            outages,
+            lock_grants,
+            stale_refused,
+            linearizable,
+            bad_key,
+        },
+        entries,
+    ))
+}
+
+/// A three-member cell with short lease timings and, when the plan has
+/// crash faults, fail points.
+async fn start_cell(
+    args: &ChaosArgs,
+    cell_bin: &std::path::Path,
+    kinds: &[FaultKind],
+) -> Result<Cluster, String> {
     // A short grace on leader change (default 5 s) lets leases expire
     // within a fault's hold, where the lease invariant can see it; it
     // must exceed the checkpoint interval (the cell refuses otherwise).
@@ -155,7 +243,7 @@ async fn run(
         cell_args.push("--unsafe-fail-points");
     }
     cell_args.extend(args.bins.cell_arg.iter().map(String::as_str));
-    let mut cluster = Cluster::start_apart(cell_bin, 3, &cell_args).await;
+    let cluster = Cluster::start_apart(cell_bin, 3, &cell_args).await;
     if needs_fail_points && !nemesis::has_fail_points(&cluster, 1).await {
         return Err(format!(
             "{} serves no fail points: pass a debug build with --cell-bin, or leave out \
@@ -163,186 +251,237 @@ async fn run(
             cell_bin.display()
         ));
     }
-    let members: Vec<String> = cluster.members.iter().map(|m| m.client.clone()).collect();
-    let mut proxy_args: Vec<&str> = vec!["--refresh-tick", "100ms"];
-    proxy_args.extend(args.bins.proxy_arg.iter().map(String::as_str));
-    let proxy = ProxyProcess::start(proxy_bin, &members, &proxy_args).await;
+    Ok(cluster)
+}
 
-    let (fenced, fenced_addr) = FencedLog::serve().await;
-    let holders = Holders::start(3, &proxy.http, "fenced", fenced_addr);
+/// What runs under the faults: the recorded workers, the lease keepers
+/// and the watcher through the proxy.
+struct Load {
+    rec: Arc<Recorder>,
+    stop: Arc<AtomicBool>,
+    workers: Vec<tokio::task::JoinHandle<()>>,
+    keepers: Vec<tokio::task::JoinHandle<()>>,
+    leases_seen: Arc<Mutex<Vec<leases::Seen>>>,
+    watch: Watch,
+}
 
-    let start_revision = {
-        let mut c = cluster.client(cluster.leader_at_start()).await;
-        c.status()
-            .await
-            .map_err(|e| format!("status: {e}"))?
-            .header()
-            .map_or(1, |h| h.revision())
-            + 1
-    };
-    let rec = Arc::new(Recorder::new());
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut workers = Vec::new();
-    let mut endpoints: Vec<(String, String)> = (0..args.member_clients)
-        .map(|i| {
-            let m = &cluster.members[i % cluster.members.len()];
-            (format!("member {}", m.id), format!("http://{}", m.client))
-        })
-        .collect();
-    for _ in 0..args.proxy_clients {
-        endpoints.push(("proxy".into(), format!("http://{}", proxy.grpc)));
+impl Load {
+    fn start(
+        args: &ChaosArgs,
+        cluster: &Cluster,
+        proxy: &ProxyProcess,
+        start_revision: i64,
+    ) -> Load {
+        let rec = Arc::new(Recorder::new());
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut endpoints: Vec<(String, String)> = (0..args.member_clients)
+            .map(|i| {
+                let m = &cluster.members[i % cluster.members.len()];
+                (format!("member {}", m.id), format!("http://{}", m.client))
+            })
+            .collect();
+        for _ in 0..args.proxy_clients {
+            endpoints.push(("proxy".into(), format!("http://{}", proxy.grpc)));
+        }
+        let workers = endpoints
+            .into_iter()
+            .enumerate()
+            .map(|(id, (via, endpoint))| {
+                let w = Worker {
+                    id,
+                    via,
+                    endpoint,
+                    seed: args.seed,
+                    op_timeout: args.op_timeout,
+                };
+                tokio::spawn(w.run(rec.clone(), stop.clone()))
+            })
+            .collect();
+        let leases_seen = Arc::new(Mutex::new(Vec::new()));
+        let started = std::time::Instant::now();
+        let keepers = cluster
+            .members
+            .iter()
+            .enumerate()
+            .map(|(i, m)| {
+                let next = &cluster.members[(i + 1) % cluster.members.len()];
+                let k = leases::Keeper {
+                    id: i,
+                    keep: format!("http://{}", m.client),
+                    read: format!("http://{}", next.client),
+                };
+                tokio::spawn(k.run(started, leases_seen.clone(), stop.clone()))
+            })
+            .collect();
+        let watched = Arc::new(Mutex::new(Vec::new()));
+        let watch_stop = Arc::new(AtomicBool::new(false));
+        let watcher = tokio::spawn(workload::watch_all(
+            format!("http://{}", proxy.grpc),
+            start_revision,
+            watched.clone(),
+            watch_stop.clone(),
+        ));
+        Load {
+            rec,
+            stop,
+            workers,
+            keepers,
+            leases_seen,
+            watch: Watch {
+                watched,
+                stop: watch_stop,
+                watcher,
+            },
+        }
     }
-    for (id, (via, endpoint)) in endpoints.into_iter().enumerate() {
-        let w = Worker {
-            id,
-            via,
-            endpoint,
-            seed: args.seed,
-            op_timeout: args.op_timeout,
-        };
-        workers.push(tokio::spawn(w.run(rec.clone(), stop.clone())));
-    }
-    let leases_seen = Arc::new(Mutex::new(Vec::new()));
-    let started = std::time::Instant::now();
-    let mut keepers = Vec::new();
-    for (i, m) in cluster.members.iter().enumerate() {
-        let next = &cluster.members[(i + 1) % cluster.members.len()];
-        let k = leases::Keeper {
-            id: i,
-            keep: format!("http://{}", m.client),
-            read: format!("http://{}", next.client),
-        };
-        keepers.push(tokio::spawn(k.run(
-            started,
-            leases_seen.clone(),
-            stop.clone(),
-        )));
-    }
-    let watched = Arc::new(Mutex::new(Vec::new()));
-    let watch_stop = Arc::new(AtomicBool::new(false));
-    let watcher = tokio::spawn(workload::watch_all(
-        format!("http://{}", proxy.grpc),
-        start_revision,
-        watched.clone(),
-        watch_stop.clone(),
-    ));
 
-    let plan = schedule::plan(args.seed, args.duration, kinds);
+    /// Stops the workers and keepers (the watcher goes on until it has
+    /// seen the end of the history); what the keepers saw.
+    async fn stop(self) -> (Watch, Vec<leases::Seen>) {
+        self.stop.store(true, Ordering::Relaxed);
+        for w in self.workers.into_iter().chain(self.keepers) {
+            let _ = w.await;
+        }
+        let seen = self
+            .leases_seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        (self.watch, seen)
+    }
+}
+
+/// The watch through the proxy, from the run's first revision.
+struct Watch {
+    watched: Arc<Mutex<Vec<Seen>>>,
+    stop: Arc<AtomicBool>,
+    watcher: tokio::task::JoinHandle<Result<(), String>>,
+}
+
+impl Watch {
+    /// Waits for it to reach the committed history's end, stops it, and
+    /// checks what it saw against that history.
+    async fn check(self, committed: &[Seen], entries: &[Entry]) -> Vec<String> {
+        let mut violations = Vec::new();
+        let last = committed.last().map_or(0, |s| s.revision);
+        if !wait_watched(&self.watched, last).await {
+            violations.push(format!(
+                "the watch through the proxy did not reach revision {last} within 10 s of heal"
+            ));
+        }
+        self.stop.store(true, Ordering::Relaxed);
+        match self.watcher.await {
+            Ok(Err(e)) => violations.push(e),
+            Err(e) => violations.push(format!("the watcher failed: {e}")),
+            Ok(Ok(())) => {}
+        }
+        let watched = self
+            .watched
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        violations.extend(checks::watch_history(&watched, committed, entries));
+        violations
+    }
+}
+
+/// Does the plan: each fault injected, held (noting a new leader) and
+/// healed, then the rest of `--duration`. The faults done, and how many
+/// were skipped.
+async fn inject(
+    args: &ChaosArgs,
+    plan: &[schedule::Step],
+    cluster: &mut Cluster,
+    holders: &Holders,
+    rec: &Recorder,
+) -> (Vec<Done>, usize) {
     let mut done = Vec::new();
     let mut skipped = 0;
-    {
-        let mut nemesis = Nemesis::new(&mut cluster, &holders);
-        for step in &plan {
-            tokio::time::sleep(step.at.saturating_sub(rec.elapsed())).await;
-            let at_us = rec.now_us();
-            match nemesis.inject(step).await {
-                Ok(injected) => {
-                    println!(
-                        "chaos: {:>6.1}s {} ({}) at {}",
-                        at_us as f64 / 1e6,
-                        injected.kind.name(),
-                        injected.detail,
-                        humantime::format_rfc3339_millis(std::time::SystemTime::now())
-                    );
-                    let before = nemesis.leader_before;
-                    let healing = tokio::time::Instant::now() + step.hold;
-                    while tokio::time::Instant::now() < healing {
-                        if let Some(l) = nemesis.leader().await.filter(|l| Some(*l) != before) {
-                            println!("chaos: {:>6.1}s new leader {l}", rec.now_us() as f64 / 1e6);
-                            break;
-                        }
-                        // Each look asks every member over a new connection:
-                        // not so often that it loads the cell under test.
-                        tokio::time::sleep(Duration::from_millis(250)).await;
+    let mut nemesis = Nemesis::new(cluster, holders);
+    for step in plan {
+        tokio::time::sleep(step.at.saturating_sub(rec.elapsed())).await;
+        let at_us = rec.now_us();
+        match nemesis.inject(step).await {
+            Ok(injected) => {
+                println!(
+                    "chaos: {:>6.1}s {} ({}) at {}",
+                    at_us as f64 / 1e6,
+                    injected.kind.name(),
+                    injected.detail,
+                    humantime::format_rfc3339_millis(std::time::SystemTime::now())
+                );
+                let before = nemesis.leader_before;
+                let healing = tokio::time::Instant::now() + step.hold;
+                while tokio::time::Instant::now() < healing {
+                    if let Some(l) = nemesis.leader().await.filter(|l| Some(*l) != before) {
+                        println!("chaos: {:>6.1}s new leader {l}", rec.now_us() as f64 / 1e6);
+                        break;
                     }
-                    tokio::time::sleep_until(healing).await;
-                    nemesis.heal().await;
-                    done.push(Done {
-                        kind: injected.kind,
-                        detail: injected.detail,
-                        at_us,
-                        healed_us: rec.now_us(),
-                    });
+                    // Each look asks every member over a new connection:
+                    // not so often that it loads the cell under test.
+                    tokio::time::sleep(Duration::from_millis(250)).await;
                 }
-                Err(why) => {
-                    println!(
-                        "chaos: {:>6.1}s {} skipped: {why}",
-                        at_us as f64 / 1e6,
-                        step.kind.name()
-                    );
-                    nemesis.heal().await;
-                    skipped += 1;
-                }
+                tokio::time::sleep_until(healing).await;
+                nemesis.heal().await;
+                done.push(Done {
+                    kind: injected.kind,
+                    detail: injected.detail,
+                    at_us,
+                    healed_us: rec.now_us(),
+                });
+            }
+            Err(why) => {
+                println!(
+                    "chaos: {:>6.1}s {} skipped: {why}",
+                    at_us as f64 / 1e6,
+                    step.kind.name()
+                );
+                nemesis.heal().await;
+                skipped += 1;
             }
         }
-        tokio::time::sleep(args.duration.saturating_sub(rec.elapsed())).await;
-        nemesis.heal().await;
     }
-    stop.store(true, Ordering::Relaxed);
-    for w in workers.into_iter().chain(keepers) {
-        let _ = w.await;
-    }
-    drop(holders);
-    let end_us = rec.now_us();
+    tokio::time::sleep(args.duration.saturating_sub(rec.elapsed())).await;
+    nemesis.heal().await;
+    (done, skipped)
+}
 
-    // After heal: one leader, then the checks.
-    cluster.wait_leader(Duration::from_secs(20)).await;
-    let mut violations = Vec::new();
-    let mut entries = rec.entries();
-    let final_reads = final_reads(&cluster, &entries, &rec).await?;
-    entries.extend(final_reads);
-
-    let committed = committed_history(&cluster, start_revision).await?;
-    let last = committed.last().map_or(0, |s| s.revision);
-    if !wait_watched(&watched, last).await {
-        violations.push(format!(
-            "the watch through the proxy did not reach revision {last} within 10 s of heal"
-        ));
-    }
-    watch_stop.store(true, Ordering::Relaxed);
-    match watcher.await {
-        Ok(Err(e)) => violations.push(e),
-        Err(e) => violations.push(format!("the watcher failed: {e}")),
-        Ok(Ok(())) => {}
-    }
-    let watched = watched.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    violations.extend(checks::watch_history(&watched, &committed, &entries));
-    violations.extend(checks::writes_at_most_once(&committed));
-    let leases_seen = leases_seen
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .clone();
-    violations.extend(leases::expired_while_confirmed(&leases_seen));
-    violations.extend(checks::revisions_per_client(&entries));
-    violations.extend(hashes_agree(&cluster).await);
-    let fencing = fenced.check();
-    let (lock_grants, stale_refused) = match &fencing {
-        Ok(s) => (s.grants, s.stale_refused),
-        Err(e) => {
-            violations.push(format!("fencing: {e}"));
-            (0, 0)
-        }
-    };
-
+/// The linearizability checker's verdict on the history (at most 120 s):
+/// linearizable or not (None: no answer in time), the operations checked,
+/// and the key without a legal order.
+async fn verdict(
+    entries: &[Entry],
+    violations: &mut Vec<String>,
+) -> Result<(Option<bool>, usize, Option<String>), String> {
     let history: Vec<Operation> = entries.iter().map(|e| e.op.clone()).collect();
     let verdict = tokio::time::timeout(
         Duration::from_secs(120),
         tokio::task::spawn_blocking(move || linearizability::check(&history)),
     )
     .await;
-    let (linearizable, operations, bad_key) = match verdict {
-        Ok(Ok(Verdict::Linearizable { operations })) => (Some(true), operations, None),
+    match verdict {
+        Ok(Ok(Verdict::Linearizable { operations })) => Ok((Some(true), operations, None)),
         Ok(Ok(Verdict::NotLinearizable { key })) => {
             violations.push(format!("not linearizable: key {key}"));
-            (Some(false), entries.len(), Some(key))
+            Ok((Some(false), entries.len(), Some(key)))
         }
-        Ok(Err(e)) => return Err(format!("the checker failed: {e}")),
+        Ok(Err(e)) => Err(format!("the checker failed: {e}")),
         Err(_) => {
             violations.push("the checker found no answer within 120 s".into());
-            (None, entries.len(), None)
+            Ok((None, entries.len(), None))
         }
-    };
+    }
+}
 
+/// Per fault kind: how many, and the longest write outage after one; a
+/// single-member fault's outage past the bound is a violation.
+fn outages(
+    args: &ChaosArgs,
+    done: &[Done],
+    rec: &Recorder,
+    end_us: u64,
+    violations: &mut Vec<String>,
+) -> Vec<(FaultKind, usize, Duration)> {
     let writes = rec.write_completions();
     let gaps: Vec<Duration> = done
         .iter()
@@ -382,29 +521,21 @@ async fn run(
         }
     }
     outages.sort_by_key(|o| o.0);
-    if operations < args.min_ops {
-        violations.push(format!(
-            "only {operations} operations checked (at least {})",
-            args.min_ops
-        ));
+    outages
+}
+
+/// The members' own account of the run, beside the history.
+fn keep_member_logs(cluster: &Cluster, out: &std::path::Path) {
+    let _ = std::fs::create_dir_all(out);
+    for m in &cluster.members {
+        let _ = std::fs::copy(
+            cluster.log_path(m.id),
+            out.join(format!("member-{}.log", m.id)),
+        );
     }
-    if done.len() < args.min_faults {
-        violations.push(format!(
-            "only {} faults injected (at least {})",
-            done.len(),
-            args.min_faults
-        ));
-    }
-    if !violations.is_empty() || args.keep_history {
-        // The members' own account of the run, beside the history.
-        let _ = std::fs::create_dir_all(&args.out);
-        for m in &cluster.members {
-            let _ = std::fs::copy(
-                cluster.log_path(m.id),
-                args.out.join(format!("member-{}.log", m.id)),
-            );
-        }
-    }
+}
+
+async fn print_upstream_errors(proxy: &ProxyProcess) {
     let upstream_errors: Vec<String> = proxy
         .metrics()
         .await
@@ -419,22 +550,6 @@ async fn run(
         "chaos: proxy upstream errors: {}",
         upstream_errors.join(", ")
     );
-    drop(proxy);
-    Ok((
-        Findings {
-            seed: args.seed,
-            operations,
-            faults: done,
-            skipped,
-            violations,
-            outages,
-            lock_grants,
-            stale_refused,
-            linearizable,
-            bad_key,
-        },
-        entries,
-    ))
 }
 
 /// A linearizable read of every key the workload touched, after heal:

@@ -140,37 +140,9 @@ async fn run(args: &FailoverArgs, endpoints: &Endpoints) -> Result<Outcome, Stri
         args.kill_after + args.pause_after + args.pause_for + args.tail + Duration::from_secs(2);
     let writers = Writers::start(&clients, &keys, b"v", timeout, "failover", total);
 
-    // The leader dies.
     tokio::time::sleep(args.kill_after).await;
-    let old = new_leader(&members, args.leader_timeout).await?.0;
-    let killed_at = Instant::now();
-    signal(old.pid, "KILL");
-    let survivors: Vec<Proc> = members
-        .iter()
-        .filter(|m| m.name != old.name)
-        .cloned()
-        .collect();
-    let (current, to_leader) = match new_leader(&survivors, args.leader_timeout).await {
-        Ok(found) => found,
-        Err(e) => {
-            // Leave the cluster as it was found, as far as that goes.
-            let _ = restart(&args.common.state, &old.name);
-            return Err(e);
-        }
-    };
-
-    // The killed member comes back and catches up; then a follower
-    // pauses (the cell keeps a quorum: the leader and the restarted one).
-    let rejoined = match restart(&args.common.state, &old.name) {
-        Ok(pid) => {
-            // The same member under its new pid.
-            let back = Proc { pid, ..old.clone() };
-            ready(&back, args.leader_timeout)
-                .await
-                .map(|took| (pid, took))
-        }
-        Err(e) => Err(e),
-    };
+    let kill = kill_the_leader(args, &members).await?;
+    let rejoined = rejoin(args, &kill.old).await;
     if let Err(e) = &rejoined {
         // Pausing a follower now would take the quorum away: the figure
         // would be an outage, not a follower's pause.
@@ -178,22 +150,11 @@ async fn run(args: &FailoverArgs, endpoints: &Endpoints) -> Result<Outcome, Stri
         keepers.iter().for_each(|k| k.abort());
         return Err(format!(
             "{} did not come back after the kill: {e}",
-            old.name
+            kill.old.name
         ));
     }
     tokio::time::sleep(args.pause_after).await;
-    // Whoever leads now; the follower paused is one that was never down.
-    let leading = new_leader(&members, args.leader_timeout).await?.0;
-    let paused = survivors
-        .iter()
-        .find(|m| m.name != leading.name)
-        .cloned()
-        .ok_or("no follower left to pause")?;
-    let paused_at = Instant::now();
-    signal(paused.pid, "STOP");
-    tokio::time::sleep(args.pause_for).await;
-    signal(paused.pid, "CONT");
-    let resumed_at = Instant::now();
+    let pause = pause_a_follower(args, &members, &kill.survivors).await?;
     tokio::time::sleep(args.tail).await;
     let (writes, acks) = writers.stop().await;
     for k in &keepers {
@@ -201,7 +162,8 @@ async fn run(args: &FailoverArgs, endpoints: &Endpoints) -> Result<Outcome, Stri
     }
 
     // The sessions must all be there.
-    let survivor_addrs: Vec<String> = survivors
+    let survivor_addrs: Vec<String> = kill
+        .survivors
         .iter()
         .filter_map(|m| m.addrs.get("client").cloned())
         .collect();
@@ -210,12 +172,12 @@ async fn run(args: &FailoverArgs, endpoints: &Endpoints) -> Result<Outcome, Stri
     let (during, expired) = expired_count(&expired, &gone);
 
     let acks: Vec<Instant> = acks.into_iter().map(|(at, _)| at).collect();
-    let kill_window = longest_gap(&acks, killed_at, paused_at);
-    let pause_window = longest_gap(&acks, paused_at, resumed_at);
+    let kill_window = longest_gap(&acks, kill.at, pause.at);
+    let pause_window = longest_gap(&acks, pause.at, pause.resumed_at);
     let before = longest_gap(
         &acks,
-        killed_at - args.kill_after.min(Duration::from_secs(3)),
-        killed_at,
+        kill.at - args.kill_after.min(Duration::from_secs(3)),
+        kill.at,
     );
 
     let mut o = Outcome::new("failover", endpoints.target);
@@ -227,14 +189,14 @@ async fn run(args: &FailoverArgs, endpoints: &Endpoints) -> Result<Outcome, Stri
     );
     o.figure(
         "killed",
-        old.name.clone(),
-        format!("{} (the leader), SIGKILL", old.name),
+        kill.old.name.clone(),
+        format!("{} (the leader), SIGKILL", kill.old.name),
     );
-    let ms = to_leader.as_secs_f64() * 1000.0;
+    let ms = kill.to_new_leader.as_secs_f64() * 1000.0;
     o.figure(
         "time_to_new_leader_ms",
         ms,
-        format!("{ms:.0} ms ({} leads)", current.name),
+        format!("{ms:.0} ms ({} leads)", kill.new_leader.name),
     );
     o.figure(
         "write_unavailable_ms",
@@ -243,10 +205,10 @@ async fn run(args: &FailoverArgs, endpoints: &Endpoints) -> Result<Outcome, Stri
     );
     o.figure(
         "paused",
-        paused.name.clone(),
+        pause.paused.name.clone(),
         format!(
             "{} (a follower), SIGSTOP for {:?}",
-            paused.name, args.pause_for
+            pause.paused.name, args.pause_for
         ),
     );
     o.figure(
@@ -273,7 +235,7 @@ async fn run(args: &FailoverArgs, endpoints: &Endpoints) -> Result<Outcome, Stri
             true,
             format!(
                 "{} again as pid {pid}, ready after {:.1} s",
-                old.name,
+                kill.old.name,
                 took.as_secs_f64()
             ),
         ),
@@ -281,4 +243,80 @@ async fn run(args: &FailoverArgs, endpoints: &Endpoints) -> Result<Outcome, Stri
     }
     o.series(writes.series());
     Ok(o)
+}
+
+/// The leader's SIGKILL and who leads after it.
+struct Kill {
+    old: Proc,
+    at: Instant,
+    survivors: Vec<Proc>,
+    new_leader: Proc,
+    to_new_leader: Duration,
+}
+
+async fn kill_the_leader(args: &FailoverArgs, members: &[Proc]) -> Result<Kill, String> {
+    let old = new_leader(members, args.leader_timeout).await?.0;
+    let at = Instant::now();
+    signal(old.pid, "KILL");
+    let survivors: Vec<Proc> = members
+        .iter()
+        .filter(|m| m.name != old.name)
+        .cloned()
+        .collect();
+    match new_leader(&survivors, args.leader_timeout).await {
+        Ok((new_leader, to_new_leader)) => Ok(Kill {
+            old,
+            at,
+            survivors,
+            new_leader,
+            to_new_leader,
+        }),
+        Err(e) => {
+            // Leave the cluster as it was found, as far as that goes.
+            let _ = restart(&args.common.state, &old.name);
+            Err(e)
+        }
+    }
+}
+
+/// The killed member started again: its new pid and how long it took to
+/// be ready.
+async fn rejoin(args: &FailoverArgs, old: &Proc) -> Result<(u32, Duration), String> {
+    let pid = restart(&args.common.state, &old.name)?;
+    // The same member under its new pid.
+    let back = Proc { pid, ..old.clone() };
+    let took = ready(&back, args.leader_timeout).await?;
+    Ok((pid, took))
+}
+
+/// A follower's SIGSTOP for `--pause-for`, then SIGCONT.
+struct Pause {
+    paused: Proc,
+    at: Instant,
+    resumed_at: Instant,
+}
+
+/// Pauses a follower that was never down (the cell keeps a quorum: the
+/// leader and the restarted member).
+async fn pause_a_follower(
+    args: &FailoverArgs,
+    members: &[Proc],
+    survivors: &[Proc],
+) -> Result<Pause, String> {
+    // Whoever leads now.
+    let leading = new_leader(members, args.leader_timeout).await?.0;
+    let paused = survivors
+        .iter()
+        .find(|m| m.name != leading.name)
+        .cloned()
+        .ok_or("no follower left to pause")?;
+    let at = Instant::now();
+    signal(paused.pid, "STOP");
+    tokio::time::sleep(args.pause_for).await;
+    signal(paused.pid, "CONT");
+    Ok(Pause {
+        paused,
+        at,
+        resumed_at: Instant::now(),
+    })
 }

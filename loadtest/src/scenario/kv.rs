@@ -5,7 +5,7 @@
 //! answers at that put's revision or later, whichever proxy or
 //! connection each went through.
 
-use super::load::{connect_all, within};
+use super::load::{within, Workers};
 use super::recorder::{Progress, Recorder};
 use super::{drive, over, Common, CpuMeter, Endpoints, Outcome};
 use etcd_client::{Client, GetOptions};
@@ -18,12 +18,8 @@ use std::time::{Duration, Instant};
 pub struct KvArgs {
     #[command(flatten)]
     common: Common,
-    /// Concurrent workers, each one request at a time.
-    #[arg(long, default_value_t = 64)]
-    clients: usize,
-    /// Connections the workers share (spread over the endpoints).
-    #[arg(long, default_value_t = 8)]
-    connections: usize,
+    #[command(flatten)]
+    workers: Workers,
     /// The share of operations that are puts (0 to 1); the rest are gets.
     #[arg(long, default_value_t = 0.5, value_parser = share)]
     writes: f64,
@@ -67,11 +63,8 @@ pub async fn main(args: KvArgs) -> ExitCode {
 }
 
 async fn run(args: &KvArgs, endpoints: &Endpoints) -> Result<Outcome, String> {
-    if args.clients == 0 || args.connections == 0 {
-        return Err("--clients and --connections must be at least 1".into());
-    }
     let front = endpoints.require_grpc()?;
-    let clients = connect_all(front, args.connections as u64, args.common.op_timeout).await?;
+    let clients = args.workers.connect(front, args.common.op_timeout).await?;
     let value = vec![b'v'; args.value_size as usize];
     preload(&clients, args.keys, &value, args.common.op_timeout).await?;
 
@@ -86,7 +79,7 @@ async fn run(args: &KvArgs, endpoints: &Endpoints) -> Result<Outcome, String> {
     let cpu_proxies = CpuMeter::start(&endpoints.proxy_pids);
     let progress = Progress::show("kv", all.clone(), args.common.duration);
     let started = Instant::now();
-    let workers: Vec<_> = (0..args.clients)
+    let workers: Vec<_> = (0..args.workers.clients as usize)
         .map(|w| {
             let mut client = clients[w % clients.len()].clone();
             let (all, puts, gets) = (all.clone(), puts.clone(), gets.clone());
@@ -147,8 +140,7 @@ async fn run(args: &KvArgs, endpoints: &Endpoints) -> Result<Outcome, String> {
     progress.finish();
 
     let mut o = Outcome::new("kv", endpoints.target);
-    o.field("clients", args.clients);
-    o.field("connections", args.connections);
+    args.workers.describe(&mut o);
     o.field("write_share", args.writes);
     o.field("value_size", args.value_size);
     o.field("keys", args.keys);

@@ -1,9 +1,9 @@
 //! The pieces of load several scenarios run: connections spread over the
-//! endpoints, one call bounded by a timeout, and writers that put in a
-//! loop until told to stop.
+//! endpoints, one call bounded by a timeout, a closed loop of workers, and
+//! writers that put in a loop until told to stop.
 
 use super::recorder::{Progress, Recorder};
-use super::url;
+use super::{over, url, Common};
 use etcd_client::Client;
 use std::fmt::Display;
 use std::future::Future;
@@ -25,6 +25,35 @@ pub async fn within<T, E: Display>(
     }
 }
 
+/// The flags of a closed-loop scenario: its workers and the connections
+/// they share.
+#[derive(clap::Args, Debug, Clone, Copy)]
+pub struct Workers {
+    /// Concurrent workers, each one request at a time.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub clients: u64,
+    /// Connections the workers share (spread over the endpoints).
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub connections: u64,
+}
+
+impl Workers {
+    /// The connections, spread over `front`.
+    pub async fn connect(
+        &self,
+        front: &[String],
+        timeout: Duration,
+    ) -> Result<Vec<Client>, String> {
+        connect_all(front, self.connections, timeout).await
+    }
+
+    /// Their settings, as fields of a result line.
+    pub fn describe(&self, o: &mut super::Outcome) {
+        o.field("clients", self.clients);
+        o.field("connections", self.connections);
+    }
+}
+
 /// `n` etcd clients, client i on endpoint i mod the number of endpoints.
 pub async fn connect_all(
     front: &[String],
@@ -38,6 +67,68 @@ pub async fn connect_all(
         clients.push(within(timeout, &what, Client::connect([&addr], None)).await?);
     }
     Ok(clients)
+}
+
+/// What one operation of a [`closed_loop`] came to.
+pub enum Step {
+    /// Done: its latency is recorded.
+    Done,
+    /// Answered, but not an operation to count (a compare-and-swap that
+    /// lost its race and tries again).
+    Again,
+}
+
+/// `workers` tasks, worker w on `clients[w % clients.len()]`, each one
+/// operation at a time until the measured phase of `common` is over.
+/// `op(client, state)` gives the worker's state back with what the
+/// operation came to; an error is recorded and followed by a short pause
+/// (a refusing target is not hammered). The workers' states at the end.
+pub async fn closed_loop<S, Op, Fut>(
+    clients: &[Client],
+    workers: u64,
+    common: &Common,
+    recorder: &Arc<Recorder>,
+    init: impl Fn(usize) -> S,
+    op: Op,
+) -> Result<Vec<S>, String>
+where
+    S: Send + 'static,
+    Op: Fn(Client, S) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = (S, Result<Step, String>)> + Send,
+{
+    if clients.is_empty() || workers == 0 {
+        return Err("a closed loop needs a connection and a worker".into());
+    }
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..workers as usize)
+        .map(|w| {
+            let client = clients[w % clients.len()].clone();
+            let (recorder, common, op) = (recorder.clone(), common.clone(), op.clone());
+            let mut state = init(w);
+            tokio::spawn(async move {
+                while !over(&common, started, recorder.done() + recorder.errors()) {
+                    let t = Instant::now();
+                    let (next, step) = op(client.clone(), state).await;
+                    state = next;
+                    match step {
+                        Ok(Step::Done) => recorder.ok(t.elapsed()),
+                        Ok(Step::Again) => {}
+                        Err(e) => {
+                            recorder.error(e);
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                        }
+                    }
+                }
+                state
+            })
+        })
+        .collect();
+    let mut states = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        states.push(t.await.map_err(|e| format!("a worker failed: {e}"))?);
+    }
+    recorder.end();
+    Ok(states)
 }
 
 /// When an acknowledged write was acknowledged, and how long it took.

@@ -4,8 +4,10 @@
 //! result is given ([`Outcome`]: one JSON line on stdout, then a table;
 //! exit status 1 when a safety counter is not zero).
 
+pub mod cas;
 pub mod failover;
 pub mod kv;
+pub mod lease_grants;
 pub mod load;
 pub mod locks;
 pub mod mass_expiry;

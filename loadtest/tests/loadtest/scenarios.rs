@@ -112,6 +112,44 @@ fn every_scenario_runs_small_against_a_real_cluster_and_reports_zero_violations(
     );
     assert!(!kv["series"].as_array().expect("series").is_empty(), "{kv}");
 
+    // Eight workers on two counters: races are lost and tried again, and
+    // the counters hold exactly the acknowledged increments (lost and
+    // phantom are checked with the other safety counters).
+    let cas = scenario(
+        &cluster,
+        out,
+        &[
+            "cas",
+            "--duration",
+            "3s",
+            "--clients",
+            "8",
+            "--connections",
+            "2",
+            "--counters",
+            "2",
+        ],
+    );
+    assert!(number(&cas, "increments_per_s") > 0.0, "{cas}");
+    assert!(number(&cas, "lost_races") > 0.0, "{cas}");
+    assert_eq!(cas["errors"], 0, "{cas}");
+
+    let grants = scenario(
+        &cluster,
+        out,
+        &[
+            "lease-grants",
+            "--duration",
+            "2s",
+            "--clients",
+            "8",
+            "--connections",
+            "2",
+        ],
+    );
+    assert!(number(&grants, "grants_per_s") > 0.0, "{grants}");
+    assert_eq!(grants["errors"], 0, "{grants}");
+
     let sessions = scenario(
         &cluster,
         out,
@@ -255,6 +293,8 @@ fn every_scenario_runs_small_against_a_real_cluster_and_reports_zero_violations(
         scenarios,
         [
             "kv",
+            "cas",
+            "lease-grants",
             "sessions",
             "watch-fanout",
             "locks",
@@ -327,8 +367,18 @@ fn the_grpc_scenarios_run_unchanged_against_etcd() {
     let cluster = UpCluster::start(&["--etcd"]);
     let results = tempfile::NamedTempFile::new().expect("a results file");
     let out = results.path();
-    let small: [&[&str]; 6] = [
+    let small: [&[&str]; 8] = [
         &["kv", "--duration", "2s", "--clients", "8", "--keys", "50"],
+        &[
+            "cas",
+            "--duration",
+            "2s",
+            "--clients",
+            "8",
+            "--counters",
+            "2",
+        ],
+        &["lease-grants", "--duration", "2s", "--clients", "8"],
         &[
             "sessions",
             "--sessions",
@@ -431,4 +481,66 @@ fn bad_flags_and_a_missing_cluster_are_clear_errors() {
         "{}",
         text(&etcd_http)
     );
+}
+
+/// `compare` runs each workload on both systems, one after the other,
+/// labels every result line with its workload, and tables one ratio per
+/// figure for each (two workloads of one scenario apart).
+#[test]
+fn compare_runs_each_workload_on_both_systems_and_tables_the_ratios() {
+    let latchkey = UpCluster::start(&["--cells", "1", "--proxies", "1"]);
+    let etcd = UpCluster::start(&["--etcd", "--cells", "1"]);
+    let results = tempfile::NamedTempFile::new().expect("a results file");
+    let workloads = [
+        "put",
+        "serializable-range",
+        "cas",
+        "lease-grants",
+        "sessions",
+    ];
+    let joined = workloads.join(",");
+    let run = loadtest(&[
+        "compare",
+        "--latchkey-state",
+        latchkey.state(),
+        "--etcd-state",
+        etcd.state(),
+        "--workloads",
+        &joined,
+        "--duration",
+        "1s",
+        "--sessions",
+        "100",
+        "--session-ttl",
+        "3",
+        "--out",
+        arg(results.path()),
+    ]);
+    assert!(run.status.success(), "{}", text(&run));
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    for w in workloads {
+        let row = stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("| {w} | ")))
+            .unwrap_or_else(|| panic!("no row for {w}:\n{stdout}"));
+        assert!(row.split('|').count() >= 6, "{row}");
+    }
+    let lines = std::fs::read_to_string(results.path()).expect("the results file");
+    let labelled: Vec<(String, String)> = lines
+        .lines()
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).expect("a JSON line");
+            let field = |f: &str| v[f].as_str().unwrap_or_default().to_string();
+            (field("workload"), field("target"))
+        })
+        .collect();
+    let expected: Vec<(String, String)> = workloads
+        .iter()
+        .flat_map(|w| ["latchkey", "etcd"].map(|t| (w.to_string(), t.to_string())))
+        .collect();
+    assert_eq!(labelled, expected);
+
+    let unknown = loadtest(&["compare", "--workloads", "put,nonsense"]);
+    assert_eq!(unknown.status.code(), Some(2), "{}", text(&unknown));
+    assert!(text(&unknown).contains("nonsense"), "{}", text(&unknown));
 }

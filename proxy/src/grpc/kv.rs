@@ -2,12 +2,12 @@
 //! through the read cache, writes to the leader), and RangeStream passed
 //! through to one member.
 
-use super::answered;
+use super::answer;
 use crate::ops;
 use crate::state::ProxyState;
 use crate::upstream::Route;
 use latchkey_shared::client::call;
-use latchkey_shared::etcd_methods::kv::{COMPACT, DELETE_RANGE, PUT, RANGE, RANGE_STREAM, TXN};
+use latchkey_shared::etcd_methods::kv::RANGE_STREAM;
 use latchkey_shared::etcdpb::{
     PbCompactionRequest, PbCompactionResponse, PbDeleteRequest, PbDeleteResponse, PbKvService,
     PbPutRequest, PbPutResponse, PbRangeRequest, PbRangeResponse, PbRangeStreamResponse,
@@ -15,7 +15,6 @@ use latchkey_shared::etcdpb::{
 };
 use std::pin::Pin;
 use std::sync::Arc;
-use tokio::time::Instant;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
@@ -39,10 +38,9 @@ impl PbKvService for KvService {
         &self,
         request: Request<PbRangeRequest>,
     ) -> Result<Response<PbRangeResponse>, Status> {
-        let started = Instant::now();
         let client = request.remote_addr();
         let result = ops::kv::range(&self.state, client, request.into_inner()).await;
-        answered(RANGE, started, result)
+        answer(result)
     }
 
     type RangeStreamStream =
@@ -65,32 +63,28 @@ impl PbKvService for KvService {
     }
 
     async fn put(&self, request: Request<PbPutRequest>) -> Result<Response<PbPutResponse>, Status> {
-        let started = Instant::now();
         let result = ops::kv::put(&self.state, request.into_inner()).await;
-        answered(PUT, started, result)
+        answer(result)
     }
 
     async fn delete_range(
         &self,
         request: Request<PbDeleteRequest>,
     ) -> Result<Response<PbDeleteResponse>, Status> {
-        let started = Instant::now();
         let result = ops::kv::delete_range(&self.state, request.into_inner()).await;
-        answered(DELETE_RANGE, started, result)
+        answer(result)
     }
 
     async fn txn(&self, request: Request<PbTxnRequest>) -> Result<Response<PbTxnResponse>, Status> {
-        let started = Instant::now();
         let result = ops::kv::txn(&self.state, request.into_inner()).await;
-        answered(TXN, started, result)
+        answer(result)
     }
 
     async fn compact(
         &self,
         request: Request<PbCompactionRequest>,
     ) -> Result<Response<PbCompactionResponse>, Status> {
-        let started = Instant::now();
         let result = ops::kv::compact(&self.state, request.into_inner()).await;
-        answered(COMPACT, started, result)
+        answer(result)
     }
 }

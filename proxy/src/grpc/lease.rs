@@ -4,14 +4,15 @@
 //! (DESIGN section 3), so 100 000 client leases cost the cell one refresh
 //! batch per tick instead of a message per lease.
 
-use super::{answered, forward, record};
+use super::request_metrics::record_keep_alive;
+use super::{answer, forward};
 use crate::metrics_catalog::KEEPALIVES;
 use crate::ops;
 use crate::session::{self, KeepAlive};
 use crate::state::ProxyState;
 use crate::upstream::{Kind, Route};
 use futures::stream::FuturesUnordered;
-use latchkey_shared::etcd_methods::lease::{GRANT, KEEP_ALIVE, LEASES, REVOKE, TIME_TO_LIVE};
+use latchkey_shared::etcd_methods::lease::LEASES;
 use latchkey_shared::etcdpb::{
     PbLeaseGrantRequest, PbLeaseGrantResponse, PbLeaseKeepAliveRequest, PbLeaseKeepAliveResponse,
     PbLeaseLeasesRequest, PbLeaseLeasesResponse, PbLeaseRevokeRequest, PbLeaseRevokeResponse,
@@ -43,19 +44,17 @@ impl PbLeaseService for LeaseService {
         &self,
         request: Request<PbLeaseGrantRequest>,
     ) -> Result<Response<PbLeaseGrantResponse>, Status> {
-        let started = Instant::now();
         let result = ops::lease::grant(&self.state, request.into_inner()).await;
-        answered(GRANT, started, result)
+        answer(result)
     }
 
     async fn lease_revoke(
         &self,
         request: Request<PbLeaseRevokeRequest>,
     ) -> Result<Response<PbLeaseRevokeResponse>, Status> {
-        let started = Instant::now();
         let id = LeaseId::from(request.get_ref().id);
         let result = ops::lease::revoke(&self.state, id).await;
-        answered(REVOKE, started, result)
+        answer(result)
     }
 
     type LeaseKeepAliveStream =
@@ -78,9 +77,8 @@ impl PbLeaseService for LeaseService {
         &self,
         request: Request<PbLeaseTimeToLiveRequest>,
     ) -> Result<Response<PbLeaseTimeToLiveResponse>, Status> {
-        let started = Instant::now();
         let result = ops::lease::time_to_live(&self.state, request.into_inner()).await;
-        answered(TIME_TO_LIVE, started, result)
+        answer(result)
     }
 
     async fn lease_leases(
@@ -131,7 +129,7 @@ async fn serve_keep_alives(
             },
             Some(done) = waiting.next() => done,
         };
-        record("grpc", KEEP_ALIVE, started, ttl.as_ref().err());
+        record_keep_alive(started, ttl.as_ref().err());
         let reply = match ttl {
             Ok(ttl) => keep_alive_response(&state, id, ttl),
             // etcd answers a keep-alive for a lease that is gone with a TTL

@@ -13,9 +13,9 @@ pub mod cluster;
 pub mod kv;
 pub mod lease;
 pub mod maintenance;
+pub mod request_metrics;
 pub mod watch;
 
-use crate::metrics_catalog::{REQUESTS, REQUEST_SECONDS};
 use crate::ops::locks::UpstreamLocks;
 use crate::state::ProxyState;
 use crate::upstream::cell_client::HasHeader;
@@ -26,10 +26,9 @@ use latchkey_shared::etcdpb::{
 };
 use latchkey_shared::net::nodelay_incoming;
 use std::sync::Arc;
-use tokio::time::Instant;
 
-/// Forwards one unary call to the cell `cell` and records its latency
-/// under the method's path.
+/// Forwards one unary call to the cell `cell` (timed and counted by
+/// [`request_metrics`], like every unary call).
 pub async fn forward<Req, Resp>(
     cell: &crate::upstream::Cell,
     route: Route,
@@ -41,13 +40,11 @@ where
     Req: prost::Message + Clone + Send + Sync + 'static,
     Resp: prost::Message + Default + Send + Sync + HasHeader + 'static,
 {
-    let started = Instant::now();
-    let result = cell.call(route, kind, path, request.into_inner()).await;
-    answered(path, started, result)
+    answer(cell.call(route, kind, path, request.into_inner()).await)
 }
 
 /// A service impl whose listed methods pass through to the home cell's
-/// leader unchanged (through [`forward`], so each is timed and counted),
+/// leader unchanged (through [`forward`]),
 /// followed by the methods the proxy serves itself:
 ///
 /// ```ignore
@@ -94,29 +91,11 @@ macro_rules! service {
 }
 pub(crate) use service;
 
-/// Records an operation's latency and outcome under its method's path, and
-/// gives its result to the client.
-pub fn answered<T>(
-    path: &'static str,
-    started: Instant,
+/// An operation's result as the client gets it.
+pub fn answer<T>(
     result: Result<T, latchkey_shared::ApiError>,
 ) -> Result<tonic::Response<T>, tonic::Status> {
-    record("grpc", path, started, result.as_ref().err());
     result.map(tonic::Response::new).map_err(Into::into)
-}
-
-/// Counts a client request and its latency by API and route.
-pub fn record(
-    api: &'static str,
-    route: &'static str,
-    started: Instant,
-    error: Option<&latchkey_shared::ApiError>,
-) {
-    let outcome = error.map_or("ok", |e| e.code.as_str());
-    metrics::histogram!(REQUEST_SECONDS.name, "api" => api, "route" => route)
-        .record(started.elapsed().as_secs_f64());
-    metrics::counter!(REQUESTS.name, "api" => api, "route" => route, "outcome" => outcome)
-        .increment(1);
 }
 
 /// How often an idle client connection is pinged, and how long its answer
@@ -143,6 +122,7 @@ pub async fn serve(
         state: state.clone(),
     });
     tonic::transport::Server::builder()
+        .layer(request_metrics::RequestMetricsLayer)
         // A client that vanished without closing its connection (a
         // crashed host, a partition) is noticed and its streams (and their
         // upstream streams) end, as etcd's server does with its keepalive.
