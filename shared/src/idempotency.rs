@@ -45,10 +45,11 @@ pub fn check_key(key: &str) -> Result<(), ApiError> {
 }
 
 /// The lease idempotency records are written with: a plain lease that
-/// nobody keeps alive, granted with the retention as its TTL and used for
-/// a tenth of it, so every record lives between the retention and 1.1
-/// times it, and the cell deletes the records with their lease (no
-/// sweeper). One grant per holder per tenth of the retention.
+/// nobody keeps alive, granted with 1.1 times the retention as its TTL
+/// and used for the first tenth of the retention, so every record lives
+/// between the retention and 1.1 times it, and the cell deletes the
+/// records with their lease (no sweeper). One grant per holder per tenth
+/// of the retention.
 pub struct RetentionLease {
     retention: std::time::Duration,
     /// The lease in use and when it was granted.
@@ -71,15 +72,25 @@ impl RetentionLease {
         Fut: std::future::Future<Output = Result<i64, ApiError>>,
     {
         let mut current = self.current.lock().await;
+        let ttl = self.ttl_secs();
         if let Some((id, granted)) = *current {
-            if granted.elapsed() < self.retention / 10 {
+            // A record written now must outlive the retention: the lease
+            // (counted from before its grant was sent) has ttl - elapsed left.
+            let left = std::time::Duration::from_secs(ttl as u64).saturating_sub(granted.elapsed());
+            if left > self.retention {
                 return Ok(id);
             }
         }
         let granted_at = tokio::time::Instant::now();
-        let id = grant(self.retention.as_secs().max(1) as i64).await?;
+        let id = grant(ttl).await?;
         *current = Some((id, granted_at));
         Ok(id)
+    }
+
+    /// The lease's TTL: 1.1 times the retention, in whole seconds up.
+    fn ttl_secs(&self) -> i64 {
+        let ttl = (self.retention.as_secs_f64() * 1.1).ceil() as i64;
+        ttl.clamp(1, crate::limits::MAX_TTL_SECS)
     }
 
     /// Forgets the lease in use, when the cell says it is gone (revoked by
@@ -284,6 +295,47 @@ mod tests {
         let g = guard("{}");
         assert!(crate::key_range::is_reserved(g.record_key()));
         assert!(g.record_key().ends_with(b"order-7"));
+    }
+
+    /// Every record lives at least the retention: whenever a record is
+    /// written, the lease it gets has at least the retention left.
+    #[tokio::test(start_paused = true)]
+    async fn a_record_written_at_any_time_outlives_the_retention() {
+        use std::sync::Mutex;
+        use std::time::Duration;
+        let retention = Duration::from_secs(10);
+        let leases = RetentionLease::new(retention);
+        // Each grant: its id, its TTL and when it was asked for.
+        let grants: Mutex<Vec<(i64, i64, tokio::time::Instant)>> = Mutex::new(Vec::new());
+        let start = tokio::time::Instant::now();
+        for step in 0..300u64 {
+            tokio::time::advance(Duration::from_millis(50)).await;
+            let id = leases
+                .lease(|ttl| {
+                    let mut g = grants.lock().unwrap();
+                    let id = g.len() as i64 + 1;
+                    g.push((id, ttl, tokio::time::Instant::now()));
+                    async move { Ok(id) }
+                })
+                .await
+                .unwrap();
+            let g = grants.lock().unwrap();
+            let (_, ttl, at) = g[id as usize - 1];
+            let left = Duration::from_secs(ttl as u64).saturating_sub(at.elapsed());
+            assert!(
+                left >= retention,
+                "a record written {:?} in lives {left:?}, under the {retention:?} retention",
+                start.elapsed()
+            );
+            // ...and at most 1.1 times it (plus the second TTLs round to).
+            assert!(
+                left <= retention + retention / 10 + Duration::from_secs(1),
+                "{step}"
+            );
+        }
+        // One grant per tenth of the retention or so, not one per record.
+        let n = grants.lock().unwrap().len();
+        assert!((10..=20).contains(&n), "{n} grants in 15 s");
     }
 
     #[test]

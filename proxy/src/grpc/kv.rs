@@ -63,7 +63,8 @@ impl PbKvService for KvService {
     }
 
     async fn put(&self, request: Request<PbPutRequest>) -> Result<Response<PbPutResponse>, Status> {
-        let result = ops::kv::put(&self.state, request.into_inner()).await;
+        let client = request.remote_addr();
+        let result = ops::kv::put(&self.state, client, request.into_inner()).await;
         answer(result)
     }
 
@@ -71,12 +72,14 @@ impl PbKvService for KvService {
         &self,
         request: Request<PbDeleteRequest>,
     ) -> Result<Response<PbDeleteResponse>, Status> {
-        let result = ops::kv::delete_range(&self.state, request.into_inner()).await;
+        let client = request.remote_addr();
+        let result = ops::kv::delete_range(&self.state, client, request.into_inner()).await;
         answer(result)
     }
 
     async fn txn(&self, request: Request<PbTxnRequest>) -> Result<Response<PbTxnResponse>, Status> {
-        let result = ops::kv::txn(&self.state, request.into_inner()).await;
+        let client = request.remote_addr();
+        let result = ops::kv::txn(&self.state, client, request.into_inner()).await;
         answer(result)
     }
 

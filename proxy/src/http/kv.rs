@@ -122,6 +122,7 @@ pub async fn put_kv(
     State(state): State<Arc<ProxyState>>,
     Path(key): Path<String>,
     Query(params): Query<PutParams>,
+    Client(client): Client,
     KeyedBody(value, keyed): KeyedBody,
 ) -> Answer<PutAnswer> {
     key_range(key.as_bytes(), false)?;
@@ -139,7 +140,9 @@ pub async fn put_kv(
     let cell = state.upstream.cell_for(key.as_bytes());
     let guard = idempotency::guard(&state, keyed.as_ref()).await?;
     if compares.is_empty() && guard.is_none() {
-        let resp = ops::kv::put(&state, put).await.map_err(session_gone)?;
+        let resp = ops::kv::put(&state, client, put)
+            .await
+            .map_err(session_gone)?;
         return answer(PutAnswer {
             revision: resp.header.map_or(0, |h| h.revision),
         });
@@ -163,9 +166,10 @@ pub async fn put_kv(
     {
         Committed::Now(resp) => resp,
         Committed::Before(record, header) if record.succeeded => {
+            ops::kv::wrote(&state, client, header.revision);
             return answer(PutAnswer {
                 revision: header.revision,
-            })
+            });
         }
         Committed::Before(_, header) => {
             return Err(ApiError::precondition_failed(format!(
@@ -175,6 +179,11 @@ pub async fn put_kv(
             )))
         }
     };
+    ops::kv::wrote(
+        &state,
+        client,
+        resp.header.as_ref().map_or(0, |h| h.revision),
+    );
     if !resp.succeeded {
         return Err(precondition_failed(&key, &resp));
     }
@@ -238,6 +247,7 @@ pub async fn delete_kv(
     State(state): State<Arc<ProxyState>>,
     Path(key): Path<String>,
     Query(params): Query<DeleteParams>,
+    Client(client): Client,
 ) -> Answer<DeleteAnswer> {
     let range = key_range(key.as_bytes(), on(params.prefix))?;
     let request = PbDeleteRequest {
@@ -245,7 +255,7 @@ pub async fn delete_kv(
         range_end: range.end,
         ..Default::default()
     };
-    let resp = ops::kv::delete_range(&state, request).await?;
+    let resp = ops::kv::delete_range(&state, client, request).await?;
     answer(DeleteAnswer {
         revision: resp.header.map_or(0, |h| h.revision),
         deleted: resp.deleted,

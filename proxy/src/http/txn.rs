@@ -1,13 +1,14 @@
 //! `POST /v1/txn`: compares, then the `success` operations if every
 //! compare holds, the `failure` ones otherwise, in one revision.
 
-use super::extract::KeyedJson;
+use super::extract::{Client, KeyedJson};
 use super::model::{
     decode, parse_session, session_gone, DeleteAnswer, Encoding, ErrorBody, PutAnswer, RangeAnswer,
 };
 use super::{answer, Answer};
 use crate::http::kv::key_range;
 use crate::ops::idempotency::{self, Committed};
+use crate::ops::kv::wrote;
 use crate::state::ProxyState;
 use axum::extract::State;
 use latchkey_shared::etcd_enums::{CompareResult, CompareTarget};
@@ -256,6 +257,7 @@ fn answer_of(resp: PbTxnResponse) -> TxnAnswer {
     responses((status = 200, body = TxnAnswer), (status = "4XX", body = ErrorBody), (status = "5XX", body = ErrorBody)))]
 pub async fn txn(
     State(state): State<Arc<ProxyState>>,
+    Client(client): Client,
     KeyedJson(req, keyed): KeyedJson<TxnRequest>,
 ) -> Answer<TxnAnswer> {
     let ops = req.compare.len() + req.success.len() + req.failure.len();
@@ -294,6 +296,7 @@ pub async fn txn(
     {
         Committed::Now(resp) => {
             let done = answer_of(resp);
+            wrote(&state, client, done.revision);
             if let Some(guard) = &guard {
                 let stored = serde_json::to_value(&done)
                     .map_err(|e| ApiError::internal(format!("a txn answer did not encode: {e}")))?;
@@ -301,16 +304,19 @@ pub async fn txn(
             }
             answer(done)
         }
-        Committed::Before(record, header) => match record.answer {
-            Some(stored) => answer(serde_json::from_value(stored).map_err(|e| {
-                ApiError::internal(format!("a kept txn answer did not decode: {e}"))
-            })?),
-            // The proxy that ran it stopped before it kept the answer.
-            None => Err(ApiError::precondition_failed(format!(
-                "the txn under this Idempotency-Key committed at revision {} \
-                 (succeeded: {}), but its answer was not kept; nothing was done now",
-                header.revision, record.succeeded
-            ))),
-        },
+        Committed::Before(record, header) => {
+            wrote(&state, client, header.revision);
+            match record.answer {
+                Some(stored) => answer(serde_json::from_value(stored).map_err(|e| {
+                    ApiError::internal(format!("a kept txn answer did not decode: {e}"))
+                })?),
+                // The proxy that ran it stopped before it kept the answer.
+                None => Err(ApiError::precondition_failed(format!(
+                    "the txn under this Idempotency-Key committed at revision {} \
+                     (succeeded: {}), but its answer was not kept; nothing was done now",
+                    header.revision, record.succeeded
+                ))),
+            }
+        }
     }
 }

@@ -62,29 +62,65 @@ pub async fn range(
     Ok(resp)
 }
 
-pub async fn put(state: &ProxyState, req: PbPutRequest) -> Result<PbPutResponse, ApiError> {
+/// A put from `client`: its revision becomes the client's floor, so the
+/// client's serializable reads see its own write (read-your-writes).
+pub async fn put(
+    state: &ProxyState,
+    client: Option<SocketAddr>,
+    req: PbPutRequest,
+) -> Result<PbPutResponse, ApiError> {
     let cell = state.upstream.cell_for(&req.key);
-    cell.call(Route::Leader, Kind::Write, PUT, req).await
+    let resp: PbPutResponse = cell.call(Route::Leader, Kind::Write, PUT, req).await?;
+    wrote(
+        state,
+        client,
+        resp.header.as_ref().map_or(0, |h| h.revision),
+    );
+    Ok(resp)
 }
 
 pub async fn delete_range(
     state: &ProxyState,
+    client: Option<SocketAddr>,
     req: PbDeleteRequest,
 ) -> Result<PbDeleteResponse, ApiError> {
     let cell = state.upstream.cell_for(&req.key);
-    cell.call(Route::Leader, Kind::Write, DELETE_RANGE, req)
-        .await
+    let resp: PbDeleteResponse = cell
+        .call(Route::Leader, Kind::Write, DELETE_RANGE, req)
+        .await?;
+    wrote(
+        state,
+        client,
+        resp.header.as_ref().map_or(0, |h| h.revision),
+    );
+    Ok(resp)
 }
 
 /// A txn goes to the cell of its first compare's key.
-pub async fn txn(state: &ProxyState, req: PbTxnRequest) -> Result<PbTxnResponse, ApiError> {
+pub async fn txn(
+    state: &ProxyState,
+    client: Option<SocketAddr>,
+    req: PbTxnRequest,
+) -> Result<PbTxnResponse, ApiError> {
     let key = req
         .compare
         .first()
         .map(|c| c.key.clone())
         .unwrap_or_default();
     let cell = state.upstream.cell_for(&key);
-    cell.call(Route::Leader, Kind::Write, TXN, req).await
+    let resp: PbTxnResponse = cell.call(Route::Leader, Kind::Write, TXN, req).await?;
+    wrote(
+        state,
+        client,
+        resp.header.as_ref().map_or(0, |h| h.revision),
+    );
+    Ok(resp)
+}
+
+/// `client` was answered a write (or a txn) at `revision`: its later
+/// serializable reads are answered at that revision or later.
+pub fn wrote(state: &ProxyState, client: Option<SocketAddr>, revision: i64) {
+    state.floors.raise(client, revision);
 }
 
 pub async fn compact(

@@ -222,11 +222,16 @@ impl SessionTable {
         known
     }
 
-    /// Puts leases of a batch that failed back for the next one.
+    /// After a batch that failed: its leases that keep-alives wait on go
+    /// in the next one. The others go again only when their clients keep
+    /// them alive again: a failed batch (which the cell may have applied
+    /// after all) is not a client's keep-alive, and re-sending it tick
+    /// after tick would keep a session alive whose client stopped.
     pub fn retry(&self, ids: &[LeaseId]) {
         for id in ids {
             if let Some(mut entry) = self.entries.get_mut(id) {
-                if !entry.refreshed {
+                entry.waiters.retain(|w| !w.is_closed());
+                if !entry.refreshed && !entry.waiters.is_empty() {
                     entry.refreshed = true;
                     self.push_due(*id);
                 }
@@ -246,10 +251,23 @@ impl SessionTable {
                     if newer {
                         entry.confirmed = Some(Confirmed { ttl, sent });
                     }
-                    let now = Instant::now();
-                    let report = entry.confirmed.map_or(ttl, |c| c.aged(now).max(1));
-                    for waiter in entry.waiters.drain(..) {
-                        let _ = waiter.send(Ok(report));
+                    // Waiters are told what the table would tell them:
+                    // never a TTL with under a second of it confirmed (an
+                    // answer that took long to come). Then they wait for
+                    // the next batch, which carries the lease again.
+                    match entry.confirmed.and_then(|c| c.remaining(Instant::now())) {
+                        Some(report) => {
+                            for waiter in entry.waiters.drain(..) {
+                                let _ = waiter.send(Ok(report));
+                            }
+                        }
+                        None => {
+                            entry.waiters.retain(|w| !w.is_closed());
+                            if !entry.waiters.is_empty() && !entry.refreshed {
+                                entry.refreshed = true;
+                                self.push_due(id);
+                            }
+                        }
                     }
                 }
             }
@@ -398,6 +416,54 @@ mod tests {
         assert_eq!(err.code, latchkey_shared::ErrorCode::SessionExpired);
     }
 
+    /// P8: a failed batch is not a client's keep-alive. Its leases go
+    /// again only if a keep-alive waits on them or their client refreshes
+    /// them again.
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_batch_sends_again_only_what_clients_still_keep_alive() {
+        let table = SessionTable::new();
+        table.granted(id(10), 10, Instant::now());
+        let _ = table.keep_alive(id(10), Instant::now()).expect("room");
+        let Ok(KeepAlive::Wait(waiting)) = table.keep_alive(id(11), Instant::now()) else {
+            panic!("an unknown lease waits for the cell");
+        };
+        let due = table.take_due();
+        assert_eq!(due, vec![id(10), id(11)]);
+        table.retry(&due);
+        assert_eq!(
+            table.take_due(),
+            vec![id(11)],
+            "only the lease a keep-alive waits on goes again"
+        );
+        table.retry(&[id(11)]);
+        drop(waiting);
+        let _ = table.take_due();
+        table.retry(&[id(11)]);
+        assert!(table.take_due().is_empty(), "nobody waits any more");
+        // The client of 10 keeps it alive again: it goes in the next batch.
+        let _ = table.keep_alive(id(10), Instant::now()).expect("room");
+        assert_eq!(table.take_due(), vec![id(10)]);
+    }
+
+    /// P8: an answer that took so long that under a second of it is left
+    /// is not passed on as "TTL 1": the waiter waits for the next batch.
+    #[tokio::test(start_paused = true)]
+    async fn waiters_are_never_told_a_ttl_the_cell_has_not_confirmed() {
+        let table = SessionTable::new();
+        let Ok(KeepAlive::Wait(mut rx)) = table.keep_alive(id(12), Instant::now()) else {
+            panic!("an unknown lease waits for the cell");
+        };
+        assert_eq!(table.take_due(), vec![id(12)]);
+        let sent = Instant::now();
+        tokio::time::advance(Duration::from_millis(1_500)).await;
+        // 2 s from the send, 1.5 s ago: half a second is all that is sure.
+        table.answered(id(12), Answer::Alive(2), sent);
+        assert!(rx.try_recv().is_err(), "told a TTL not confirmed");
+        assert_eq!(table.take_due(), vec![id(12)], "it goes in the next batch");
+        table.answered(id(12), Answer::Alive(2), Instant::now());
+        assert_eq!(rx.await.expect("answered").expect("alive"), 2);
+    }
+
     #[tokio::test(start_paused = true)]
     async fn made_up_ids_nobody_waits_for_are_swept_and_waiters_are_bounded() {
         let table = SessionTable::new();
@@ -426,15 +492,5 @@ mod tests {
         table.granted(id(21), 10, Instant::now());
         let _ = table.keep_alive(id(21), Instant::now()).expect("room");
         assert_eq!(table.take_due(), vec![id(21), id(20)]);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_failed_batch_puts_its_leases_back() {
-        let table = SessionTable::new();
-        table.granted(id(6), 10, Instant::now());
-        let _ = table.keep_alive(id(6), Instant::now()).expect("room");
-        let due = table.take_due();
-        table.retry(&due);
-        assert_eq!(table.take_due(), vec![id(6)]);
     }
 }

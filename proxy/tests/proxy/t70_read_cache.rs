@@ -148,3 +148,86 @@ async fn cached_reads_equal_the_cells_answer_at_their_revision_and_never_go_back
     eprintln!("{reads} reads, {writes} writes; cache hits {hits}, misses {misses}");
     assert!(hits > 0.0, "the cache answered nothing ({misses} misses)");
 }
+
+/// P3, read-your-writes: on one connection, a serializable read after the
+/// client's own write is at or past the write's revision and shows it,
+/// whether the cache, a follower or the leader answers. Over gRPC the
+/// connection is the client's channel; over HTTP the kept-alive
+/// connection of one HTTP client (the floor is per connection).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_serializable_read_after_a_clients_own_write_sees_it() {
+    let cluster = Cluster::start(cell_binary(), 3, &[]).await;
+    cluster.wait_leader(Duration::from_secs(20)).await;
+    let proxy = ProxyProcess::start(proxy_bin(), &member_addrs(&cluster), &[]).await;
+    let mut grpc = Client::connect([format!("http://{}", proxy.grpc)], None)
+        .await
+        .expect("connect to the proxy");
+    // One HTTP connection, kept alive between requests.
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(1)
+        .http1_only()
+        .build()
+        .expect("an HTTP client");
+    let base = format!("http://{}/v1/kv", proxy.http);
+    let serializable = || Some(GetOptions::new().with_serializable());
+    // The cache holds both keys once a serializable read of each missed.
+    for key in ["ryw/grpc", "ryw/http"] {
+        grpc.put(key, "0", None).await.expect("put");
+        for _ in 0..3 {
+            grpc.get(key, serializable()).await.expect("warm the cache");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    let hits_before = proxy
+        .metric("latchkey_proxy_cache_hits_total")
+        .await
+        .unwrap_or(0.0);
+    for i in 1..=200 {
+        let value = i.to_string();
+        let put = grpc
+            .put("ryw/grpc", value.as_str(), None)
+            .await
+            .expect("put");
+        let acked = put.header().map_or(0, |h| h.revision());
+        let got = grpc.get("ryw/grpc", serializable()).await.expect("get");
+        assert!(
+            revision(&got) >= acked,
+            "gRPC step {i}: a serializable read at {} after the client's own put at {acked}",
+            revision(&got)
+        );
+        assert_eq!(
+            got.kvs().first().map(|kv| kv.value_str().unwrap_or("")),
+            Some(value.as_str())
+        );
+
+        let put: serde_json::Value = http
+            .put(format!("{base}/ryw/http"))
+            .body(value.clone())
+            .send()
+            .await
+            .and_then(|r| r.error_for_status())
+            .expect("HTTP put")
+            .json()
+            .await
+            .expect("its answer");
+        let acked = put["revision"].as_i64().expect("a revision");
+        let got: serde_json::Value = http
+            .get(format!("{base}/ryw/http?serializable=true"))
+            .send()
+            .await
+            .and_then(|r| r.error_for_status())
+            .expect("HTTP get")
+            .json()
+            .await
+            .expect("its answer");
+        assert!(
+            got["revision"].as_i64().unwrap_or(0) >= acked,
+            "HTTP step {i}: a serializable read after the client's own put at {acked}: {got}"
+        );
+    }
+    let hits = proxy
+        .metric("latchkey_proxy_cache_hits_total")
+        .await
+        .unwrap_or(0.0);
+    eprintln!("cache hits during the loop: {}", hits - hits_before);
+}

@@ -494,6 +494,70 @@ async fn lock_delay_holds_the_lock_after_an_expiry_but_not_after_a_release() {
     }
 }
 
+/// P1: the lock-delay a departed holder asked for is owed by whoever
+/// becomes first after it, even when the waiter that was first gives up
+/// while it waits the delay out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_delay_is_owed_by_whoever_is_first_when_the_waiter_owing_it_gives_up() {
+    use serde_json::json;
+    use tokio::time::Instant;
+    let proxy = ProxyProcess::dev(proxy_bin()).await;
+    let api = Api::of(&proxy);
+    let sessions = api.sessions(3).await;
+    let (holder, first, second) = (&sessions[0], &sessions[1], &sessions[2]);
+    let delay = Duration::from_millis(3000);
+    let (status, body) = api
+        .post(
+            "/locks/p1/acquire",
+            json!({"session_id": holder, "lock_delay_ms": delay.as_millis() as u64}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let waiters = async |n: usize| {
+        eventually(Duration::from_secs(10), async || {
+            let state = api.get("/locks/p1").await?;
+            match state["waiters"].as_array().map_or(0, Vec::len) {
+                m if m == n => Ok(()),
+                m => Err(format!("{m} waiters, {n} expected")),
+            }
+        })
+        .await
+    };
+    let wait_for = |session: &String, timeout_ms: u64| {
+        let (api, body) = (
+            api.clone(),
+            json!({"session_id": session, "timeout_ms": timeout_ms}),
+        );
+        tokio::spawn(async move { api.post("/locks/p1/acquire", body).await })
+    };
+    // The first waiter gives up before the delay is over; the second does not.
+    let gives_up = wait_for(first, 2000);
+    waiters(1).await;
+    let stays = wait_for(second, 20000);
+    waiters(2).await;
+    let ended = Instant::now();
+    // The holder's session ends without a release.
+    let resp = api
+        .http
+        .delete(format!("{}/sessions/{holder}", api.base))
+        .send()
+        .await
+        .expect("revoke");
+    assert_eq!(resp.status(), 200);
+    let (status, body) = gives_up.await.expect("first waiter");
+    assert_ne!(
+        status, 200,
+        "the first waiter was granted inside the delay: {body}"
+    );
+    let (status, body) = stays.await.expect("second waiter");
+    assert_eq!(status, 200, "{body}");
+    let waited = ended.elapsed();
+    assert!(
+        waited >= delay,
+        "granted {waited:?} after the holder expired, inside its {delay:?} lock-delay"
+    );
+}
+
 /// A holder with a lock-delay expires while nobody waits: the next
 /// contender to come along is not granted before the delay has passed;
 /// once it released, the one after it is granted at once.

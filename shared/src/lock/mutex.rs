@@ -78,6 +78,8 @@ pub async fn acquire<B: LockBackend>(
                     place.give_up();
                     return Err(e);
                 }
+                // Waited out: not owed again when it reads it is first.
+                place.honoured = joined.delay_record.clone();
             }
             let mut turn = wait_for_turn(
                 backend.as_ref(),

@@ -456,6 +456,25 @@ async fn wait<B: LockBackend>(
             return Err(ApiError::session_expired(LeaseId(lease)));
         }
         let Some(predecessor) = keys.next() else {
+            // First in line. A delay record that names another holder is
+            // a holder that left without releasing (a release removes
+            // it): its lock-delay is owed by whoever is first now, also
+            // when the waiter that owed it gave up or expired meanwhile.
+            if honour_lock_delay {
+                let owed =
+                    within(deadline, owed_as_first(backend, name, &place.key, read_at)).await?;
+                let honoured = place.honoured.as_ref().map(|r| r.mod_revision);
+                if let Some((lock_delay, record)) =
+                    owed.filter(|(_, r)| Some(r.mod_revision) != honoured)
+                {
+                    metrics::counter!(LOCK_DELAYS.name).increment(1);
+                    sleep_within(deadline, lock_delay).await?;
+                    place.honoured = Some(record);
+                    // Then the line as it is now.
+                    as_of = 0;
+                    continue;
+                }
+            }
             place.armed = false;
             return Ok(line.header.unwrap_or_default());
         };
@@ -520,16 +539,7 @@ async fn owed_after<B: LockBackend>(
     revision: i64,
     as_of: i64,
 ) -> Result<Option<(std::time::Duration, PbKeyValue)>, ApiError> {
-    let record = backend
-        .range_at(
-            PbRangeRequest {
-                key: delay::record(name),
-                ..Default::default()
-            },
-            as_of,
-        )
-        .await?;
-    let Some(record) = record.kvs.into_iter().next() else {
+    let Some(record) = delay_record(backend, name, as_of).await? else {
         return Ok(None);
     };
     let Some(lock_delay) = delay::owed_for(Some(&record), key) else {
@@ -546,6 +556,42 @@ async fn owed_after<B: LockBackend>(
         .await?;
     let gone = !still.kvs.iter().any(|kv| kv.create_revision == revision);
     Ok(gone.then_some((lock_delay, record)))
+}
+
+/// For a contender first in line (its key `own`), as of `as_of`: the
+/// delay the lock's delay record asks for when it names another holder,
+/// with the record, for the next holder to clear.
+async fn owed_as_first<B: LockBackend>(
+    backend: &B,
+    name: &[u8],
+    own: &[u8],
+    as_of: i64,
+) -> Result<Option<(std::time::Duration, PbKeyValue)>, ApiError> {
+    let Some(record) = delay_record(backend, name, as_of).await? else {
+        return Ok(None);
+    };
+    let owed = delay::parse_record(&record.value)
+        .filter(|(holder, owed)| *holder != own && !owed.is_zero())
+        .map(|(_, owed)| owed);
+    Ok(owed.map(|owed| (owed, record)))
+}
+
+/// The delay record of the lock `name` as of `as_of` (0: the latest).
+async fn delay_record<B: LockBackend>(
+    backend: &B,
+    name: &[u8],
+    as_of: i64,
+) -> Result<Option<PbKeyValue>, ApiError> {
+    let record = backend
+        .range_at(
+            PbRangeRequest {
+                key: delay::record(name),
+                ..Default::default()
+            },
+            as_of,
+        )
+        .await?;
+    Ok(record.kvs.into_iter().next())
 }
 
 /// The revision a read as of `as_of` reflects, answered with the header
