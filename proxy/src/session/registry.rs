@@ -251,22 +251,16 @@ impl SessionTable {
                     if newer {
                         entry.confirmed = Some(Confirmed { ttl, sent });
                     }
-                    // Waiters are told what the table would tell them:
-                    // never a TTL with under a second of it confirmed (an
-                    // answer that took long to come). Then they wait for
-                    // the next batch, which carries the lease again.
-                    match entry.confirmed.and_then(|c| c.remaining(Instant::now())) {
-                        Some(report) => {
-                            for waiter in entry.waiters.drain(..) {
-                                let _ = waiter.send(Ok(report));
-                            }
-                        }
-                        None => {
-                            entry.waiters.retain(|w| !w.is_closed());
-                            if !entry.waiters.is_empty() && !entry.refreshed {
-                                entry.refreshed = true;
-                                self.push_due(id);
-                            }
+                    // Waiters are told the confirmed TTL aged by the whole
+                    // seconds since the batch was sent, as the table tells
+                    // keep-alives; an answer that came after every second
+                    // of it had passed confirms nothing now: they wait for
+                    // the next batch that carries the lease (their client's
+                    // next keep-alive), or their timeout.
+                    let report = entry.confirmed.map(|c| c.aged(Instant::now()));
+                    if let Some(report) = report.filter(|r| *r >= 1) {
+                        for waiter in entry.waiters.drain(..) {
+                            let _ = waiter.send(Ok(report));
                         }
                     }
                 }
@@ -445,8 +439,9 @@ mod tests {
         assert_eq!(table.take_due(), vec![id(10)]);
     }
 
-    /// P8: an answer that took so long that under a second of it is left
-    /// is not passed on as "TTL 1": the waiter waits for the next batch.
+    /// P8: an answer that came after every second it confirmed had
+    /// passed is not passed on as "TTL 1": the waiter waits for a batch
+    /// that carries the lease again.
     #[tokio::test(start_paused = true)]
     async fn waiters_are_never_told_a_ttl_the_cell_has_not_confirmed() {
         let table = SessionTable::new();
@@ -455,13 +450,18 @@ mod tests {
         };
         assert_eq!(table.take_due(), vec![id(12)]);
         let sent = Instant::now();
-        tokio::time::advance(Duration::from_millis(1_500)).await;
-        // 2 s from the send, 1.5 s ago: half a second is all that is sure.
-        table.answered(id(12), Answer::Alive(2), sent);
+        tokio::time::advance(Duration::from_millis(1_200)).await;
+        // 1 s from the send, 1.2 s ago: nothing confirmed is left.
+        table.answered(id(12), Answer::Alive(1), sent);
         assert!(rx.try_recv().is_err(), "told a TTL not confirmed");
-        assert_eq!(table.take_due(), vec![id(12)], "it goes in the next batch");
-        table.answered(id(12), Answer::Alive(2), Instant::now());
-        assert_eq!(rx.await.expect("answered").expect("alive"), 2);
+        // The client keeps it alive again; that batch's answer is passed on.
+        let Ok(KeepAlive::Wait(again)) = table.keep_alive(id(12), Instant::now()) else {
+            panic!("nothing confirmed: the keep-alive waits");
+        };
+        assert_eq!(table.take_due(), vec![id(12)]);
+        table.answered(id(12), Answer::Alive(1), Instant::now());
+        assert_eq!(rx.await.expect("answered").expect("alive"), 1);
+        assert_eq!(again.await.expect("answered").expect("alive"), 1);
     }
 
     #[tokio::test(start_paused = true)]
