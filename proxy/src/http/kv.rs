@@ -160,13 +160,12 @@ pub async fn put_kv(
             })),
         }],
     };
-    let resp = match idempotency::txn(&state, cell, guard.as_ref(), txn)
+    let resp = match idempotency::txn(&state, client, cell, guard.as_ref(), txn)
         .await
         .map_err(session_gone)?
     {
         Committed::Now(resp) => resp,
         Committed::Before(record, header) if record.succeeded => {
-            ops::kv::wrote(&state, client, header.revision);
             return answer(PutAnswer {
                 revision: header.revision,
             });
@@ -179,11 +178,6 @@ pub async fn put_kv(
             )))
         }
     };
-    ops::kv::wrote(
-        &state,
-        client,
-        resp.header.as_ref().map_or(0, |h| h.revision),
-    );
     if !resp.succeeded {
         return Err(precondition_failed(&key, &resp));
     }

@@ -8,7 +8,6 @@ use super::model::{
 use super::{answer, Answer};
 use crate::http::kv::key_range;
 use crate::ops::idempotency::{self, Committed};
-use crate::ops::kv::wrote;
 use crate::state::ProxyState;
 use axum::extract::State;
 use latchkey_shared::etcd_enums::{CompareResult, CompareTarget};
@@ -290,13 +289,12 @@ pub async fn txn(
         .unwrap_or_default();
     let cell = state.upstream.cell_for(&key);
     let guard = idempotency::guard(&state, keyed.as_ref()).await?;
-    match idempotency::txn(&state, cell, guard.as_ref(), request)
+    match idempotency::txn(&state, client, cell, guard.as_ref(), request)
         .await
         .map_err(session_gone)?
     {
         Committed::Now(resp) => {
             let done = answer_of(resp);
-            wrote(&state, client, done.revision);
             if let Some(guard) = &guard {
                 let stored = serde_json::to_value(&done)
                     .map_err(|e| ApiError::internal(format!("a txn answer did not encode: {e}")))?;
@@ -304,19 +302,16 @@ pub async fn txn(
             }
             answer(done)
         }
-        Committed::Before(record, header) => {
-            wrote(&state, client, header.revision);
-            match record.answer {
-                Some(stored) => answer(serde_json::from_value(stored).map_err(|e| {
-                    ApiError::internal(format!("a kept txn answer did not decode: {e}"))
-                })?),
-                // The proxy that ran it stopped before it kept the answer.
-                None => Err(ApiError::precondition_failed(format!(
-                    "the txn under this Idempotency-Key committed at revision {} \
-                     (succeeded: {}), but its answer was not kept; nothing was done now",
-                    header.revision, record.succeeded
-                ))),
-            }
-        }
+        Committed::Before(record, header) => match record.answer {
+            Some(stored) => answer(serde_json::from_value(stored).map_err(|e| {
+                ApiError::internal(format!("a kept txn answer did not decode: {e}"))
+            })?),
+            // The proxy that ran it stopped before it kept the answer.
+            None => Err(ApiError::precondition_failed(format!(
+                "the txn under this Idempotency-Key committed at revision {} \
+                 (succeeded: {}), but its answer was not kept; nothing was done now",
+                header.revision, record.succeeded
+            ))),
+        },
     }
 }

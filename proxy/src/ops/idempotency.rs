@@ -11,6 +11,7 @@ use latchkey_shared::etcdpb::{
 };
 use latchkey_shared::idempotency::{Guard, Outcome, Record};
 use latchkey_shared::ApiError;
+use std::net::SocketAddr;
 
 /// A request that names an idempotency key: the key, and every part that
 /// makes the request what it is (method, path with query, body).
@@ -77,25 +78,34 @@ pub enum Committed {
     Before(Record, PbResponseHeader),
 }
 
-/// Runs `txn` on `cell`'s leader, guarded when the request named an
-/// idempotency key.
+/// Runs `txn` from `client` on `cell`'s leader, guarded when the request
+/// named an idempotency key. The revision it committed at (now or before)
+/// becomes the client's floor, as any write's does ([`super::kv::wrote`]).
 pub async fn txn(
     state: &ProxyState,
+    client: Option<SocketAddr>,
     cell: &Cell,
     guard: Option<&Guard>,
     txn: PbTxnRequest,
 ) -> Result<Committed, ApiError> {
-    let Some(guard) = guard else {
-        let resp = cell.call(Route::Leader, Kind::Write, TXN, txn).await?;
-        return Ok(Committed::Now(resp));
+    let committed = match guard {
+        None => Committed::Now(cell.call(Route::Leader, Kind::Write, TXN, txn).await?),
+        Some(guard) => {
+            let resp = cell
+                .call(Route::Leader, Kind::Write, TXN, guard.guard(txn))
+                .await;
+            match guard.outcome(after(state, resp).await?)? {
+                Outcome::Done(resp) => Committed::Now(resp),
+                Outcome::Replay(record, header) => Committed::Before(record, header),
+            }
+        }
     };
-    let resp = cell
-        .call(Route::Leader, Kind::Write, TXN, guard.guard(txn))
-        .await;
-    Ok(match guard.outcome(after(state, resp).await?)? {
-        Outcome::Done(resp) => Committed::Now(resp),
-        Outcome::Replay(record, header) => Committed::Before(record, header),
-    })
+    let revision = match &committed {
+        Committed::Now(resp) => resp.header.as_ref().map_or(0, |h| h.revision),
+        Committed::Before(_, header) => header.revision,
+    };
+    super::kv::wrote(state, client, revision);
+    Ok(committed)
 }
 
 /// Stores the answer of a guarded txn that committed at `revision` in its
