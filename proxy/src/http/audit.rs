@@ -4,10 +4,11 @@
 //! ordinary watch event whose value is the record's JSON) from any
 //! revision, so every privileged operation can be replayed.
 
-use super::extract::{Client, Json, Path, Query};
+use super::extract::{Client, KeyedJson, Path, Query};
 use super::model::ErrorBody;
 use super::watch_sse::{serve, start_revision, WatchEvent};
 use super::{answer, Answer};
+use crate::ops::idempotency;
 use crate::ops::locks::UpstreamLocks;
 use crate::state::ProxyState;
 use crate::watch::WatchKey;
@@ -23,6 +24,10 @@ use utoipa::{IntoParams, ToSchema};
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ForceRelease {
+    /// The fencing token of the holder to break (`GET /v1/locks/{name}`
+    /// shows it): any other holder is left alone, and the request is
+    /// `precondition_failed`.
+    pub fencing_token: i64,
     /// Why the lock is broken: kept in the audit record.
     pub reason: String,
     /// Who breaks it (default: the request's address).
@@ -39,17 +44,18 @@ pub struct ForceReleased {
     pub revision: i64,
 }
 
-/// Break a stuck lock, with an audit record.
+/// Break a stuck lock's holder, named by its fencing token, with an audit
+/// record.
 #[utoipa::path(post, path = "/v1/admin/locks/{name}/force-release", tag = "locks",
-    params(("name" = String, Path, description = "The lock")),
+    params(("name" = String, Path, description = "The lock"), ("Idempotency-Key" = Option<String>, Header, description = "Makes a retry safe: a retry with the same key and request gets the first answer and writes no second record; a different request under it is precondition_failed")),
     request_body = ForceRelease,
-    responses((status = 200, body = ForceReleased), (status = 412, body = ErrorBody, description = "The lock is not held"),
+    responses((status = 200, body = ForceReleased), (status = 412, body = ErrorBody, description = "The lock is not held under that fencing token (nobody holds it, another holder does, or it was already broken); nothing was released"),
         (status = "4XX", body = ErrorBody), (status = "5XX", body = ErrorBody)))]
 pub async fn force_release(
     State(state): State<Arc<ProxyState>>,
     Path(name): Path<String>,
     Client(client): Client,
-    Json(req): Json<ForceRelease>,
+    KeyedJson(req, keyed): KeyedJson<ForceRelease>,
 ) -> Answer<ForceReleased> {
     let operator = req
         .operator
@@ -71,7 +77,16 @@ pub async fn force_release(
     let backend = UpstreamLocks {
         state: state.clone(),
     };
-    let (record, revision) = audit::force_release(&backend, name.as_bytes(), record).await?;
+    let guard = idempotency::guard(&state, keyed.as_ref()).await?;
+    let released = audit::force_release(
+        &backend,
+        name.as_bytes(),
+        req.fencing_token,
+        record,
+        guard.as_ref(),
+    )
+    .await;
+    let (record, revision) = idempotency::after(&state, released).await?;
     tracing::warn!(lock = %name, holder = %record.holder_session, token = record.fencing_token,
         operator = %record.operator, reason = %record.reason, "lock force-released");
     answer(ForceReleased {

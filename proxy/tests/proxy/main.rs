@@ -47,3 +47,40 @@ pub async fn raw_watch_stream(
         .await
         .expect("open a watch stream")
 }
+
+/// The audit records `GET /v1/audit?from_revision=1` streams from the
+/// proxy at `http` (host:port), read until `enough` holds for those read.
+pub async fn audit_records_until(
+    http: &str,
+    enough: impl Fn(&[latchkey_shared::lock::audit::AuditRecord]) -> bool,
+) -> Vec<latchkey_shared::lock::audit::AuditRecord> {
+    use futures::StreamExt;
+    let resp = reqwest::get(format!("http://{http}/v1/audit?from_revision=1"))
+        .await
+        .expect("audit stream");
+    assert_eq!(resp.status(), 200);
+    let mut body = Box::pin(resp.bytes_stream());
+    let mut text = String::new();
+    tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        loop {
+            let chunk = body.next().await.expect("open").expect("chunk");
+            text.push_str(&String::from_utf8_lossy(&chunk));
+            // Whole events only: a chunk may end inside one.
+            let whole = &text[..text.rfind("\n\n").unwrap_or(0)];
+            let records: Vec<_> = whole
+                .lines()
+                .filter_map(|l| l.strip_prefix("data: "))
+                .map(|data| {
+                    let event: serde_json::Value = serde_json::from_str(data).expect("an event");
+                    let value = event["kv"]["value"].as_str().expect("a value");
+                    serde_json::from_str(value).expect("a record")
+                })
+                .collect();
+            if enough(&records) {
+                return records;
+            }
+        }
+    })
+    .await
+    .expect("the audit records are streamed")
+}

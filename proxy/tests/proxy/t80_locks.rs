@@ -610,10 +610,8 @@ async fn lock_delay_holds_off_a_newcomer_after_an_expiry_with_nobody_waiting() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_force_release_fences_off_the_holder_and_is_in_the_audit_stream() {
-    use futures::StreamExt;
-    use latchkey_shared::lock::audit::AuditRecord;
     use latchkey_shared::lock::FencedResource;
-    use serde_json::{json, Value};
+    use serde_json::json;
     let proxy = ProxyProcess::dev(proxy_bin()).await;
     let api = Api::of(&proxy);
     let sessions = api.sessions(2).await;
@@ -638,7 +636,10 @@ async fn a_force_release_fences_off_the_holder_and_is_in_the_audit_stream() {
 
     // No reason, no release.
     let (status, body) = api
-        .post("/admin/locks/stuck/force-release", json!({"reason": " "}))
+        .post(
+            "/admin/locks/stuck/force-release",
+            json!({"reason": " ", "fencing_token": old_token}),
+        )
         .await;
     assert_eq!(
         (status, body["error"].as_str()),
@@ -647,7 +648,7 @@ async fn a_force_release_fences_off_the_holder_and_is_in_the_audit_stream() {
     let (status, broken) = api
         .post(
             "/admin/locks/stuck/force-release",
-            json!({"reason": "holder hung in GC", "operator": "alice"}),
+            json!({"reason": "holder hung in GC", "operator": "alice", "fencing_token": old_token}),
         )
         .await;
     assert_eq!(status, 200, "{broken}");
@@ -675,34 +676,14 @@ async fn a_force_release_fences_off_the_holder_and_is_in_the_audit_stream() {
     let (status, _) = api
         .post(
             "/admin/locks/free/force-release",
-            json!({"reason": "why not"}),
+            json!({"reason": "why not", "fencing_token": old_token}),
         )
         .await;
     assert_eq!(status, 412);
 
     // The audit stream replays the record.
-    let resp = api
-        .http
-        .get(format!("{}/audit?from_revision=1", api.base))
-        .send()
-        .await
-        .expect("audit stream");
-    assert_eq!(resp.status(), 200);
-    let mut body = Box::pin(resp.bytes_stream());
-    let mut text = String::new();
-    let record = tokio::time::timeout(Duration::from_secs(10), async {
-        loop {
-            let chunk = body.next().await.expect("open").expect("chunk");
-            text.push_str(&String::from_utf8_lossy(&chunk));
-            if let Some(data) = text.lines().find_map(|l| l.strip_prefix("data: ")) {
-                let event: Value = serde_json::from_str(data).expect("an event");
-                let value = event["kv"]["value"].as_str().expect("a value").to_string();
-                return serde_json::from_str::<AuditRecord>(&value).expect("a record");
-            }
-        }
-    })
-    .await
-    .expect("the record is streamed");
+    let records = crate::audit_records_until(&proxy.http, |records| !records.is_empty()).await;
+    let record = &records[0];
     assert_eq!(
         (
             record.action.as_str(),

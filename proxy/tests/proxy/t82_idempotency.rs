@@ -337,3 +337,113 @@ async fn grpc_lock_and_unlock_under_an_idempotency_key_through_a_proxy_and_on_a_
         assert_eq!(queued.count(), 0, "{addr}");
     }
 }
+
+/// Review finding P5: a force-release names the holder it breaks by its
+/// fencing token. Retried without a key after it went through, it finds
+/// the next holder and breaks nobody (`precondition_failed`); retried
+/// under its `Idempotency-Key`, it answers what the first did. Either way
+/// one audit record per holder broken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_force_release_breaks_only_the_holder_it_names_and_a_retry_breaks_no_other() {
+    let proxy = ProxyProcess::dev(proxy_bin()).await;
+    let api = Api::of(&proxy);
+    let (s1, s2, s3) = (
+        api.session().await,
+        api.session().await,
+        api.session().await,
+    );
+    let acquire = |session: &str| {
+        let (api, body) = (
+            api.clone(),
+            json!({"session_id": session, "timeout_ms": 30000}),
+        );
+        tokio::spawn(async move { api.post("/locks/stuck/acquire", None, body).await })
+    };
+    let token = |granted: &Value| granted["fencing_token"].as_i64().expect("a token");
+    let force = |key: Option<&'static str>, token: i64| {
+        let api = api.clone();
+        async move {
+            api.post(
+                "/admin/locks/stuck/force-release",
+                key,
+                json!({"reason": "hung", "operator": "ops", "fencing_token": token}),
+            )
+            .await
+        }
+    };
+    let current = |token: i64| {
+        let api = api.clone();
+        async move { api.get(&format!("/locks/stuck/check?token={token}")).await["current"].as_bool() }
+    };
+
+    let (status, held) = acquire(&s1).await.expect("s1");
+    assert_eq!(status, 200, "{held}");
+    let t1 = token(&held);
+    let s2_waits = acquire(&s2);
+    api.wait_for_waiters("stuck", 1).await;
+
+    // Without a key: the first breaks S1; its retry must not break S2.
+    let (status, broken) = force(None, t1).await;
+    assert_eq!(
+        (status, broken["fencing_token"].as_i64()),
+        (200, Some(t1)),
+        "{broken}"
+    );
+    let (status, granted) = s2_waits.await.expect("s2");
+    assert_eq!(status, 200, "{granted}");
+    let t2 = token(&granted);
+    let (status, retried) = force(None, t1).await;
+    assert_eq!(
+        (status, retried["error"].as_str()),
+        (412, Some("precondition_failed")),
+        "a retried force-release broke the next holder: {retried}"
+    );
+    assert_eq!(current(t2).await, Some(true), "S2 still holds the lock");
+
+    // Under a key: the retry answers the first answer and breaks nobody.
+    let s3_waits = acquire(&s3);
+    api.wait_for_waiters("stuck", 1).await;
+    let (status, first) = force(Some("break-s2"), t2).await;
+    assert_eq!(
+        (status, first["fencing_token"].as_i64()),
+        (200, Some(t2)),
+        "{first}"
+    );
+    assert_eq!(first["holder_session"].as_str(), Some(s2.as_str()));
+    let (status, granted) = s3_waits.await.expect("s3");
+    assert_eq!(status, 200, "{granted}");
+    let t3 = token(&granted);
+    assert_eq!(force(Some("break-s2"), t2).await, (200, first));
+    assert_eq!(current(t3).await, Some(true), "S3 still holds the lock");
+    // A token that is not the holder's breaks nobody either.
+    let (status, wrong) = force(None, t3 + 1000).await;
+    assert_eq!(
+        (status, wrong["error"].as_str()),
+        (412, Some("precondition_failed")),
+        "{wrong}"
+    );
+    for _ in 0..2 {
+        let (status, wrong) = force(Some("wrong-token"), t3 + 1000).await;
+        assert_eq!(
+            (status, wrong["error"].as_str()),
+            (412, Some("precondition_failed")),
+            "{wrong}"
+        );
+    }
+    assert_eq!(current(t3).await, Some(true), "S3 still holds the lock");
+
+    // One record per holder broken: S3 is broken last, and every record
+    // before its record is in the stream ahead of it.
+    let (status, _) = force(None, t3).await;
+    assert_eq!(status, 200);
+    let records = crate::audit_records_until(&api.addr, |records| {
+        records.iter().any(|r| r.fencing_token == t3)
+    })
+    .await;
+    let tokens: Vec<i64> = records.iter().map(|r| r.fencing_token).collect();
+    assert_eq!(
+        tokens,
+        vec![t1, t2, t3],
+        "one audit record per holder broken"
+    );
+}
