@@ -235,6 +235,13 @@ pub const WATCH_SLOW_STREAMS: Metric = Metric {
     help: "Times a watch stream fell behind this member's watch hub and caught its watches up from history instead.",
 };
 
+pub const WATCH_STREAMS_ENDED_NO_LEADER: Metric = Metric {
+    name: "latchkey_watch_streams_ended_no_leader_total",
+    kind: Kind::Counter,
+    unit: Unit::Count,
+    help: "Require-leader watch streams this member ended (or refused) because it had gone two election timeouts without a leader.",
+};
+
 pub const WATCH_COMMIT_TO_SEND_SECONDS: Metric = Metric {
     name: "latchkey_watch_commit_to_send_seconds",
     kind: Kind::Histogram,
@@ -283,6 +290,7 @@ pub const ALL: &[Metric] = &[
     WATCH_STREAMS,
     WATCHERS,
     WATCH_SLOW_STREAMS,
+    WATCH_STREAMS_ENDED_NO_LEADER,
     WATCH_COMMIT_TO_SEND_SECONDS,
     WATCH_EVENTS_SENT,
 ];

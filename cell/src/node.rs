@@ -20,6 +20,7 @@ use crate::metrics_catalog::{
 use crate::peer::client::{leader, send_to_leader, PeerClients};
 use crate::peer::protocol::{Forward, ForwardHandler, ForwardReply, MembershipChange};
 use crate::raft::command::{Request, Response};
+use crate::raft::leader_contact::LeaderContact;
 use crate::raft::leadership::leads_with_quorum;
 use crate::raft::proposer::{Committed, Proposer};
 use crate::raft::read_index::{ReadIndex, SharedRounds};
@@ -54,6 +55,11 @@ pub struct CellNode {
     pub election_timeout: Duration,
     /// See `Resolved::quorum_timeout`.
     pub quorum_timeout: Duration,
+    /// How long a leader was last heard from, for require-leader streams.
+    pub leader_contact: Arc<LeaderContact>,
+    /// A require-leader stream ends once this member has gone this long
+    /// without a leader: two election timeouts.
+    pub require_leader_after: Duration,
     /// Owns every task serving this member's clients.
     pub lifecycle: Lifecycle,
     /// Leadership confirmations, shared by reads and lease refreshes.
@@ -114,6 +120,8 @@ impl CellNode {
             request_timeout,
             election_timeout: cfg.election_timeout(),
             quorum_timeout: cfg.quorum_timeout(),
+            leader_contact: Arc::new(LeaderContact::default()),
+            require_leader_after: cfg.election_timeout() * 2,
             lifecycle,
             read_index,
             barrier_rounds: SharedRounds::default(),
@@ -143,6 +151,16 @@ impl CellNode {
     /// quorum timeout (check-quorum).
     pub fn is_leader(&self) -> bool {
         leads_with_quorum(&self.raft.metrics().borrow(), self.id, self.quorum_timeout)
+    }
+
+    /// Whether this member has gone without a leader for longer than
+    /// [`require_leader_after`](Self::require_leader_after): it leads
+    /// without a quorum's acknowledgement, or it has not heard a leader.
+    pub fn leader_lost(&self) -> bool {
+        let silence = self
+            .leader_contact
+            .silence(&self.raft.metrics().borrow(), self.id);
+        silence > self.require_leader_after
     }
 
     pub fn membership(&self) -> Membership<'_> {

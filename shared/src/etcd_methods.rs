@@ -5,6 +5,11 @@
 //! client all take it from here instead of spelling it again. One module
 //! per etcd service, as in `rpc.proto`.
 
+/// gRPC metadata etcd's clients and gRPC proxy send with a stream that
+/// must end while the member has no leader (`clientv3.WithRequireLeader`;
+/// value `true`).
+pub const REQUIRE_LEADER: &str = "hasleader";
+
 /// `etcdserverpb.KV`.
 pub mod kv {
     pub const RANGE: &str = "/etcdserverpb.KV/Range";

@@ -300,6 +300,7 @@ pub(super) fn serve_peers(
         raft: started.raft.clone(),
         handler: started.node.clone(),
         snapshot_receipt: SnapshotReceipt::new(started.raft.clone(), AFTER_SNAPSHOT_CHUNK),
+        leader_contact: started.node.leader_contact.clone(),
     })
     .max_decoding_message_size(MAX_PEER_MESSAGE_BYTES)
     .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES);

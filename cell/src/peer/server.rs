@@ -7,6 +7,7 @@
 
 use super::protocol::{Forward, ForwardHandler};
 use crate::metrics_catalog::PEER_REQUESTS_REFUSED;
+use crate::raft::leader_contact::LeaderContact;
 use crate::raft::network::CLUSTER_ID_HEADER;
 use crate::raft::snapshot_receipt::SnapshotReceipt;
 use crate::raft::{NodeId, Raft, TypeConfig};
@@ -14,7 +15,9 @@ use crate::storage::codec::{decode, encode};
 use latchkey_shared::peer::peer_server::Peer;
 use latchkey_shared::peer::Payload;
 use latchkey_shared::ApiError;
-use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, VoteRequest,
+};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::sync::Arc;
@@ -32,6 +35,8 @@ pub struct PeerService<H> {
     pub handler: Arc<H>,
     /// Holds this member's elections off while a snapshot arrives.
     pub snapshot_receipt: Arc<SnapshotReceipt>,
+    /// Told whenever a leader's AppendEntries or snapshot chunk is taken.
+    pub leader_contact: Arc<LeaderContact>,
 }
 
 impl<H> PeerService<H> {
@@ -74,7 +79,13 @@ fn reply<T: Serialize>(value: &T) -> Result<Response<Payload>, Status> {
 impl<H: ForwardHandler> Peer for PeerService<H> {
     async fn append_entries(&self, req: Request<Payload>) -> Result<Response<Payload>, Status> {
         let rpc: AppendEntriesRequest<TypeConfig> = self.decode_req(req)?;
-        reply(&self.raft.append_entries(rpc).await)
+        let result = self.raft.append_entries(rpc).await;
+        // Any answer but "your vote is out of date" took a current
+        // leader's message.
+        if matches!(&result, Ok(resp) if !matches!(resp, AppendEntriesResponse::HigherVote(_))) {
+            self.leader_contact.heard();
+        }
+        reply(&result)
     }
 
     async fn vote(&self, req: Request<Payload>) -> Result<Response<Payload>, Status> {
@@ -90,7 +101,11 @@ impl<H: ForwardHandler> Peer for PeerService<H> {
         // and the transfer would start over under the next one, forever
         // for a snapshot that takes longer than an election timeout.
         let chunk = self.snapshot_receipt.chunk(rpc.vote);
+        let sender = rpc.vote;
         let result = self.raft.install_snapshot(rpc).await;
+        if matches!(&result, Ok(resp) if resp.vote <= sender) {
+            self.leader_contact.heard();
+        }
         chunk.answered(result.as_ref().ok().map(|resp| &resp.vote));
         reply(&result)
     }

@@ -9,6 +9,8 @@
 //!   quorum round at a time.
 //! - [`leadership`]: check-quorum: a leader cut off from its quorum does
 //!   not count as leading.
+//! - [`leader_contact`]: how long this member has gone without a leader
+//!   (etcd's require-leader for watch streams).
 //! - [`election_nudge`]: a candidate refused for a shorter log's sake
 //!   campaigns again at once.
 //! - [`snapshot_receipt`]: a follower receiving a snapshot does not
@@ -23,6 +25,7 @@
 pub mod command;
 pub mod election_nudge;
 pub mod errors;
+pub mod leader_contact;
 pub mod leadership;
 pub mod log_purger;
 pub mod log_store;

@@ -18,6 +18,7 @@
 use super::outbound::Outbound;
 use crate::metrics_catalog::{
     WATCHERS, WATCH_COMMIT_TO_SEND_SECONDS, WATCH_EVENTS_SENT, WATCH_SLOW_STREAMS, WATCH_STREAMS,
+    WATCH_STREAMS_ENDED_NO_LEADER,
 };
 use crate::mvcc::history::History;
 use crate::mvcc::keyspace::{Event, EventKind, KeyRange};
@@ -98,6 +99,9 @@ pub struct WatchStream {
     out: Outbound,
     /// When live changes were last sent.
     last_sent: tokio::time::Instant,
+    /// The client asked for require-leader: the stream ends with
+    /// `no_leader` once the member has lost its leader.
+    require_leader: bool,
 }
 
 fn to_pb_event(event: &Event, with_prev: bool) -> PbEvent {
@@ -118,7 +122,12 @@ fn to_pb_event(event: &Event, with_prev: bool) -> PbEvent {
 impl WatchStream {
     /// A stream of this member. Subscribes to the hub before reading the
     /// state, so every later revision reaches it.
-    pub fn new(node: Arc<CellNode>, options: WatchOptions, out: Outbound) -> Self {
+    pub fn new(
+        node: Arc<CellNode>,
+        options: WatchOptions,
+        out: Outbound,
+        require_leader: bool,
+    ) -> Self {
         let rx = node.watch_hub.subscribe();
         let seen = node.state.read(|s| s.keys.revision());
         metrics::gauge!(WATCH_STREAMS.name).increment(1.0);
@@ -131,6 +140,7 @@ impl WatchStream {
             next_id: 0,
             out,
             last_sent: tokio::time::Instant::now() - LINGER,
+            require_leader,
         }
     }
 
@@ -142,6 +152,8 @@ impl WatchStream {
         let mut tick = tokio::time::interval(self.options.progress_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tick.tick().await;
+        let mut leader_check = tokio::time::interval(self.node.require_leader_after / 4);
+        leader_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let step = tokio::select! {
                 request = inbound.next() => match request {
@@ -151,11 +163,25 @@ impl WatchStream {
                 },
                 notice = self.rx.recv() => self.on_notice(notice).await,
                 _ = tick.tick() => self.progress().await,
+                _ = leader_check.tick(), if self.require_leader => self.check_leader().await,
             };
             if step.is_err() {
                 return;
             }
         }
+    }
+
+    /// Ends a require-leader stream whose member has lost its leader, as
+    /// etcd does: with `no_leader` (its client resumes on another member),
+    /// sent within a request timeout if the client is not reading.
+    async fn check_leader(&self) -> Result<(), Gone> {
+        if !self.node.leader_lost() {
+            return Ok(());
+        }
+        metrics::counter!(WATCH_STREAMS_ENDED_NO_LEADER.name).increment(1);
+        let ended = self.out.send(Err(ApiError::no_leader().into()));
+        let _ = tokio::time::timeout(self.node.request_timeout, ended).await;
+        Err(Gone)
     }
 
     async fn send(&self, response: PbWatchResponse) -> Result<(), Gone> {

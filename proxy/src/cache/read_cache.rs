@@ -11,9 +11,19 @@
 //! - The subscription's progress items move the revision on while nothing
 //!   changes; [`ReadCache::keep_fresh`] asks the members for progress so a
 //!   quiet range stays current. A range not confirmed for [`STALE_AFTER`]
-//!   (its upstream watch is lost, its member is cut off) answers nothing
-//!   until the watch confirms it again; a range whose watch ends is
-//!   dropped and filled afresh on a later miss.
+//!   (its upstream watch is lost) answers nothing until the watch confirms
+//!   it again; a range whose watch ends is dropped and filled afresh on a
+//!   later miss.
+//! - Confirmed is not enough: a member cut off from its peers keeps
+//!   confirming its own frozen revision (proxy review P2). So
+//!   [`ReadCache::keep_fresh`] also asks the leader for its revision every
+//!   [`PROGRESS_EVERY`], and a range answers only at or above
+//!   [`ReadCache::vouched`]: the leader's revision as sampled at least
+//!   [`VOUCH_LAG`] ago. A write acknowledged at time t is then reflected
+//!   in every answer from about t + [`PROGRESS_EVERY`] + [`VOUCH_LAG`] on,
+//!   whichever member's watch keeps the range; a range on a healthy
+//!   member is confirmed past a sample within a progress round, well
+//!   inside the lag.
 //! - An answer is only given at or above the client's floor; otherwise
 //!   the read goes to the cell (the caller's part, see `cache::serve`).
 
@@ -23,9 +33,10 @@ use crate::upstream::{Cell, Kind, Route};
 use crate::watch::coalescer::{Coalescer, Subscription};
 use crate::watch::{Item, WatchKey};
 use latchkey_shared::etcd_methods::kv::RANGE;
-use latchkey_shared::etcdpb::{PbRangeRequest, PbRangeResponse};
+use latchkey_shared::etcd_methods::maintenance::STATUS;
+use latchkey_shared::etcdpb::{PbRangeRequest, PbRangeResponse, PbStatusRequest, PbStatusResponse};
 use latchkey_shared::KeyRange;
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -36,8 +47,13 @@ use tokio_util::sync::CancellationToken;
 /// nothing.
 pub const STALE_AFTER: Duration = Duration::from_secs(1);
 
-/// How often the members are asked how far every watch has come.
+/// How often the members are asked how far every watch has come, and the
+/// leader for its revision.
 pub const PROGRESS_EVERY: Duration = Duration::from_millis(200);
+
+/// How old a sample of the leader's revision is before every answer must
+/// reflect it ([`ReadCache::vouched`]).
+pub const VOUCH_LAG: Duration = Duration::from_millis(400);
 
 /// Most ranges cached at once (each holds one subscription).
 const MAX_RANGES: usize = 4096;
@@ -80,6 +96,33 @@ pub struct ReadCache {
     slots: Mutex<Slots>,
     bytes: AtomicI64,
     clock: AtomicU64,
+    /// The leader's revision, sampled.
+    samples: Mutex<LeaderSamples>,
+}
+
+/// The leader's revision as sampled over the last [`VOUCH_LAG`], and the
+/// newest sample older than that.
+#[derive(Default)]
+struct LeaderSamples(VecDeque<(Instant, i64)>);
+
+impl LeaderSamples {
+    fn add(&mut self, at: Instant, revision: i64) {
+        self.0.push_back((at, revision));
+        // Keep one sample older than the lag: the one that counts.
+        while self.0.len() > 1 && at.duration_since(self.0[1].0) >= VOUCH_LAG {
+            self.0.pop_front();
+        }
+    }
+
+    /// The revision of the newest sample taken at least [`VOUCH_LAG`]
+    /// before `now` (0: none yet).
+    fn vouched(&self, now: Instant) -> i64 {
+        self.0
+            .iter()
+            .rev()
+            .find(|(at, _)| now.duration_since(*at) >= VOUCH_LAG)
+            .map_or(0, |(_, revision)| *revision)
+    }
 }
 
 /// Whether the cache may answer `req`: a serializable read of the
@@ -97,6 +140,7 @@ impl ReadCache {
             slots: Mutex::new(Slots::default()),
             bytes: AtomicI64::new(0),
             clock: AtomicU64::new(0),
+            samples: Mutex::new(LeaderSamples::default()),
         })
     }
 
@@ -114,8 +158,20 @@ impl ReadCache {
         self.slots().by_range.len()
     }
 
+    /// The revision every serializable answer must reach: the leader's as
+    /// sampled [`VOUCH_LAG`] ago (0 before the first sample). An answer
+    /// below it comes from a watch or a member that has fallen behind the
+    /// cell, or been cut off from it.
+    pub fn vouched(&self) -> i64 {
+        self.samples
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .vouched(Instant::now())
+    }
+
     /// The answer to `req` from the cache, at a revision of at least
-    /// `floor`, if the cache holds its range confirmed and current enough.
+    /// `floor` and [`vouched`](Self::vouched), if the cache holds its
+    /// range confirmed and current enough.
     pub fn answer(&self, req: &PbRangeRequest, floor: i64) -> Option<PbRangeResponse> {
         if self.budget == 0 || !cacheable(req) {
             return None;
@@ -129,7 +185,7 @@ impl ReadCache {
         let state = slot.state();
         let filled = state.as_ref()?;
         let revision = filled.data.revision();
-        if filled.confirmed.elapsed() > STALE_AFTER || revision < floor {
+        if filled.confirmed.elapsed() > STALE_AFTER || revision < floor.max(self.vouched()) {
             return None;
         }
         // A request the cell would refuse (a bad sort) goes to the cell.
@@ -304,8 +360,9 @@ impl ReadCache {
         }
     }
 
-    /// Asks the members for progress every [`PROGRESS_EVERY`] while ranges
-    /// are cached, so quiet ones stay confirmed; ends with `stop`.
+    /// Every [`PROGRESS_EVERY`]: samples the leader's revision, then asks
+    /// the members for progress while ranges are cached, so quiet ones
+    /// stay confirmed past the sample; ends with `stop`.
     pub async fn keep_fresh(self: Arc<Self>, stop: CancellationToken) {
         let mut tick = tokio::time::interval(PROGRESS_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -314,9 +371,66 @@ impl ReadCache {
                 _ = stop.cancelled() => return,
                 _ = tick.tick() => {}
             }
+            self.sample_leader().await;
             if self.ranges() > 0 {
                 self.coalescer.request_progress().await;
             }
         }
+    }
+
+    /// Asks the leader for its revision (one try: the next tick tries
+    /// again) and keeps it as a sample taken when it was asked.
+    async fn sample_leader(&self) {
+        let asked = Instant::now();
+        let status = tokio::time::timeout(
+            PROGRESS_EVERY,
+            self.cell.call::<_, PbStatusResponse>(
+                Route::Leader,
+                Kind::Read,
+                STATUS,
+                PbStatusRequest {},
+            ),
+        )
+        .await;
+        if let Ok(Ok(PbStatusResponse {
+            header: Some(header),
+            ..
+        })) = status
+        {
+            self.samples
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .add(asked, header.revision);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_answer_must_reach_the_leaders_revision_once_its_sample_is_a_lag_old() {
+        let t0 = Instant::now();
+        let mut samples = LeaderSamples::default();
+        assert_eq!(samples.vouched(t0), 0, "nothing sampled yet");
+        samples.add(t0, 10);
+        samples.add(t0 + PROGRESS_EVERY, 12);
+        assert_eq!(
+            samples.vouched(t0 + VOUCH_LAG / 2),
+            0,
+            "no sample is a lag old"
+        );
+        assert_eq!(samples.vouched(t0 + VOUCH_LAG), 10);
+        assert_eq!(samples.vouched(t0 + PROGRESS_EVERY + VOUCH_LAG), 12);
+        // Samples older than the newest one that counts are let go.
+        for k in 2..20 {
+            samples.add(t0 + PROGRESS_EVERY * k, 10 + 2 * k as i64);
+        }
+        let now = t0 + PROGRESS_EVERY * 19;
+        assert_eq!(samples.vouched(now), 10 + 2 * 17);
+        assert!(
+            samples.0.len() <= (VOUCH_LAG.as_millis() / PROGRESS_EVERY.as_millis()) as usize + 1
+        );
     }
 }

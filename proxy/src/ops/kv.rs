@@ -1,8 +1,9 @@
 //! etcd's KV operations through the proxy, for both faces: [`range`] is
 //! THE Range path (linearizable reads go to the leader; serializable ones
 //! are answered from the read cache when it holds the range at or above
-//! the client's floor, and otherwise by any member, or by the leader,
-//! linearizably, when that member is behind the floor); writes go to the
+//! the client's floor and the leader's recent revision, and otherwise by any
+//! member, or by the leader, linearizably, when that member is behind
+//! either); writes go to the
 //! leader of the cell that holds the key, never resent once their outcome
 //! is unknown.
 
@@ -46,9 +47,10 @@ pub async fn range(
     let mut resp: PbRangeResponse = cell
         .call(Route::Any, Kind::Read, RANGE, req.clone())
         .await?;
-    // A member behind what this client has seen: ask the leader, whose
-    // linearizable answer is at least as new as anything answered before.
-    if req.revision == 0 && revision_of(&resp) < floor {
+    // A member behind what this client has seen, or behind the cell (cut
+    // off from its peers: review P2): ask the leader, whose linearizable
+    // answer is at least as new as anything answered before.
+    if req.revision == 0 && revision_of(&resp) < floor.max(state.cache.vouched()) {
         let linearizable = PbRangeRequest {
             serializable: false,
             ..req.clone()

@@ -279,9 +279,14 @@ impl CellClient {
                 self.set_leader(error.leader_hint());
                 self.leader_changed.notify_one();
             }
+            // This member has no leader, so it serves nothing fresh; the
+            // others may well have one.
             ErrorCode::NoLeader => {
-                self.set_leader(None);
-                self.leader_changed.notify_one();
+                self.members[member].failed();
+                if self.leader() == Some(member) {
+                    self.set_leader(None);
+                    self.leader_changed.notify_one();
+                }
             }
             _ => {}
         }

@@ -12,12 +12,15 @@
 //!
 //! When the stream fails, the task ends and every watch's channel closes:
 //! that is how a watch learns its member is gone, and it resumes on
-//! another member from the first revision it has not published.
+//! another member from the first revision it has not published. The
+//! stream asks for etcd's require-leader, so a member that has lost its
+//! leader (cut off from its peers) ends it too.
 
 use super::upstream_answer::{read, Answer};
 use crate::metrics_catalog::UPSTREAM_WATCH_STREAMS;
 use latchkey_shared::client::call;
 use latchkey_shared::etcd_methods::watch::WATCH;
+use latchkey_shared::etcd_methods::REQUIRE_LEADER;
 use latchkey_shared::etcdpb::{PbWatchRequest, PbWatchRequestUnion, PbWatchResponse};
 use latchkey_shared::ApiError;
 use std::collections::HashMap;
@@ -100,12 +103,17 @@ impl MemberStream {
     /// Opens a Watch stream on `channel` and spawns its task.
     pub async fn open(channel: Channel) -> Result<MemberStreamHandle, ApiError> {
         let (requests, up) = mpsc::unbounded_channel::<PbWatchRequest>();
-        let answers = call::streaming::<PbWatchRequest, PbWatchResponse, _>(
-            channel,
-            WATCH,
-            tokio_stream::wrappers::UnboundedReceiverStream::new(up),
-        )
-        .await?;
+        // Require-leader, as etcd's grpc-proxy: a member that has lost its
+        // leader ends the stream, and every watch on it resumes on another
+        // member, instead of waiting on one cut off from the cell.
+        let mut request =
+            tonic::Request::new(tokio_stream::wrappers::UnboundedReceiverStream::new(up));
+        request.metadata_mut().insert(
+            REQUIRE_LEADER,
+            tonic::metadata::MetadataValue::from_static("true"),
+        );
+        let answers =
+            call::streaming::<PbWatchRequest, PbWatchResponse, _>(channel, WATCH, request).await?;
         let (commands, inbox) = mpsc::unbounded_channel();
         tokio::spawn(run(requests, answers, inbox));
         Ok(MemberStreamHandle { commands })

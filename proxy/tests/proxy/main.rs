@@ -16,6 +16,7 @@ mod t80_locks;
 mod t81_fencing;
 mod t82_idempotency;
 mod t83_elections;
+mod t84_partition;
 
 use latchkey_shared::etcdpb::{PbWatchRequest, PbWatchResponse};
 use std::path::Path;

@@ -82,11 +82,12 @@ where
     .map_err(|status| classify_call_failure(&status))
 }
 
-/// A bidirectional call of `path` (Watch/Watch) fed by `requests`.
+/// A bidirectional call of `path` (Watch/Watch) fed by `requests` (whose
+/// metadata goes with the call).
 pub async fn streaming<Req, Resp, S>(
     channel: Channel,
     path: &'static str,
-    requests: S,
+    requests: tonic::Request<S>,
 ) -> Result<Streaming<Resp>, ApiError>
 where
     Req: prost::Message + Send + Sync + 'static,
@@ -96,7 +97,7 @@ where
     let mut grpc = grpc(channel);
     ready(&mut grpc, path).await?;
     grpc.streaming(
-        tonic::Request::new(requests),
+        requests,
         PathAndQuery::from_static(path),
         ProstCodec::<Req, Resp>::default(),
     )

@@ -42,7 +42,7 @@ pub async fn open_watches(
     let mut answers = call::streaming::<PbWatchRequest, PbWatchResponse, _>(
         channel,
         WATCH,
-        tokio_stream::wrappers::UnboundedReceiverStream::new(up),
+        tonic::Request::new(tokio_stream::wrappers::UnboundedReceiverStream::new(up)),
     )
     .await?;
     let mut created = 0;
