@@ -62,10 +62,13 @@ async fn settle_identity(cfg: &mut Resolved, db: &rocksdb::DB) -> anyhow::Result
         }
         let bytes =
             std::fs::read(file).with_context(|| format!("reading --restore {}", file.display()))?;
-        let state =
+        let mut state =
             decode_state_file(&bytes).with_context(|| format!("--restore {}", file.display()))?;
+        let bump = cfg.cfg.restore_bump_revision;
+        state.keys.bump_revision(bump as i64);
         tracing::info!(
             revision = state.keys.revision(),
+            bumped_by = bump,
             keys = state.keys.live_keys(),
             leases = state.leases.len(),
             "restoring a new cell from a state file"
@@ -79,7 +82,13 @@ async fn settle_identity(cfg: &mut Resolved, db: &rocksdb::DB) -> anyhow::Result
         let stored = StoredMembership::new(Some(at), membership);
         write_restored_state(&cfg.data_dir, state, at, stored)?;
         log_store::mark_purged_through(db, at)?;
-        cfg.cluster_id = crate::ids::restored_cluster_id(cfg.cluster_id, state_file_digest(&bytes));
+        // The bump is part of what the cell starts from: members given
+        // different ones belong to different cells.
+        let mut started_from = state_file_digest(&bytes).to_vec();
+        if bump > 0 {
+            started_from.extend_from_slice(&bump.to_le_bytes());
+        }
+        cfg.cluster_id = crate::ids::restored_cluster_id(cfg.cluster_id, &started_from);
     }
     let (id, cluster_id) = match stored {
         Some(stored) => {

@@ -63,6 +63,20 @@ pub struct Config {
     #[arg(long, env = "LATCHKEY_RESTORE", conflicts_with = "join")]
     pub restore: Option<PathBuf>,
 
+    /// With --restore: move the restored revision on by this much and
+    /// compact everything before it (as `etcdutl snapshot restore
+    /// --bump-revision N --mark-compacted`), so no revision the old cell
+    /// may have issued after the backup (a fencing token, a create or mod
+    /// revision a client compares on) is issued again, and no watch resumes
+    /// across the gap. Use it whenever clients may have used the old cell
+    /// after the backup was taken, with more than the writes it took since
+    /// (1000000000 leaves room for any). Every member of the new cell takes
+    /// the same value. Without --restore it does nothing (a member that
+    /// restarts, or joins, keeps it set harmlessly).
+    #[arg(long, env = "LATCHKEY_RESTORE_BUMP_REVISION", default_value_t = 0,
+        value_parser = clap::value_parser!(u64).range(0..=(1u64 << 62)))]
+    pub restore_bump_revision: u64,
+
     /// Address for /metrics (Prometheus), /healthz and /readyz.
     #[arg(long, env = "LATCHKEY_METRICS_ADDR", default_value = "127.0.0.1:7811")]
     pub metrics_addr: String,

@@ -356,6 +356,19 @@ impl KeySpace {
         out
     }
 
+    /// A restore's bump (`--restore-bump-revision`): the revision moves on
+    /// by `by`, and everything before the new revision is compacted, so no
+    /// revision up to it is issued again and nothing older is read or
+    /// watched.
+    pub fn bump_revision(&mut self, by: i64) {
+        if by <= 0 {
+            return;
+        }
+        self.revision = self.revision.saturating_add(by);
+        // After the compact revision, at the current one: cannot fail.
+        let _ = self.compact(self.revision);
+    }
+
     /// Drops history older than `revision`: each key keeps its newest
     /// version at or before it (a tombstone only if it is exactly at
     /// `revision`) and everything after it. Reads at `revision` and later are

@@ -266,9 +266,13 @@ async fn forward(
         Some(h)
     };
     loop {
+        // An event's revision counts as sent once its response is queued,
+        // not before: a progress answer reads `sent_through`, and must not
+        // name a revision whose events are still on their way (review P9).
+        let mut sends_through = None;
         let response = match items.next().await {
             Some(Item::Events(r)) => {
-                sent_through.store(r.revision, Ordering::Relaxed);
+                sends_through = Some(r.revision);
                 PbWatchResponse {
                     header: at(r.revision),
                     watch_id: id,
@@ -321,5 +325,59 @@ async fn forward(
         if out.send(Ok(response)).await.is_err() || ends {
             return;
         }
+        if let Some(revision) = sends_through {
+            sent_through.store(revision, Ordering::Relaxed);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::watch::coalescer::Subscription;
+    use crate::watch::Revision;
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn a_revision_counts_as_sent_only_once_its_response_is_queued() {
+        let (items, subscription) = Subscription::from_channel(5, 4);
+        let paced = Paced::new(subscription, Duration::ZERO);
+        // The client's queue is full: the forwarder waits to send.
+        let (out, mut responses) = mpsc::channel(1);
+        out.send(Ok(PbWatchResponse::default()))
+            .await
+            .expect("queued");
+        let sent_through = Arc::new(AtomicI64::new(4));
+        let forwarder = tokio::spawn(forward(
+            1,
+            paced,
+            out,
+            sent_through.clone(),
+            false,
+            PbResponseHeader::default(),
+        ));
+        let revision = Revision {
+            revision: 5,
+            events: Arc::from(vec![Default::default()]),
+            received: tokio::time::Instant::now(),
+        };
+        items.send(Item::Events(revision)).await.expect("sent");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(
+            sent_through.load(Ordering::Relaxed),
+            4,
+            "revision 5 counted as sent while its response waits for room"
+        );
+        let _first = responses.recv().await.expect("the first response");
+        let event = responses.recv().await.expect("revision 5").expect("ok");
+        assert_eq!(event.header.map(|h| h.revision), Some(5));
+        latchkey_testkit::eventually(Duration::from_secs(5), async || {
+            match sent_through.load(Ordering::Relaxed) {
+                5 => Ok(()),
+                n => Err(format!("sent through {n}")),
+            }
+        })
+        .await;
+        forwarder.abort();
     }
 }

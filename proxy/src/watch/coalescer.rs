@@ -51,6 +51,20 @@ pub struct Subscription {
 }
 
 impl Subscription {
+    /// A subscription fed by the returned sender, delivering from `from`
+    /// (for tests of what consumes subscriptions).
+    #[cfg(test)]
+    pub fn from_channel(from: i64, queue: usize) -> (mpsc::Sender<Item>, Subscription) {
+        let (tx, items) = mpsc::channel(queue);
+        let subscription = Subscription {
+            from,
+            backlog: VecDeque::new(),
+            items,
+            _place: None,
+        };
+        (tx, subscription)
+    }
+
     /// The next item; `None` when the subscription closed without a
     /// cancel item: it was dropped for falling behind.
     pub async fn recv(&mut self) -> Option<Item> {

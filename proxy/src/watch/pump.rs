@@ -5,7 +5,7 @@
 //! revision not yet published, so subscribers see no gap and no repeat.
 
 use super::member_stream::MemberStreamHandle;
-use super::shared_watch::SharedWatch;
+use super::shared_watch::{Cancel, SharedWatch};
 use super::upstream_answer::Answer;
 use super::upstream_watches::UpstreamWatches;
 use super::watch_key::WatchKey;
@@ -84,18 +84,18 @@ impl Pump {
             Answer::Compacted {
                 compact_revision, ..
             } => {
-                self.end(&format!("compacted at revision {compact_revision}"));
+                self.end(Cancel::Compacted { compact_revision });
                 false
             }
             Answer::Cancelled { reason, .. } => {
-                self.end(&reason);
+                self.end(Cancel::Ended { reason });
                 false
             }
         }
     }
 
-    fn end(&self, reason: &str) {
-        self.shared.end(reason);
+    fn end(&self, cancel: Cancel) {
+        self.shared.end(cancel);
         (self.on_end)();
     }
 
@@ -117,8 +117,12 @@ impl Pump {
                         answers: opened.answers,
                     });
                 }
+                // Subscribers learn the compact revision, as from a member
+                // (gRPC clients then see etcd's ErrCompacted).
                 Err(e) if e.code == latchkey_shared::ErrorCode::Compacted => {
-                    self.end(&e.message);
+                    self.end(Cancel::Compacted {
+                        compact_revision: e.compact_revision().unwrap_or(0),
+                    });
                     return None;
                 }
                 Err(e) => {

@@ -116,7 +116,7 @@ struct Inner {
     published_below: i64,
     subscribers: Vec<Subscriber>,
     next_id: u64,
-    ended: Option<String>,
+    ended: Option<Cancel>,
 }
 
 /// One upstream watch and its subscribers; see the module doc.
@@ -180,10 +180,8 @@ impl SharedWatch {
             };
         }
         let (tx, items) = mpsc::channel(self.queue_len);
-        if let Some(reason) = &inner.ended {
-            let _ = tx.try_send(Item::Cancelled(Cancel::Ended {
-                reason: reason.clone(),
-            }));
+        if let Some(cancel) = &inner.ended {
+            let _ = tx.try_send(Item::Cancelled(cancel.clone()));
             return Join::Joined {
                 backlog: Vec::new(),
                 items,
@@ -272,13 +270,11 @@ impl SharedWatch {
     }
 
     /// The upstream watch ended for good: every subscriber is cancelled.
-    pub fn end(&self, reason: &str) {
+    pub fn end(&self, cancel: Cancel) {
         let mut inner = self.lock();
-        inner.ended = Some(reason.to_string());
+        inner.ended = Some(cancel.clone());
         for s in inner.subscribers.drain(..) {
-            let _ = s.tx.try_send(Item::Cancelled(Cancel::Ended {
-                reason: reason.to_string(),
-            }));
+            let _ = s.tx.try_send(Item::Cancelled(cancel.clone()));
         }
     }
 }
@@ -411,9 +407,11 @@ mod tests {
     fn ending_cancels_everyone_and_refuses_new_joiners_with_the_reason() {
         let watch = SharedWatch::new(1, 8, 8);
         let (_, mut items) = joined(watch.join(0));
-        watch.end("compacted");
-        let cancelled = Item::Cancelled(Cancel::Ended {
-            reason: "compacted".into(),
+        watch.end(Cancel::Compacted {
+            compact_revision: 7,
+        });
+        let cancelled = Item::Cancelled(Cancel::Compacted {
+            compact_revision: 7,
         });
         assert_eq!(items.try_recv().ok(), Some(cancelled.clone()));
         let (_, mut late) = joined(watch.join(0));

@@ -280,3 +280,67 @@ async fn locks_watches_and_cached_reads_move_off_a_member_cut_off_from_its_peers
     }
     blackhole.heal();
 }
+
+/// Review finding P9: a shared watch whose member is lost, and whose next
+/// revision was compacted meanwhile, cannot resume; its gRPC clients are
+/// cancelled with the compact revision, as a member would cancel them, so
+/// etcd's clients raise ErrCompacted instead of a plain cancel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_that_meets_compaction_while_it_resumes_tells_grpc_clients_the_compact_revision() {
+    let mut cluster = Cluster::start(cell_binary(), 3, &[]).await;
+    let proxy = ProxyProcess::start(proxy_bin(), &member_addrs(&cluster), &[]).await;
+    let channel = latchkey_shared::client::connect(&proxy.grpc)
+        .await
+        .expect("connect");
+    let before = watchers(&cluster).await;
+    let (_requests, mut answers) = raw_watch_stream(channel, "compacted/k", 0, 1).await;
+    let serving = member_that_gained(&cluster, &before).await;
+
+    // The serving member stops (its stream stays open, silent); the others
+    // write on and compact past what the watch has delivered.
+    cluster.signal(serving, "STOP");
+    let other = cluster
+        .members
+        .iter()
+        .map(|m| m.id)
+        .find(|id| *id != serving)
+        .expect("another member");
+    let mut client = cluster.client(other).await;
+    let mut last = 0;
+    for i in 0..3 {
+        let put = eventually(Duration::from_secs(10), async || {
+            client
+                .put("compacted/k", format!("v{i}"), None)
+                .await
+                .map_err(|e| e.to_string())
+        })
+        .await;
+        last = put.header().expect("header").revision();
+    }
+    client.compact(last, None).await.expect("compact");
+    // Then it dies: the shared watch resumes from a compacted revision.
+    cluster.kill(serving);
+
+    let cancelled = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            let resp = answers
+                .next()
+                .await
+                .expect("the stream stays open")
+                .expect("an answer");
+            if resp.canceled {
+                return resp;
+            }
+            assert!(
+                resp.events.is_empty(),
+                "events after a compaction: {resp:?}"
+            );
+        }
+    })
+    .await
+    .expect("the watch is cancelled");
+    assert_eq!(
+        cancelled.compact_revision, last,
+        "cancelled without the compact revision: {cancelled:?}"
+    );
+}
