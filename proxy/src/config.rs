@@ -59,6 +59,19 @@ pub struct Config {
     #[arg(long, env = "LATCHKEY_WATCH_BUFFER", default_value_t = 1024)]
     pub watch_buffer: usize,
 
+    /// Client watches (gRPC and SSE) this proxy holds at most; past it a
+    /// new watch is refused with `too_many_watches` (SSE: HTTP 429).
+    #[arg(long, env = "LATCHKEY_MAX_WATCHES", default_value_t = 1_000_000,
+        value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub max_watches: usize,
+
+    /// Watches one client gRPC Watch stream holds at most; past it a
+    /// create is refused (created and cancelled, the reason naming the
+    /// limit), and the client opens another stream.
+    #[arg(long, env = "LATCHKEY_MAX_WATCHES_PER_STREAM", default_value_t = 10_000,
+        value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub max_watches_per_stream: usize,
+
     /// Memory for the serializable read cache, in bytes: ranges read
     /// often (or watched) are kept current by the proxy's watches and
     /// answered from here; least recently used out first. 0 turns it off.

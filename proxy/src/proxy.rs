@@ -66,6 +66,10 @@ impl Proxy {
             sessions: sessions.clone(),
             coalescer,
             fanout: crate::watch::fanout::Fanout::new(cfg.fanout_jitter),
+            client_watches: crate::watch::client_watches::ClientWatches::new(
+                cfg.max_watches,
+                cfg.max_watches_per_stream,
+            ),
             cache: cache.clone(),
             floors: Default::default(),
             retention: latchkey_shared::idempotency::RetentionLease::new(cfg.idempotency_retention),

@@ -3,6 +3,7 @@
 use crate::cache::{ClientFloors, ReadCache};
 use crate::session::SessionTable;
 use crate::upstream::Upstream;
+use crate::watch::client_watches::ClientWatches;
 use crate::watch::coalescer::Coalescer;
 use crate::watch::fanout::Fanout;
 use latchkey_shared::idempotency::RetentionLease;
@@ -17,6 +18,9 @@ pub struct ProxyState {
     pub coalescer: Arc<Coalescer>,
     /// Each client watch's offset inside `--fanout-jitter`.
     pub fanout: Fanout,
+    /// The limits on client watches (`--max-watches`,
+    /// `--max-watches-per-stream`).
+    pub client_watches: ClientWatches,
     /// Serializable reads answered from ranges the proxy watches.
     pub cache: Arc<ReadCache>,
     /// The revision each client was last answered at.

@@ -63,7 +63,8 @@ impl ProxyProcess {
         Self::spawn(bin, &["--dev"]).await
     }
 
-    async fn spawn(bin: &Path, args: &[&str]) -> ProxyProcess {
+    /// `latchkey-proxy` with exactly `args` (its addresses are added).
+    pub async fn spawn(bin: &Path, args: &[&str]) -> ProxyProcess {
         let dir = tempfile::tempdir().expect("temp dir");
         let data = dir.path().join("data");
         let log = dir.path().join("proxy.log");

@@ -244,12 +244,8 @@ impl WatchStream {
 
     async fn create(&mut self, requested_id: i64, mut watch: Watch) -> Result<(), Gone> {
         if self.watches.len() >= self.options.max_watches {
-            return self
-                .refuse(format!(
-                    "too many watches on one stream (limit {}); open another stream",
-                    self.options.max_watches
-                ))
-                .await;
+            let refused = ApiError::too_many_watches("one stream", self.options.max_watches);
+            return self.refuse(refused.message).await;
         }
         let id = if requested_id == 0 {
             while self.watches.contains_key(&self.next_id) {

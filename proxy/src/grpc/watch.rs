@@ -8,9 +8,10 @@
 //! A client watch dropped for reading too slowly is cancelled with a
 //! reason naming the revision to resume from.
 
-use crate::metrics_catalog::{CLIENT_WATCHES, SLOW_CLIENTS_CANCELLED, WATCH_STREAMS};
+use crate::metrics_catalog::{SLOW_CLIENTS_CANCELLED, WATCH_STREAMS};
 use crate::state::ProxyState;
 use crate::upstream::{Kind, Route};
+use crate::watch::client_watches::Held;
 use crate::watch::fanout::Paced;
 use crate::watch::{Cancel, Item, WatchKey};
 use latchkey_shared::etcd_methods::maintenance::STATUS;
@@ -65,10 +66,12 @@ impl PbWatchService for WatchService {
     }
 }
 
-/// One client watch: its forwarding task and the last revision it sent.
+/// One client watch: its forwarding task, the last revision it sent, and
+/// its place among the proxy's client watches.
 struct ClientWatch {
     forwarder: tokio::task::AbortHandle,
     sent_through: Arc<AtomicI64>,
+    _held: Held,
 }
 
 struct ClientStream {
@@ -87,7 +90,6 @@ impl ClientStream {
         }
         for (_, watch) in self.watches.drain() {
             watch.forwarder.abort();
-            metrics::gauge!(CLIENT_WATCHES.name, "api" => "grpc").decrement(1.0);
         }
         metrics::gauge!(WATCH_STREAMS.name).decrement(1.0);
     }
@@ -160,6 +162,15 @@ impl ClientStream {
                         .to_string();
                     return self.send(refuse(reason)).await;
                 }
+                let limits = &self.state.client_watches;
+                if self.watches.len() >= limits.per_stream {
+                    let refused = ApiError::too_many_watches("one stream", limits.per_stream);
+                    return self.send(refuse(refused.message)).await;
+                }
+                let held = match limits.take("grpc") {
+                    Ok(held) => held,
+                    Err(e) => return self.send(refuse(e.message)).await,
+                };
                 // etcd reads an empty key as "\0".
                 let key = if c.key.is_empty() { vec![0] } else { c.key };
                 let watch_key = match WatchKey::new(key, c.range_end, &c.filters, c.prev_kv) {
@@ -217,15 +228,14 @@ impl ClientStream {
                     ClientWatch {
                         forwarder,
                         sent_through,
+                        _held: held,
                     },
                 );
-                metrics::gauge!(CLIENT_WATCHES.name, "api" => "grpc").increment(1.0);
                 Ok(())
             }
             Some(PbWatchRequestUnion::CancelRequest(c)) => {
                 if let Some(watch) = self.watches.remove(&c.watch_id) {
                     watch.forwarder.abort();
-                    metrics::gauge!(CLIENT_WATCHES.name, "api" => "grpc").decrement(1.0);
                     let revision = watch.sent_through.load(Ordering::Relaxed);
                     self.send(PbWatchResponse {
                         header: Some(self.header(revision)),

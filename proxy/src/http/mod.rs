@@ -207,6 +207,7 @@ mod tests {
             upstream,
             coalescer,
             fanout: crate::watch::fanout::Fanout::new(std::time::Duration::ZERO),
+            client_watches: crate::watch::client_watches::ClientWatches::new(8, 8),
             cache,
             floors: Default::default(),
             retention: latchkey_shared::idempotency::RetentionLease::new(Duration::from_secs(60)),

@@ -14,8 +14,9 @@
 use super::extract::{on, Flag, Path, Query};
 use super::model::{ErrorBody, KeyValue};
 use crate::http::kv::key_range;
-use crate::metrics_catalog::{CLIENT_WATCHES, SLOW_CLIENTS_CANCELLED};
+use crate::metrics_catalog::SLOW_CLIENTS_CANCELLED;
 use crate::state::ProxyState;
+use crate::watch::client_watches::Held;
 use crate::watch::fanout::Paced;
 use crate::watch::{Cancel, Item, WatchKey};
 use axum::extract::State;
@@ -134,6 +135,7 @@ pub async fn serve(
     start_revision: i64,
 ) -> Result<Response, ApiError> {
     let with_prev = watch_key.prev_kv;
+    let held = state.client_watches.take("sse")?;
     let subscription = match state.coalescer.subscribe(watch_key, start_revision).await {
         Ok(subscription) => subscription,
         // The stream opens and says why it ends, as it would for a
@@ -146,26 +148,10 @@ pub async fn serve(
     };
     let from = subscription.from;
     let paced = Paced::new(subscription, state.fanout.next_offset());
-    let events = sse_events(paced, from - 1, with_prev, ClientWatchGauge::new());
+    let events = sse_events(paced, from - 1, with_prev, held);
     Ok(Sse::new(events)
         .keep_alive(KeepAlive::new().interval(SSE_KEEP_ALIVE))
         .into_response())
-}
-
-/// Counts an SSE client watch while its stream lives.
-struct ClientWatchGauge;
-
-impl ClientWatchGauge {
-    fn new() -> ClientWatchGauge {
-        metrics::gauge!(CLIENT_WATCHES.name, "api" => "sse").increment(1.0);
-        ClientWatchGauge
-    }
-}
-
-impl Drop for ClientWatchGauge {
-    fn drop(&mut self) {
-        metrics::gauge!(CLIENT_WATCHES.name, "api" => "sse").decrement(1.0);
-    }
 }
 
 /// What is left of one client's SSE stream.
@@ -175,7 +161,8 @@ struct Feed {
     sent_through: i64,
     with_prev: bool,
     ended: bool,
-    _gauge: ClientWatchGauge,
+    /// The client watch's place, while the stream lives.
+    _held: Held,
 }
 
 /// The SSE events of a client watch's items; an error event ends it.
@@ -183,14 +170,14 @@ fn sse_events(
     items: Paced,
     sent_through: i64,
     with_prev: bool,
-    gauge: ClientWatchGauge,
+    held: Held,
 ) -> impl Stream<Item = Result<Event, std::convert::Infallible>> {
     let feed = Feed {
         items,
         sent_through,
         with_prev,
         ended: false,
-        _gauge: gauge,
+        _held: held,
     };
     futures::stream::unfold(feed, |mut feed| async move {
         if feed.ended {

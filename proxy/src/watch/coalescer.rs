@@ -213,7 +213,7 @@ impl Coalescer {
     }
 
     /// Removes the shared watch of `key` if nobody is on it (it was made
-    /// for a joiner that then failed).
+    /// for a joiner that then failed, or for a catch-up that ended).
     fn drop_if_unused(&self, key: &WatchKey) {
         let mut map = self.map();
         let unused = map
@@ -316,8 +316,14 @@ impl Coalescer {
                 let (tx, items) = mpsc::channel(self.queue_len);
                 let this = self.clone();
                 tokio::spawn(async move {
-                    this.catch_up(key, start_revision, join_at, opened, tx)
+                    this.clone()
+                        .catch_up(key.clone(), start_revision, join_at, opened, tx)
                         .await;
+                    // The shared watch was made (or kept) for this client
+                    // too: one that ends before it joins (it left, or was
+                    // compacted) must not leave it behind with nobody on
+                    // it (review P4).
+                    this.drop_if_unused(&key);
                 });
                 Ok(Subscription {
                     from: start_revision,

@@ -23,7 +23,9 @@ use latchkey_shared::etcd_methods::watch::WATCH;
 use latchkey_shared::etcd_methods::REQUIRE_LEADER;
 use latchkey_shared::etcdpb::{PbWatchRequest, PbWatchRequestUnion, PbWatchResponse};
 use latchkey_shared::ApiError;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_stream::StreamExt;
@@ -60,6 +62,16 @@ enum Command {
 #[derive(Clone)]
 pub struct MemberStreamHandle {
     commands: mpsc::UnboundedSender<Command>,
+    load: Arc<Load>,
+}
+
+/// How full one stream is, as its task last counted.
+#[derive(Default)]
+struct Load {
+    /// Watches on the stream (created or being created).
+    watches: AtomicUsize,
+    /// The member refused a watch on this stream for its limit.
+    full: AtomicBool,
 }
 
 impl MemberStreamHandle {
@@ -95,6 +107,17 @@ impl MemberStreamHandle {
     pub fn is_closed(&self) -> bool {
         self.commands.is_closed()
     }
+
+    /// Watches on the stream (created or being created).
+    pub fn watches(&self) -> usize {
+        self.load.watches.load(Ordering::Relaxed)
+    }
+
+    /// Whether the member has refused a watch on this stream for its
+    /// per-stream limit: new watches go to another stream.
+    pub fn is_full(&self) -> bool {
+        self.load.full.load(Ordering::Relaxed)
+    }
 }
 
 pub struct MemberStream;
@@ -115,8 +138,9 @@ impl MemberStream {
         let answers =
             call::streaming::<PbWatchRequest, PbWatchResponse, _>(channel, WATCH, request).await?;
         let (commands, inbox) = mpsc::unbounded_channel();
-        tokio::spawn(run(requests, answers, inbox));
-        Ok(MemberStreamHandle { commands })
+        let load = Arc::new(Load::default());
+        tokio::spawn(run(requests, answers, inbox, load.clone()));
+        Ok(MemberStreamHandle { commands, load })
     }
 }
 
@@ -124,11 +148,17 @@ async fn run(
     requests: mpsc::UnboundedSender<PbWatchRequest>,
     mut answers: tonic::Streaming<PbWatchResponse>,
     mut inbox: mpsc::UnboundedReceiver<Command>,
+    load: Arc<Load>,
 ) {
     let mut watches: HashMap<i64, Watch> = HashMap::new();
+    // Creates sent and not yet answered, in the order sent: the member
+    // answers them in that order, and refuses one with the id -1 (as etcd
+    // does), so a refusal is the oldest one's.
+    let mut unanswered: VecDeque<i64> = VecDeque::new();
     let mut next_id: i64 = 1;
     metrics::gauge!(UPSTREAM_WATCH_STREAMS.name).increment(1.0);
     loop {
+        load.watches.store(watches.len(), Ordering::Relaxed);
         tokio::select! {
             command = inbox.recv() => match command {
                 Some(Command::Create { watch, answers: sink, id }) => {
@@ -149,6 +179,7 @@ async fn run(
                         break;
                     }
                     watches.insert(watch_id, Watch { sink, created: false });
+                    unanswered.push_back(watch_id);
                     let _ = id.send(watch_id);
                 }
                 Some(Command::Cancel { watch_id }) => {
@@ -177,6 +208,9 @@ async fn run(
             answer = answers.next() => match answer {
                 Some(Ok(resp)) => {
                     for answer in read(resp, Instant::now()) {
+                        let Some(answer) = claim(&mut unanswered, answer, &load) else {
+                            continue;
+                        };
                         route(&mut watches, answer);
                     }
                 }
@@ -190,6 +224,34 @@ async fn run(
     }
     metrics::gauge!(UPSTREAM_WATCH_STREAMS.name).decrement(1.0);
     // Dropping `watches` closes every watch's channel: they resume elsewhere.
+}
+
+/// Gives a refusal (id -1) the id of the create it answers, the oldest
+/// unanswered one, and marks the stream full when the refusal is for the
+/// member's per-stream limit; `None` for what belongs to no watch (the
+/// refusal's own "created" half).
+fn claim(unanswered: &mut VecDeque<i64>, answer: Answer, load: &Load) -> Option<Answer> {
+    match answer {
+        Answer::Created {
+            watch_id: STREAM_WIDE,
+            ..
+        } => None,
+        Answer::Cancelled {
+            watch_id: STREAM_WIDE,
+            reason,
+        } => {
+            if ApiError::is_too_many_watches(&reason) {
+                load.full.store(true, Ordering::Relaxed);
+            }
+            let watch_id = unanswered.pop_front()?;
+            Some(Answer::Cancelled { watch_id, reason })
+        }
+        Answer::Created { watch_id, .. } => {
+            unanswered.retain(|id| *id != watch_id);
+            Some(answer)
+        }
+        other => Some(other),
+    }
 }
 
 /// One watch on the stream.

@@ -14,10 +14,13 @@
 //!   member streams and the creation of an upstream watch on a member
 //!   that is up (shared, catch-up and resumed watches alike).
 //! - [`member_stream`]: [`member_stream::MemberStream`], ONE upstream
-//!   Watch stream per member carrying many watches.
+//!   Watch stream to a member carrying many watches (several per member
+//!   past `upstream_watches::WATCHES_PER_STREAM`).
 //! - [`upstream_answer`]: what an upstream `WatchResponse` says (created,
 //!   revisions grouped, progress, compacted, cancelled).
 //! - [`watch_key`]: [`WatchKey`], what makes two client watches one.
+//! - [`client_watches`]: [`client_watches::ClientWatches`], the limits on
+//!   client watches per proxy and per gRPC stream.
 //! - [`fanout`]: each client watch's fixed offset inside
 //!   `--fanout-jitter`, and [`fanout::Paced`], its items handed out when
 //!   they are due.
@@ -28,6 +31,7 @@
 //! or SSE stream (`http/watch_sse.rs`). The read cache (`cache/`)
 //! subscribes like any client.
 
+pub mod client_watches;
 pub mod coalescer;
 pub mod fanout;
 pub mod member_stream;

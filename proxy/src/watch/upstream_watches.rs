@@ -1,7 +1,9 @@
-//! [`UpstreamWatches`]: the proxy's watches on one cell's members: ONE
-//! multiplexed [`MemberStream`] per member, opened on first use, and the
-//! creation of an upstream watch on a member that is up, tried member by
-//! member by the cell client's retry rules. The coalescer creates shared
+//! [`UpstreamWatches`]: the proxy's watches on one cell's members:
+//! multiplexed [`MemberStream`]s per member, opened on first use, each
+//! carrying up to [`WATCHES_PER_STREAM`] watches (another is opened past
+//! that, or when the member refuses one for its own per-stream limit), and
+//! the creation of an upstream watch on a member that is up, tried member
+//! by member by the cell client's retry rules. The coalescer creates shared
 //! watches and catch-up watches through it; a pump resumes its watch
 //! through it when a member's stream fails.
 
@@ -23,10 +25,16 @@ pub struct Opened {
     pub revision: i64,
 }
 
+/// Watches one upstream stream carries before the next is opened. The
+/// member delivers each event by looking at every watch on its stream, so
+/// smaller streams also cost it less per event; the cell's own limit is
+/// `--max-watches-per-stream` (100 000).
+pub const WATCHES_PER_STREAM: usize = 10_000;
+
 pub struct UpstreamWatches {
     cell: Cell,
-    /// One stream per member index, opened on first use.
-    streams: tokio::sync::Mutex<HashMap<usize, MemberStreamHandle>>,
+    /// The streams to each member index, opened as needed.
+    streams: tokio::sync::Mutex<HashMap<usize, Vec<MemberStreamHandle>>>,
 }
 
 impl UpstreamWatches {
@@ -39,21 +47,25 @@ impl UpstreamWatches {
 
     /// Asks every member stream for a progress answer.
     pub async fn request_progress(&self) {
-        for stream in self.streams.lock().await.values() {
+        for stream in self.streams.lock().await.values().flatten() {
             stream.progress();
         }
     }
 
-    /// The stream to `member`, opened if needed.
+    /// A stream to `member` with room for another watch, opened if none
+    /// has (closed streams are let go).
     async fn stream(&self, member: usize) -> Result<MemberStreamHandle, ApiError> {
         let mut streams = self.streams.lock().await;
-        if let Some(stream) = streams.get(&member) {
-            if !stream.is_closed() {
-                return Ok(stream.clone());
-            }
+        let of_member = streams.entry(member).or_default();
+        of_member.retain(|s| !s.is_closed());
+        if let Some(stream) = of_member
+            .iter()
+            .find(|s| !s.is_full() && s.watches() < WATCHES_PER_STREAM)
+        {
+            return Ok(stream.clone());
         }
         let stream = MemberStream::open(self.cell.members[member].channel.clone()).await?;
-        streams.insert(member, stream.clone());
+        of_member.push(stream.clone());
         Ok(stream)
     }
 
@@ -68,8 +80,24 @@ impl UpstreamWatches {
             .await
     }
 
-    /// One attempt of [`UpstreamWatches::open`], on `member`.
+    /// One attempt of [`UpstreamWatches::open`], on `member`: on a stream
+    /// with room, and once more on another if the member finds that one
+    /// full.
     async fn open_on(
+        &self,
+        key: &WatchKey,
+        start_revision: i64,
+        member: usize,
+    ) -> Result<Opened, ApiError> {
+        match self.open_on_stream(key, start_revision, member).await {
+            Err(e) if e.code == latchkey_shared::ErrorCode::TooManyWatches => {
+                self.open_on_stream(key, start_revision, member).await
+            }
+            opened => opened,
+        }
+    }
+
+    async fn open_on_stream(
         &self,
         key: &WatchKey,
         start_revision: i64,
@@ -95,9 +123,20 @@ impl UpstreamWatches {
             Ok(Some(Answer::Compacted {
                 compact_revision, ..
             })) => Err(ApiError::compacted(compact_revision)),
-            Ok(Some(Answer::Cancelled { reason, .. })) => Err(ApiError::unavailable(format!(
-                "the member refused the watch: {reason}"
-            ))),
+            // Refused at once: for the stream's limit (the stream is now
+            // marked full), or for what the watch asks.
+            Ok(Some(Answer::Cancelled { reason, .. })) => {
+                if ApiError::is_too_many_watches(&reason) {
+                    Err(ApiError::new(
+                        latchkey_shared::ErrorCode::TooManyWatches,
+                        format!("the member refused the watch: {reason}"),
+                    ))
+                } else {
+                    Err(ApiError::invalid(format!(
+                        "the member refused the watch: {reason}"
+                    )))
+                }
+            }
             Ok(Some(other)) => Err(ApiError::internal(format!(
                 "a watch's first answer was {other:?}"
             ))),

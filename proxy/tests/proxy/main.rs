@@ -11,6 +11,7 @@ mod t50_watch_sse;
 mod t60_fanout;
 mod t61_late_joiners;
 mod t62_slow_watcher;
+mod t63_watch_limits;
 mod t70_read_cache;
 mod t80_locks;
 mod t81_fencing;

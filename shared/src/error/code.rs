@@ -166,6 +166,9 @@ error_table! {
     /// A watcher fell behind its bounded buffer and was dropped so that it
     /// slows nobody else; it resumes from the revision the message names.
     WatchTooSlow => "watch_too_slow", 503, ResourceExhausted, None, Safe;
+    /// A watch over a limit on watches (one stream's, or one proxy's):
+    /// nothing was created.
+    TooManyWatches => "too_many_watches", 429, ResourceExhausted, None, Never;
 
     // --- membership ---
     MemberNotFound => "member_not_found", 404, NotFound,

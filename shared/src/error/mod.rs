@@ -419,6 +419,20 @@ impl ApiError {
         )
     }
 
+    /// A watch refused: `scope` already holds `limit` watches.
+    pub fn too_many_watches(scope: &str, limit: usize) -> Self {
+        ApiError::new(
+            ErrorCode::TooManyWatches,
+            format!("{TOO_MANY_WATCHES} {scope} (limit {limit}); cancel some, or open another"),
+        )
+    }
+
+    /// Whether a watch's cancel reason (etcd carries no code there) is
+    /// [`too_many_watches`](Self::too_many_watches)'s.
+    pub fn is_too_many_watches(reason: &str) -> bool {
+        reason.starts_with(TOO_MANY_WATCHES)
+    }
+
     pub fn route_not_found(method: &str, path: &str) -> Self {
         ApiError::new(
             ErrorCode::RouteNotFound,
@@ -437,6 +451,9 @@ impl ApiError {
         ApiError::new(ErrorCode::Internal, message)
     }
 }
+
+/// How a refusal for too many watches begins.
+const TOO_MANY_WATCHES: &str = "too many watches on";
 
 #[cfg(test)]
 mod tests {
@@ -474,6 +491,7 @@ mod tests {
                 ErrorCode::WatchIdExists => ApiError::watch_id_exists(),
                 ErrorCode::InvalidArgument => ApiError::invalid("limit must not be negative"),
                 ErrorCode::WatchTooSlow => ApiError::watch_too_slow(12),
+                ErrorCode::TooManyWatches => ApiError::too_many_watches("one stream", 10),
                 ErrorCode::MemberNotFound => ApiError::member_not_found(MemberId(0xa)),
                 ErrorCode::MemberExists => ApiError::member_exists(MemberId(0xa)),
                 ErrorCode::PeerUrlExists => ApiError::peer_url_exists("http://a:7901"),
