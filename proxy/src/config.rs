@@ -59,6 +59,13 @@ pub struct Config {
     #[arg(long, env = "LATCHKEY_WATCH_BUFFER", default_value_t = 1024)]
     pub watch_buffer: usize,
 
+    /// Bytes of events queued for one client watch (16 MiB): a client
+    /// that holds this much unread is cancelled as too slow, as at
+    /// `--watch-buffer` revisions, however few revisions that is.
+    #[arg(long, env = "LATCHKEY_WATCH_BUFFER_BYTES", default_value_t = 16 << 20,
+        value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub watch_buffer_bytes: usize,
+
     /// Client watches (gRPC and SSE) this proxy holds at most; past it a
     /// new watch is refused with `too_many_watches` (SSE: HTTP 429).
     #[arg(long, env = "LATCHKEY_MAX_WATCHES", default_value_t = 1_000_000,

@@ -58,8 +58,12 @@ impl Proxy {
         let cell = CellClient::new(&cfg.cells, cfg.request_timeout)?;
         let upstream = Upstream::new(vec![cell])?;
         let sessions = Arc::new(SessionTable::new());
-        let coalescer =
-            Coalescer::new(upstream.home().clone(), cfg.watch_history, cfg.watch_buffer);
+        let coalescer = Coalescer::new(
+            upstream.home().clone(),
+            cfg.watch_history,
+            cfg.watch_buffer,
+            cfg.watch_buffer_bytes,
+        );
         let cache = ReadCache::new(coalescer.clone(), upstream.home().clone(), cfg.cache_bytes);
         let state = Arc::new(ProxyState {
             upstream,

@@ -201,7 +201,8 @@ mod tests {
         drop(closed);
         let cell = CellClient::new(&[addr], Duration::from_millis(300)).expect("cell");
         let upstream = Upstream::new(vec![cell]).expect("upstream");
-        let coalescer = crate::watch::coalescer::Coalescer::new(upstream.home().clone(), 8, 8);
+        let coalescer =
+            crate::watch::coalescer::Coalescer::new(upstream.home().clone(), 8, 8, 1 << 20);
         let cache = crate::cache::ReadCache::new(coalescer.clone(), upstream.home().clone(), 0);
         router(Arc::new(ProxyState {
             upstream,

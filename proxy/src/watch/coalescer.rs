@@ -11,6 +11,7 @@
 
 use super::pump::{Pump, Upstream};
 use super::shared_watch::{Cancel, Item, Join, Revision, SharedWatch};
+use super::subscriber_queue::{self, QueueRx, QueueTx};
 use super::upstream_answer::Answer;
 use super::upstream_watches::{Opened, UpstreamWatches};
 use super::watch_key::WatchKey;
@@ -19,7 +20,7 @@ use crate::upstream::Cell;
 use latchkey_shared::ApiError;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
-use tokio::sync::{mpsc, OnceCell};
+use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
 
 struct Entry {
@@ -36,7 +37,9 @@ pub struct Coalescer {
     /// (no await).
     watches: Mutex<HashMap<WatchKey, Entry>>,
     history_len: usize,
+    /// Each subscriber's queue: revisions, and bytes of events.
     queue_len: usize,
+    queue_bytes: usize,
 }
 
 /// One client watch: its items in order, the shared watch's history
@@ -46,7 +49,7 @@ pub struct Subscription {
     /// for a start of 0).
     pub from: i64,
     backlog: VecDeque<Revision>,
-    items: mpsc::Receiver<Item>,
+    items: QueueRx,
     _place: Option<Place>,
 }
 
@@ -54,8 +57,8 @@ impl Subscription {
     /// A subscription fed by the returned sender, delivering from `from`
     /// (for tests of what consumes subscriptions).
     #[cfg(test)]
-    pub fn from_channel(from: i64, queue: usize) -> (mpsc::Sender<Item>, Subscription) {
-        let (tx, items) = mpsc::channel(queue);
+    pub fn from_channel(from: i64, queue: usize) -> (QueueTx, Subscription) {
+        let (tx, items) = subscriber_queue::channel(queue, usize::MAX);
         let subscription = Subscription {
             from,
             backlog: VecDeque::new(),
@@ -76,7 +79,7 @@ impl Subscription {
 
     /// A subscription fed by `items` alone (tests of what consumes one).
     #[cfg(test)]
-    pub fn of(items: mpsc::Receiver<Item>) -> Subscription {
+    pub fn of(items: QueueRx) -> Subscription {
         Subscription {
             from: 0,
             backlog: VecDeque::new(),
@@ -108,13 +111,19 @@ pub struct Ticket {
 }
 
 impl Coalescer {
-    pub fn new(cell: Cell, history_len: usize, queue_len: usize) -> Arc<Coalescer> {
+    pub fn new(
+        cell: Cell,
+        history_len: usize,
+        queue_len: usize,
+        queue_bytes: usize,
+    ) -> Arc<Coalescer> {
         Arc::new(Coalescer {
             upstream: Arc::new(UpstreamWatches::new(cell.clone())),
             cell,
             watches: Mutex::new(HashMap::new()),
             history_len,
             queue_len,
+            queue_bytes,
         })
     }
 
@@ -251,6 +260,7 @@ impl Coalescer {
             revision + 1,
             self.history_len,
             self.queue_len,
+            self.queue_bytes,
         ));
         // The pump removes the shared watch when it ends (compacted,
         // cancelled by the member); the next joiner creates a new one.
@@ -313,7 +323,7 @@ impl Coalescer {
                         return Err(e);
                     }
                 };
-                let (tx, items) = mpsc::channel(self.queue_len);
+                let (tx, items) = subscriber_queue::channel(self.queue_len, self.queue_bytes);
                 let this = self.clone();
                 tokio::spawn(async move {
                     this.clone()
@@ -343,7 +353,7 @@ impl Coalescer {
         start: i64,
         mut join_at: i64,
         opened: Opened,
-        tx: mpsc::Sender<Item>,
+        tx: QueueTx,
     ) {
         let ended = |reason: String| Item::Cancelled(Cancel::Ended { reason });
         let Opened {
@@ -431,7 +441,7 @@ impl Coalescer {
 
 /// Hands a joined subscription's backlog, then its items, to `tx`, until
 /// either side ends.
-async fn forward(backlog: Vec<Revision>, mut items: mpsc::Receiver<Item>, tx: &mpsc::Sender<Item>) {
+async fn forward(backlog: Vec<Revision>, mut items: QueueRx, tx: &QueueTx) {
     for revision in backlog {
         if tx.send(Item::Events(revision)).await.is_err() {
             return;
@@ -496,7 +506,7 @@ mod tests {
         let test_cell = TestCell::start().await;
         let cell = test_cell.cell.clone();
         // A history of 2 revisions: most joiners must catch up.
-        let coalescer = Coalescer::new(cell.clone(), 2, 1024);
+        let coalescer = Coalescer::new(cell.clone(), 2, 1024, 16 << 20);
         let first = test_cell.put("k").await;
         let (live, ticket) = coalescer.join(key("k"), 0).await.expect("join");
         let (_, _live) = joined(live);
@@ -543,7 +553,7 @@ mod tests {
             latchkey_testkit::Cluster::start(latchkey_testkit::cell_binary(), 3, &[]).await;
         let addrs: Vec<String> = cluster.members.iter().map(|m| m.client.clone()).collect();
         let cell: Cell = Arc::new(CellClient::new(&addrs, Duration::from_secs(5)).expect("client"));
-        let coalescer = Coalescer::new(cell.clone(), 1024, 1024);
+        let coalescer = Coalescer::new(cell.clone(), 1024, 1024, 16 << 20);
         let mut rx = coalescer.subscribe(key("k"), 0).await.expect("subscribe");
         // The member serving the watch is the one with a watcher.
         let mut host = None;
@@ -605,7 +615,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn leaving_an_ended_shared_watch_leaves_its_successor_alone() {
         let test_cell = TestCell::start().await;
-        let coalescer = Coalescer::new(test_cell.cell.clone(), 64, 64);
+        let coalescer = Coalescer::new(test_cell.cell.clone(), 64, 64, 16 << 20);
         let (_, old) = coalescer.join(key("k"), 0).await.expect("join");
         coalescer.remove(&key("k")); // as its pump does when it ends
         let (new, current) = coalescer.join(key("k"), 0).await.expect("join");
@@ -623,7 +633,7 @@ mod tests {
     async fn identical_watches_share_one_upstream_watch_which_ends_with_the_last() {
         let test_cell = TestCell::start().await;
         let cell = test_cell.cell.clone();
-        let coalescer = Coalescer::new(cell.clone(), 64, 64);
+        let coalescer = Coalescer::new(cell.clone(), 64, 64, 16 << 20);
         let (one, t1) = coalescer.join(key("k"), 0).await.expect("join");
         let (two, t2) = coalescer.join(key("k"), 0).await.expect("join");
         let (other, t3) = coalescer.join(key("other"), 0).await.expect("join");

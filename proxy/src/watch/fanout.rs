@@ -115,9 +115,9 @@ mod tests {
         use std::sync::Arc;
         use tokio::time::Instant;
         let start = Instant::now();
-        let (tx, rx) = tokio::sync::mpsc::channel(8);
+        let (tx, subscription) = Subscription::from_channel(0, 8);
         let offset = Duration::from_millis(150);
-        let mut paced = Paced::new(Subscription::of(rx), offset);
+        let mut paced = Paced::new(subscription, offset);
         for (revision, after) in [(5, 0), (6, 40)] {
             tx.send(Item::Events(Revision {
                 revision,

@@ -6,8 +6,9 @@
 //!   history from a private upstream watch until it meets the shared one.
 //! - [`shared_watch`]: [`SharedWatch`], one upstream watch and every
 //!   client watch on it: history for late joiners (revisions and bytes
-//!   bounded), a bounded queue per client (`--watch-buffer`), slow
-//!   subscribers dropped.
+//!   bounded), a bounded queue per client ([`subscriber_queue`]:
+//!   `--watch-buffer` revisions, `--watch-buffer-bytes`), slow subscribers
+//!   dropped.
 //! - [`pump`]: [`pump::Pump`], the task that feeds one shared watch from
 //!   its upstream watch and resumes it elsewhere.
 //! - [`upstream_watches`]: [`upstream_watches::UpstreamWatches`], the
@@ -37,6 +38,7 @@ pub mod fanout;
 pub mod member_stream;
 pub mod pump;
 pub mod shared_watch;
+pub mod subscriber_queue;
 #[cfg(test)]
 mod test_cell;
 pub mod upstream_answer;

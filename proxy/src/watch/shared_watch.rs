@@ -13,7 +13,8 @@
 //!   up on its own upstream watch and join at [`Join::CatchUp::join_at`],
 //!   the oldest revision the history still answers for.
 //!
-//! A subscriber's queue is bounded. A subscriber whose queue is full is
+//! A subscriber's queue is bounded, by revisions and by bytes
+//! ([`super::subscriber_queue`]). A subscriber whose queue is full is
 //! dropped at once: its channel closes after the items already queued,
 //! with no [`Item::Cancelled`] (there is no room for one). The reader
 //! takes a close without a cancel as "too slow" and tells its client to
@@ -23,6 +24,7 @@
 //! The state is behind a std mutex: every critical section is a few
 //! vector operations and `try_send`s, never an await.
 
+use super::subscriber_queue::{self, QueueRx, QueueTx};
 use crate::metrics_catalog::SLOW_WATCHERS;
 use latchkey_shared::etcdpb::PbEvent;
 use std::collections::VecDeque;
@@ -85,7 +87,7 @@ pub enum Join {
     /// `items` as revisions arrive.
     Joined {
         backlog: Vec<Revision>,
-        items: mpsc::Receiver<Item>,
+        items: QueueRx,
         id: u64,
         /// The first revision this subscriber is given (its start, or the
         /// next revision for a start of 0).
@@ -100,7 +102,7 @@ struct Subscriber {
     id: u64,
     /// The first revision this subscriber wants.
     from: i64,
-    tx: mpsc::Sender<Item>,
+    tx: QueueTx,
 }
 
 struct Inner {
@@ -126,12 +128,19 @@ pub struct SharedWatch {
     history_len: usize,
     /// Items queued per subscriber before it counts as slow.
     queue_len: usize,
+    /// Bytes of events queued per subscriber before it counts as slow.
+    queue_bytes: usize,
 }
 
 impl SharedWatch {
     /// A shared watch whose upstream watch starts at `start_revision`:
     /// joiners from that revision on are served from it.
-    pub fn new(start_revision: i64, history_len: usize, queue_len: usize) -> SharedWatch {
+    pub fn new(
+        start_revision: i64,
+        history_len: usize,
+        queue_len: usize,
+        queue_bytes: usize,
+    ) -> SharedWatch {
         SharedWatch {
             inner: Mutex::new(Inner {
                 history: VecDeque::new(),
@@ -144,6 +153,7 @@ impl SharedWatch {
             }),
             history_len: history_len.max(1),
             queue_len: queue_len.max(1),
+            queue_bytes,
         }
     }
 
@@ -179,7 +189,7 @@ impl SharedWatch {
                 join_at: inner.complete_from,
             };
         }
-        let (tx, items) = mpsc::channel(self.queue_len);
+        let (tx, items) = subscriber_queue::channel(self.queue_len, self.queue_bytes);
         if let Some(cancel) = &inner.ended {
             let _ = tx.try_send(Item::Cancelled(cancel.clone()));
             return Join::Joined {
@@ -291,7 +301,7 @@ mod tests {
         }
     }
 
-    fn joined(join: Join) -> (Vec<Revision>, mpsc::Receiver<Item>) {
+    fn joined(join: Join) -> (Vec<Revision>, QueueRx) {
         match join {
             Join::Joined { backlog, items, .. } => (backlog, items),
             Join::CatchUp { join_at } => panic!("asked to catch up to {join_at}"),
@@ -299,7 +309,7 @@ mod tests {
     }
 
     /// The revisions a subscriber got: its backlog, then what is queued.
-    fn revisions(backlog: &[Revision], items: &mut mpsc::Receiver<Item>) -> Vec<i64> {
+    fn revisions(backlog: &[Revision], items: &mut QueueRx) -> Vec<i64> {
         let mut got: Vec<i64> = backlog.iter().map(|r| r.revision).collect();
         while let Ok(item) = items.try_recv() {
             if let Item::Events(r) = item {
@@ -311,7 +321,7 @@ mod tests {
 
     #[test]
     fn a_live_joiner_gets_every_revision_from_its_start_once() {
-        let watch = SharedWatch::new(10, 8, 100);
+        let watch = SharedWatch::new(10, 8, 100, usize::MAX);
         watch.publish(rev(10));
         let (backlog, mut items) = joined(watch.join(0));
         assert!(backlog.is_empty(), "from the next revision: no backlog");
@@ -329,7 +339,7 @@ mod tests {
 
     #[test]
     fn a_joiner_inside_the_history_gets_it_then_the_live_revisions_without_gap_or_repeat() {
-        let watch = SharedWatch::new(1, 8, 100);
+        let watch = SharedWatch::new(1, 8, 100, usize::MAX);
         for r in [2, 4, 5, 7] {
             watch.publish(rev(r));
         }
@@ -341,7 +351,7 @@ mod tests {
 
     #[test]
     fn a_joiner_before_the_history_is_told_where_to_join() {
-        let watch = SharedWatch::new(1, 2, 100);
+        let watch = SharedWatch::new(1, 2, 100, usize::MAX);
         for r in [2, 4, 5, 7] {
             watch.publish(rev(r));
         }
@@ -357,7 +367,7 @@ mod tests {
     #[test]
     fn history_is_bounded_by_bytes_as_well_as_by_revisions() {
         use latchkey_shared::etcdpb::PbKeyValue;
-        let watch = SharedWatch::new(1, 1000, 100);
+        let watch = SharedWatch::new(1, 1000, 100, usize::MAX);
         let big = |revision: i64| Revision {
             revision,
             events: Arc::from(vec![PbEvent {
@@ -381,8 +391,30 @@ mod tests {
     }
 
     #[test]
+    fn a_subscriber_holding_its_bytes_is_dropped_however_few_revisions_it_holds() {
+        let watch = SharedWatch::new(1, 8, 1000, 3 << 10);
+        let (_, mut slow) = joined(watch.join(0));
+        let big = |revision| Revision {
+            revision,
+            events: Arc::from(vec![PbEvent {
+                kv: Some(latchkey_shared::etcdpb::PbKeyValue {
+                    value: vec![0; 1 << 10],
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }]),
+            received: tokio::time::Instant::now(),
+        };
+        for r in 1..=5 {
+            watch.publish(big(r));
+        }
+        assert_eq!(watch.subscribers(), 0, "3 KiB of 1 KiB revisions is full");
+        assert_eq!(revisions(&[], &mut slow), vec![1, 2]);
+    }
+
+    #[test]
     fn a_slow_subscriber_is_dropped_and_the_others_get_everything() {
-        let watch = SharedWatch::new(1, 8, 2);
+        let watch = SharedWatch::new(1, 8, 2, usize::MAX);
         let (_, mut slow) = joined(watch.join(0));
         let (_, mut fast) = joined(watch.join(0));
         let mut fast_got = Vec::new();
@@ -405,7 +437,7 @@ mod tests {
 
     #[test]
     fn ending_cancels_everyone_and_refuses_new_joiners_with_the_reason() {
-        let watch = SharedWatch::new(1, 8, 8);
+        let watch = SharedWatch::new(1, 8, 8, usize::MAX);
         let (_, mut items) = joined(watch.join(0));
         watch.end(Cancel::Compacted {
             compact_revision: 7,
@@ -421,7 +453,7 @@ mod tests {
 
     #[test]
     fn progress_moves_the_resume_point_and_reaches_subscribers() {
-        let watch = SharedWatch::new(1, 8, 8);
+        let watch = SharedWatch::new(1, 8, 8, usize::MAX);
         let (_, mut items) = joined(watch.join(0));
         watch.progress(20);
         assert_eq!(watch.resume_from(), 21);
