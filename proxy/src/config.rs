@@ -120,6 +120,13 @@ pub struct Config {
     #[cfg(debug_assertions)]
     #[arg(long)]
     pub unsafe_retry_ambiguous_writes: bool,
+
+    /// TEST-ONLY (debug builds; a release build has no such flag): a
+    /// write's revision does not raise its client's floor, so read-your-
+    /// writes breaks: a defect for the safety suite to catch.
+    #[cfg(debug_assertions)]
+    #[arg(long)]
+    pub unsafe_forget_write_floors: bool,
 }
 
 /// Shortest refresh tick: below it the batches are mostly empty, and the

@@ -25,6 +25,10 @@ async fn run(mut cfg: Config) -> anyhow::Result<()> {
     if cfg.unsafe_retry_ambiguous_writes {
         latchkey_proxy::chaos::retry_ambiguous_writes();
     }
+    #[cfg(debug_assertions)]
+    if cfg.unsafe_forget_write_floors {
+        latchkey_proxy::chaos::forget_write_floors();
+    }
     let prometheus = telemetry::install_prometheus().map_err(anyhow::Error::msg)?;
     let cell = if cfg.dev {
         let cell = dev::start_cell(&cfg.data_dir, Some(prometheus.clone())).await?;

@@ -45,6 +45,8 @@ pub struct FencedWrite {
     pub holder: u32,
     pub token: i64,
     pub accepted: bool,
+    /// When the resource decided it.
+    pub at: std::time::Instant,
 }
 
 /// The fenced resource and every write it saw, in the order decided.
@@ -75,6 +77,7 @@ async fn write(
         holder,
         token,
         accepted,
+        at: std::time::Instant::now(),
     });
     if accepted {
         StatusCode::OK

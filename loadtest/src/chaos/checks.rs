@@ -31,6 +31,47 @@ pub fn revisions_per_client(entries: &[Entry]) -> Vec<String> {
     violations
 }
 
+/// Lock handoffs through the proxy while one follower is cut off from its
+/// peers stay quick (proxy review P2): from a holder's last accepted write
+/// (it then releases) to the next holder's first, at most `bound_us`, for
+/// every handoff that begins inside one of `windows` (start and end, µs).
+/// `writes` are the accepted writes in the order decided: (µs, token).
+pub fn slow_handoffs(writes: &[(u64, i64)], windows: &[(u64, u64)], bound_us: u64) -> Vec<String> {
+    let token_at = |at: u64| writes.iter().find(|w| w.0 == at).map_or(0, |w| w.1);
+    handoffs_within(writes, windows)
+        .filter(|(from, to)| to - from > bound_us)
+        .map(|(from, to)| {
+            format!(
+                "a lock handoff with a follower cut off took {} ms (token {} last wrote at \
+                 {:.3}s, token {} first at {:.3}s; at most {} ms)",
+                (to - from) / 1000,
+                token_at(from),
+                from as f64 / 1e6,
+                token_at(to),
+                to as f64 / 1e6,
+                bound_us / 1000
+            )
+        })
+        .collect()
+}
+
+/// The handoffs in `writes` (see [`slow_handoffs`]) that begin inside one
+/// of `windows`: (the old holder's last write, the new one's first), µs.
+pub fn handoffs_within<'a>(
+    writes: &'a [(u64, i64)],
+    windows: &'a [(u64, u64)],
+) -> impl Iterator<Item = (u64, u64)> + 'a {
+    writes
+        .windows(2)
+        .filter(|w| w[0].1 != w[1].1)
+        .filter(|w| {
+            windows
+                .iter()
+                .any(|&(from, to)| (from..=to).contains(&w[0].0))
+        })
+        .map(|w| (w[0].0, w[1].0.max(w[0].0)))
+}
+
 /// The watch through the proxy, resumed across every fault, saw exactly
 /// the committed history a fresh watch on a member sees after heal; and
 /// every write a client was told succeeded is in it, at its revision.
@@ -132,7 +173,25 @@ mod tests {
                 complete: invoke + 1,
             },
             revision: Some(rev),
+            serializable: false,
         }
+    }
+
+    #[test]
+    fn a_slow_handoff_that_begins_while_a_follower_is_cut_off_is_a_violation() {
+        let s = 1_000_000;
+        let writes = [
+            (s, 5),
+            (s + 30_000, 5),
+            (2 * s, 9), // 0.97 s: quick enough
+            (3 * s, 9),
+            (6 * s, 12),  // 3 s
+            (20 * s, 15), // 14 s, but outside the window
+        ];
+        let window = [(s / 2, 5 * s)];
+        let found = slow_handoffs(&writes, &window, 2 * s);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].contains("took 3000 ms"), "{found:?}");
     }
 
     #[test]

@@ -1,10 +1,12 @@
-//! Lease keepers: clients that keep one lease alive through one member and
-//! read the lease's key through another, recording every confirmed
-//! keep-alive and every read. A keep-alive the cell confirmed promises
-//! that the lease lives at least its TTL from the moment it was sent; a
-//! read that finds the key gone before that promise ran out is a lease
-//! that expired while the cell was confirming its keep-alives (etcd's
-//! field failure, and the cell review's defect S1).
+//! Lease keepers: clients that keep one lease alive through one member,
+//! or through the proxy (whose session table answers keep-alives from the
+//! cell's confirmations of its batched refreshes), and read the lease's
+//! key through a member, recording every confirmed keep-alive and every
+//! read. A keep-alive confirmed with TTL t promises that the lease lives
+//! at least t from the moment it was sent; a read that finds the key gone
+//! before that promise ran out is a lease that expired while keep-alives
+//! were being confirmed (etcd's field failure, the cell review's defect
+//! S1, and for the proxy's table the proxy review's P8).
 
 use super::workload::client_options;
 use etcd_client::{Client, PutOptions};
@@ -22,11 +24,15 @@ const SLACK_US: u64 = 50_000;
 /// What a keeper saw, on the recorder's clock (µs).
 #[derive(Debug, Clone, Copy)]
 pub enum Seen {
-    /// A keep-alive of lease generation `lease` confirmed with a TTL.
+    /// A keep-alive of lease generation `lease` confirmed with `ttl`
+    /// seconds.
     Confirmed {
         lease: i64,
+        ttl: i64,
         invoke: u64,
         complete: u64,
+        /// Answered by the proxy's session table.
+        via_proxy: bool,
     },
     /// A linearizable read of the key of lease `lease`.
     Read {
@@ -39,8 +45,9 @@ pub enum Seen {
 
 pub struct Keeper {
     pub id: usize,
-    /// The member keep-alives go to.
+    /// The member, or proxy, keep-alives go to.
     pub keep: String,
+    pub via_proxy: bool,
     /// The member reads go to.
     pub read: String,
 }
@@ -87,8 +94,10 @@ impl Keeper {
                 match answer {
                     Ok(Ok(Some(r))) if r.ttl() > 0 => record(Seen::Confirmed {
                         lease,
+                        ttl: r.ttl(),
                         invoke,
                         complete: now(),
+                        via_proxy: self.via_proxy,
                     }),
                     // Gone (TTL 0): a new lease.
                     Ok(Ok(Some(_))) => break,
@@ -120,9 +129,9 @@ impl Keeper {
 }
 
 /// Reads that found a lease's key gone while a confirmed keep-alive still
-/// promised the lease was alive: a keep-alive confirmed (sent at `t`,
-/// answered before the read was sent) promises the lease until
-/// `t + TTL`, so a read answered before then must see the key.
+/// promised the lease was alive: a keep-alive confirmed with TTL `ttl`
+/// (sent at `t`, answered before the read was sent) promises the lease
+/// until `t + ttl`, so a read answered before then must see the key.
 pub fn expired_while_confirmed(seen: &[Seen]) -> Vec<String> {
     let mut violations = Vec::new();
     for s in seen {
@@ -140,18 +149,21 @@ pub fn expired_while_confirmed(seen: &[Seen]) -> Vec<String> {
             .filter_map(|k| match *k {
                 Seen::Confirmed {
                     lease: l,
+                    ttl,
                     invoke,
                     complete,
-                } if l == lease && complete <= r_invoke => Some(invoke),
+                    ..
+                } if l == lease && complete <= r_invoke => {
+                    Some((invoke + ttl.max(0) as u64 * 1_000_000, invoke, ttl))
+                }
                 _ => None,
             })
             .max();
-        if let Some(sent) = promise {
-            let until = sent + TTL_SECS as u64 * 1_000_000;
+        if let Some((until, sent, ttl)) = promise {
             if r_complete + SLACK_US < until {
                 violations.push(format!(
                     "lease {lease:x} was gone at {:.3}s though a keep-alive sent at {:.3}s was \
-                     confirmed with TTL {TTL_SECS}s (alive until {:.3}s)",
+                     confirmed with TTL {ttl}s (alive until {:.3}s)",
                     r_complete as f64 / 1e6,
                     sent as f64 / 1e6,
                     until as f64 / 1e6
@@ -172,8 +184,10 @@ mod tests {
         let ttl = TTL_SECS as u64 * s;
         let confirmed = Seen::Confirmed {
             lease: 7,
+            ttl: TTL_SECS,
             invoke: 10 * s,
             complete: 10 * s + 5_000,
+            via_proxy: false,
         };
         let gone_early = Seen::Read {
             lease: 7,

@@ -40,6 +40,15 @@ pub fn finish(out: &Path, keep: bool, f: &Findings, entries: &[Entry]) -> ExitCo
             gap.as_millis()
         );
     }
+    let c = &f.coverage;
+    println!(
+        "chaos: proxy invariants checked on {} serializable reads, {} keep-alives confirmed by \
+         the proxy, {} lock handoffs with a follower cut off (slowest {} ms)",
+        c.serializable_reads,
+        c.proxy_keep_alives,
+        c.partition_handoffs,
+        c.slowest_partition_handoff.as_millis()
+    );
     for v in &f.violations {
         println!("chaos: VIOLATION {v}");
     }
@@ -52,6 +61,10 @@ pub fn finish(out: &Path, keep: bool, f: &Findings, entries: &[Entry]) -> ExitCo
         "violations": f.violations,
         "lock_grants": f.lock_grants,
         "stale_refused": f.stale_refused,
+        "serializable_reads": c.serializable_reads,
+        "proxy_keep_alives": c.proxy_keep_alives,
+        "partition_handoffs": c.partition_handoffs,
+        "slowest_partition_handoff_ms": c.slowest_partition_handoff.as_millis() as u64,
         "outages_ms": f.outages.iter()
             .map(|(k, n, g)| (k.name().to_string(), serde_json::json!({"count": n, "longest": g.as_millis() as u64})))
             .collect::<serde_json::Map<_, _>>(),

@@ -122,6 +122,9 @@ pub async fn txn(
 /// `client` was answered a write (or a txn) at `revision`: its later
 /// serializable reads are answered at that revision or later.
 pub fn wrote(state: &ProxyState, client: Option<SocketAddr>, revision: i64) {
+    if crate::chaos::forgets_write_floors() {
+        return;
+    }
     state.floors.raise(client, revision);
 }
 
