@@ -42,8 +42,10 @@ pub struct Config {
     pub request_timeout: Duration,
 
     /// Each watch event reaches the clients watching its key spread over
-    /// this window (each client at its own fixed offset inside it), so
-    /// that many clients do not re-read at once; "0" sends at once.
+    /// a window of 1 ms per client watching it, at most this long (each
+    /// client at its own fixed share of the window), so that many clients
+    /// do not re-read at once, and one client waits for nothing; "0" sends
+    /// at once.
     #[arg(long, env = "LATCHKEY_FANOUT_JITTER", default_value = "100ms", value_parser = humantime::parse_duration)]
     pub fanout_jitter: Duration,
 

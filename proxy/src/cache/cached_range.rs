@@ -102,6 +102,7 @@ mod tests {
             revision,
             events: Arc::from(events),
             received: tokio::time::Instant::now(),
+            herd: 1,
         }
     }
 

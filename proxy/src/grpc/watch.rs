@@ -213,7 +213,7 @@ impl ClientStream {
                 };
                 self.send(created).await?;
                 let sent_through = Arc::new(AtomicI64::new(from - 1));
-                let paced = Paced::new(subscription, self.state.fanout.next_offset());
+                let paced = Paced::new(subscription, self.state.fanout.next_pace());
                 let forwarder = tokio::spawn(forward(
                     id,
                     paced,
@@ -351,7 +351,7 @@ mod tests {
     #[tokio::test]
     async fn a_revision_counts_as_sent_only_once_its_response_is_queued() {
         let (items, subscription) = Subscription::from_channel(5, 4);
-        let paced = Paced::new(subscription, Duration::ZERO);
+        let paced = Paced::new(subscription, Default::default());
         // The client's queue is full: the forwarder waits to send.
         let (out, mut responses) = mpsc::channel(1);
         out.send(Ok(PbWatchResponse::default()))
@@ -370,6 +370,7 @@ mod tests {
             revision: 5,
             events: Arc::from(vec![Default::default()]),
             received: tokio::time::Instant::now(),
+            herd: 1,
         };
         items.send(Item::Events(revision)).await.expect("sent");
         tokio::time::sleep(Duration::from_millis(100)).await;

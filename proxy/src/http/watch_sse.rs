@@ -147,7 +147,7 @@ pub async fn serve(
         Err(e) => return Err(e),
     };
     let from = subscription.from;
-    let paced = Paced::new(subscription, state.fanout.next_offset());
+    let paced = Paced::new(subscription, state.fanout.next_pace());
     let events = sse_events(paced, from - 1, with_prev, held);
     Ok(Sse::new(events)
         .keep_alive(KeepAlive::new().interval(SSE_KEEP_ALIVE))

@@ -1,11 +1,18 @@
 //! Fan-out with jitter (DESIGN section 4): each subscriber's revisions are
-//! handed to its client a fixed offset after they reached the proxy, the
-//! offsets spread evenly over `--fanout-jitter`, so that 100 000 clients
-//! watching one key do not all re-read in the same millisecond.
+//! handed to its client a fixed share of a window after they reached the
+//! proxy, the shares spread evenly, so that 100 000 clients watching one
+//! key do not all re-read in the same millisecond.
 //!
-//! The offset is fixed per subscriber, so its revisions keep their order;
-//! it is derived from the subscriber's id (a hash), so it needs no random
-//! source and a test can predict it.
+//! The window grows with the herd: a revision published to n subscribers
+//! of one shared watch is spread over (n - 1) x [`PER_SUBSCRIBER`], at
+//! most `--fanout-jitter`. So a herd re-reads at about a thousand a second
+//! per watched key, and a watch with one subscriber (a lock or election
+//! waiter, one client's watch) is delivered at once: there is no herd to
+//! spread (issue 29).
+//!
+//! The share is fixed per subscriber, derived from its id (a hash), so it
+//! needs no random source and a test can predict it; a subscriber hands
+//! its revisions out one after another, so they keep their order.
 
 use super::coalescer::Subscription;
 use super::shared_watch::Item;
@@ -27,9 +34,36 @@ impl Fanout {
         }
     }
 
-    /// The offset of the next client watch.
-    pub fn next_offset(&self) -> Duration {
-        offset(self.jitter, self.next.fetch_add(1, Ordering::Relaxed))
+    /// The pace of the next client watch.
+    pub fn next_pace(&self) -> Pace {
+        Pace {
+            offset: offset(self.jitter, self.next.fetch_add(1, Ordering::Relaxed)),
+            jitter: self.jitter,
+        }
+    }
+}
+
+/// How much of each revision's window is added per subscriber of it.
+pub const PER_SUBSCRIBER: Duration = Duration::from_millis(1);
+
+/// One client watch's place in the fan-out: its offset inside the widest
+/// window, `--fanout-jitter`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Pace {
+    pub offset: Duration,
+    pub jitter: Duration,
+}
+
+impl Pace {
+    /// The delay of a revision published to `herd` subscribers: the same
+    /// share of that herd's window as `offset` is of the widest.
+    pub fn delay(&self, herd: u32) -> Duration {
+        if self.jitter.is_zero() || herd <= 1 {
+            return Duration::ZERO;
+        }
+        let window = (PER_SUBSCRIBER * (herd - 1)).min(self.jitter);
+        self.offset
+            .mul_f64(window.as_secs_f64() / self.jitter.as_secs_f64())
     }
 }
 
@@ -48,21 +82,21 @@ pub fn offset(jitter: Duration, subscriber: u64) -> Duration {
 }
 
 /// One client watch's items, each revision handed out no earlier than its
-/// arrival at the proxy plus the client's offset. Progress and cancel
+/// arrival at the proxy plus the client's delay for its herd. Progress and cancel
 /// items are not held back: they carry no news a herd would re-read.
 pub struct Paced {
     items: Subscription,
-    offset: Duration,
+    pace: Pace,
     /// Looked up once: every delivery of every client records into them.
     delay: metrics::Histogram,
     events_out: metrics::Counter,
 }
 
 impl Paced {
-    pub fn new(items: Subscription, offset: Duration) -> Paced {
+    pub fn new(items: Subscription, pace: Pace) -> Paced {
         Paced {
             items,
-            offset,
+            pace,
             delay: metrics::histogram!(FANOUT_DELAY_SECONDS.name),
             events_out: metrics::counter!(WATCH_EVENTS_OUT.name),
         }
@@ -73,7 +107,7 @@ impl Paced {
     pub async fn next(&mut self) -> Option<Item> {
         let item = self.items.recv().await?;
         if let Item::Events(revision) = &item {
-            let due = revision.received + self.offset;
+            let due = revision.received + self.pace.delay(revision.herd);
             if due > tokio::time::Instant::now() {
                 tokio::time::sleep_until(due).await;
             }
@@ -109,6 +143,24 @@ mod tests {
         );
     }
 
+    #[test]
+    fn the_window_grows_with_the_herd_and_one_subscriber_waits_for_nothing() {
+        let pace = Pace {
+            offset: Duration::from_millis(150),
+            jitter: Duration::from_millis(200),
+        };
+        assert_eq!(pace.delay(1), Duration::ZERO, "no herd, no wait");
+        // 41 subscribers: a 40 ms window, of which this one takes 3/4.
+        assert_eq!(pace.delay(41), Duration::from_millis(30));
+        // Past 201 subscribers the window is the whole jitter.
+        assert_eq!(pace.delay(10_000), Duration::from_millis(150));
+        let off = Pace {
+            offset: Duration::ZERO,
+            jitter: Duration::ZERO,
+        };
+        assert_eq!(off.delay(10_000), Duration::ZERO);
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_revision_goes_out_at_its_arrival_plus_the_offset_never_before_and_in_order() {
         use crate::watch::Revision;
@@ -116,13 +168,17 @@ mod tests {
         use tokio::time::Instant;
         let start = Instant::now();
         let (tx, subscription) = Subscription::from_channel(0, 8);
-        let offset = Duration::from_millis(150);
-        let mut paced = Paced::new(subscription, offset);
+        let pace = Pace {
+            offset: Duration::from_millis(150),
+            jitter: Duration::from_millis(200),
+        };
+        let mut paced = Paced::new(subscription, pace);
         for (revision, after) in [(5, 0), (6, 40)] {
             tx.send(Item::Events(Revision {
                 revision,
                 events: Arc::from(vec![]),
                 received: start + Duration::from_millis(after),
+                herd: 10_000,
             }))
             .await
             .expect("send");

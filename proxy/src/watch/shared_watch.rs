@@ -38,6 +38,9 @@ pub struct Revision {
     pub events: Arc<[PbEvent]>,
     /// When the proxy got it from upstream: fan-out delays count from here.
     pub received: tokio::time::Instant,
+    /// The subscribers it was published to (1 where nobody counted): the
+    /// herd its fan-out spreads.
+    pub herd: u32,
 }
 
 /// Most bytes of events a shared watch keeps as history, whatever its
@@ -230,6 +233,15 @@ impl SharedWatch {
             return;
         }
         inner.published_below = revision.revision + 1;
+        let herd = inner
+            .subscribers
+            .iter()
+            .filter(|s| revision.revision >= s.from)
+            .count();
+        let revision = Revision {
+            herd: u32::try_from(herd).unwrap_or(u32::MAX).max(1),
+            ..revision
+        };
         inner.history_bytes += revision.bytes();
         inner.history.push_back(revision.clone());
         while inner.history.len() > self.history_len
@@ -298,6 +310,7 @@ mod tests {
             revision,
             events: Arc::from(vec![PbEvent::default()]),
             received: tokio::time::Instant::now(),
+            herd: 1,
         }
     }
 
@@ -378,6 +391,7 @@ mod tests {
                 ..Default::default()
             }]),
             received: tokio::time::Instant::now(),
+            herd: 1,
         };
         for r in 1..=20 {
             watch.publish(big(r));
@@ -404,6 +418,7 @@ mod tests {
                 ..Default::default()
             }]),
             received: tokio::time::Instant::now(),
+            herd: 1,
         };
         for r in 1..=5 {
             watch.publish(big(r));

@@ -112,6 +112,7 @@ mod tests {
             revision,
             events: Arc::from(vec![event]),
             received: tokio::time::Instant::now(),
+            herd: 1,
         })
     }
 

@@ -93,6 +93,7 @@ fn by_revision(events: Vec<PbEvent>, received: Instant) -> Vec<Revision> {
                 revision: current_revision.unwrap_or_default(),
                 events: Arc::from(std::mem::take(&mut current)),
                 received,
+                herd: 1,
             });
         }
         current_revision = Some(revision);
@@ -103,6 +104,7 @@ fn by_revision(events: Vec<PbEvent>, received: Instant) -> Vec<Revision> {
             revision,
             events: Arc::from(current),
             received,
+            herd: 1,
         });
     }
     revisions
