@@ -128,7 +128,7 @@ case "$mode" in
       DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq etcd-server >/dev/null 2>&1 ||
         { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq etcd-server >/dev/null; }
     fi
-    echo "== $(etcd --version | head -1)"
+    echo "== $(etcd --version | sed -n 1p)"
     cports=() pports=() cluster=""
     for i in 1 2 3; do
       cports+=("$(free_port)"); pports+=("$(free_port)")

@@ -17,7 +17,8 @@ source scripts/stages.sh
 source scripts/compile-cache.sh
 log=$(mktemp)
 cache_line=""
-trap 'stage_table; echo "$cache_line"; rm -f "$log"' EXIT
+# The table and the cache line are reports: they never change the status.
+trap 'status=$?; stage_table || true; echo "$cache_line"; rm -f "$log"; exit "$status"' EXIT
 # Output also goes to $log, for the closing count of tests.
 logged() { "$@" 2>&1 | tee -a "$log"; }
 
