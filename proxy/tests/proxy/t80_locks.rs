@@ -261,6 +261,12 @@ async fn http_locks_grant_fencing_tokens_that_fence_off_an_old_holder() {
         (408, Some("lock_timeout")),
         "{body}"
     );
+    // Its place is gone when it is told so: the same session may queue
+    // again at once, under the same key, and a removal still in flight
+    // would take the new place (seen: the waiter below told its session
+    // had expired).
+    let state = api.get("/locks/db").await.expect("the lock");
+    assert_eq!(state["waiters"], json!([]), "{state}");
     // ...and waits for it in line.
     let waiting = {
         let (api, body) = (

@@ -75,7 +75,7 @@ pub async fn acquire<B: LockBackend>(
             if let Some(owed) = owed {
                 metrics::counter!(LOCK_DELAYS.name).increment(1);
                 if let Err(e) = sleep_within(deadline, owed).await {
-                    place.give_up();
+                    place.leave_now().await;
                     return Err(e);
                 }
                 // Waited out: not owed again when it reads it is first.

@@ -344,7 +344,22 @@ impl<B: LockBackend> Place<B> {
         }
     }
 
-    /// Removes the key now (on its own task), once.
+    /// Removes the key before returning (its caller is still there, and
+    /// may acquire again with the same session, so the same key: a
+    /// removal still in flight would then delete the new place), once.
+    /// On an error the key goes with its lease at the latest.
+    pub(super) async fn leave_now(&mut self) {
+        if !self.armed {
+            return;
+        }
+        self.armed = false;
+        let remove = leave(&self.key, self.revision);
+        if let Err(e) = self.backend.txn(remove).await {
+            tracing::debug!(error = %e, "a contender's queue key was not removed");
+        }
+    }
+
+    /// Removes the key now (on its own task: the caller went away), once.
     pub(super) fn give_up(&mut self) {
         if !self.armed {
             return;
@@ -401,7 +416,7 @@ pub(super) async fn wait_for_turn<B: LockBackend>(
     )
     .await;
     if waited.is_err() {
-        place.give_up();
+        place.leave_now().await;
     }
     Ok(Turn {
         header: waited?,
