@@ -12,6 +12,8 @@ use crate::raft::{NodeId, Raft};
 use crate::storage::codec;
 use latchkey_shared::peer::peer_client::PeerClient;
 use latchkey_shared::ApiError;
+use std::future::Future;
+use std::time::Duration;
 use tokio::time::Instant;
 use tonic::transport::Channel;
 
@@ -56,7 +58,7 @@ impl PeerClients {
 }
 
 /// Sends `req` to `leader` at `addr` once (as [`PeerClients::send`]), and
-/// gives up as soon as this member no longer names `leader` as leader: a
+/// gives up soon after this member no longer names `leader` as leader: a
 /// leader cut off or paused never answers, and waiting out the request
 /// timeout for it would stall every request forwarded meanwhile long after
 /// a new leader took over. The outcome is then unknown (the old leader
@@ -68,10 +70,38 @@ pub async fn send_to_leader(
     req: &Forward,
     deadline: Instant,
 ) -> Result<ForwardReply, ApiError> {
+    answer_unless_gone(
+        peers.send(addr, req, deadline),
+        leader_gone(raft, leader),
+        leader,
+    )
+    .await
+}
+
+/// How long a send still may report its own outcome once its leader is
+/// gone. A dead leader's port refuses the connection at once, which proves
+/// the request never left; without this moment, an election that starts
+/// while such an attempt is under way turned a write that was never sent
+/// into one of unknown outcome, answered before the request timeout (seen
+/// in CI: `t30_failover::without_a_quorum_…`, 933 ms into a 1.5 s timeout).
+const OWN_VERDICT_GRACE: Duration = Duration::from_millis(100);
+
+/// `send`'s answer; once `gone` resolves, whatever `send` reports within
+/// [`OWN_VERDICT_GRACE`], else an unknown outcome.
+async fn answer_unless_gone(
+    send: impl Future<Output = Result<ForwardReply, ApiError>>,
+    gone: impl Future<Output = ()>,
+    leader: NodeId,
+) -> Result<ForwardReply, ApiError> {
+    tokio::pin!(send);
     tokio::select! {
         biased;
-        reply = peers.send(addr, req, deadline) => reply,
-        () = leader_gone(raft, leader) => Err(ApiError::write_outcome_unknown(format!(
+        reply = &mut send => return reply,
+        () = gone => {}
+    }
+    match tokio::time::timeout(OWN_VERDICT_GRACE, send).await {
+        Ok(reply) => reply,
+        Err(_) => Err(ApiError::write_outcome_unknown(format!(
             "the leader changed while the request was with member {leader}"
         ))),
     }
@@ -119,7 +149,6 @@ mod tests {
     use crate::raft::command::Request;
     use latchkey_shared::etcdpb::PbPutRequest;
     use latchkey_shared::Retry;
-    use std::time::Duration;
     use tokio::io::AsyncReadExt;
     use tokio::net::TcpListener;
 
@@ -184,5 +213,29 @@ mod tests {
         );
         assert_eq!(e.retry(), Retry::OutcomeUnknown);
         assert!(!a_write().is_idempotent(), "a write is never sent twice");
+    }
+
+    /// The race CI met: the election starts while an attempt to reach the
+    /// dead leader is under way. The refusal that follows proves the write
+    /// never left, so it may be sent again; only a send that stays silent
+    /// past the grace has an unknown outcome.
+    #[tokio::test(start_paused = true)]
+    async fn a_send_refused_just_after_its_leader_is_gone_is_safe_to_send_again() {
+        let refused = async {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            Err(ApiError::unavailable("the request was not sent: refused"))
+        };
+        let e = answer_unless_gone(refused, std::future::ready(()), 1)
+            .await
+            .expect_err("refused");
+        assert_eq!(e.retry(), Retry::Safe, "{e}");
+
+        let silent = std::future::pending();
+        let started = Instant::now();
+        let e = answer_unless_gone(silent, std::future::ready(()), 1)
+            .await
+            .expect_err("silent");
+        assert_eq!(e.retry(), Retry::OutcomeUnknown, "{e}");
+        assert_eq!(started.elapsed(), OWN_VERDICT_GRACE);
     }
 }

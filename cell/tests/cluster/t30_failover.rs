@@ -203,7 +203,7 @@ async fn without_a_quorum_requests_wait_then_fail_unavailable_and_recover() {
     assert!(text.starts_with("Unavailable: "), "{text}");
     assert!(
         waited >= Duration::from_millis(1000) && waited < Duration::from_secs(5),
-        "waited {waited:?}"
+        "waited {waited:?}: {text}"
     );
     let err = c
         .get("q/before", None)
