@@ -102,6 +102,20 @@ pub const READ_INDEX_ROUNDS: Metric = Metric {
     help: "Read-index rounds this member ran, each confirming every caller that arrived before it began (waits per round is the sharing).",
 };
 
+pub const FORWARDED_KEEP_ALIVES: Metric = Metric {
+    name: "latchkey_forwarded_keep_alives_total",
+    kind: Kind::Counter,
+    unit: Unit::Count,
+    help: "Keep-alives this member sent on to the leader while it followed.",
+};
+
+pub const FORWARDED_KEEP_ALIVE_BATCHES: Metric = Metric {
+    name: "latchkey_forwarded_keep_alive_batches_total",
+    kind: Kind::Counter,
+    unit: Unit::Count,
+    help: "Peer calls that carried those keep-alives: keep-alives that arrive together go in one refresh batch (keep-alives per batch is the sharing).",
+};
+
 pub const PEER_REQUESTS_REFUSED: Metric = Metric {
     name: "latchkey_peer_requests_refused_total",
     kind: Kind::Counter,
@@ -272,6 +286,8 @@ pub const ALL: &[Metric] = &[
     LOG_WRITES_PER_FSYNC,
     READ_INDEX_WAITS,
     READ_INDEX_ROUNDS,
+    FORWARDED_KEEP_ALIVES,
+    FORWARDED_KEEP_ALIVE_BATCHES,
     PEER_REQUESTS_REFUSED,
     REVISION,
     KEYS,

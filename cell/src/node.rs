@@ -15,7 +15,8 @@ use crate::lease::leader_leases::{LeaderLeases, LeaseTtl};
 use crate::lease::lessor::Lessor;
 use crate::membership::Membership;
 use crate::metrics_catalog::{
-    LEASE_KEEPALIVES, PROPOSAL_COMMIT_SECONDS, REFRESH_BATCHES, REFRESH_BATCH_LEASES,
+    FORWARDED_KEEP_ALIVES, FORWARDED_KEEP_ALIVE_BATCHES, LEASE_KEEPALIVES, PROPOSAL_COMMIT_SECONDS,
+    REFRESH_BATCHES, REFRESH_BATCH_LEASES,
 };
 use crate::peer::client::{leader, send_to_leader, PeerClients};
 use crate::peer::protocol::{Forward, ForwardHandler, ForwardReply, MembershipChange};
@@ -28,6 +29,7 @@ use crate::raft::{errors, NodeId, Raft};
 use crate::state_machine::store::SharedState;
 use crate::state_machine::watch_hub::WatchHub;
 use latchkey_shared::etcdpb::PbResponseHeader;
+use latchkey_shared::lease_id::LeaseId;
 use latchkey_shared::lifecycle::Lifecycle;
 use latchkey_shared::ApiError;
 use std::future::Future;
@@ -73,6 +75,9 @@ pub struct CellNode {
     /// Writes on their way to the leader from this member while it
     /// follows: concurrent ones travel in one message.
     forwarder: Batcher<Request, Committed>,
+    /// Keep-alives on their way to the leader from this member while it
+    /// follows: concurrent ones travel as one refresh batch.
+    keep_alive_forwarder: Batcher<i64, Result<i64, ApiError>>,
     peers: PeerClients,
 }
 
@@ -98,6 +103,8 @@ impl CellNode {
         );
         let forwarder =
             start_forwarder(cfg.id, &raft, &peers, &lifecycle, &limits, request_timeout);
+        let keep_alive_forwarder =
+            start_keep_alive_forwarder(cfg.id, &raft, &peers, &lifecycle, request_timeout);
         CellNode {
             id: cfg.id,
             cluster_id: cfg.cluster_id,
@@ -127,6 +134,7 @@ impl CellNode {
             barrier_rounds: SharedRounds::default(),
             proposer,
             forwarder,
+            keep_alive_forwarder,
             peers,
         }
     }
@@ -312,12 +320,38 @@ impl CellNode {
         }
     }
 
-    /// A keep-alive, wherever it arrives: returns the lease's TTL.
+    /// A keep-alive, wherever it arrives: returns the lease's TTL. On a
+    /// follower it goes to the leader with the keep-alives that go at the
+    /// same time, in one refresh batch: one peer call per batch rather than
+    /// one per keep-alive.
     pub async fn keep_alive(&self, id: i64) -> Result<i64, ApiError> {
         metrics::counter!(LEASE_KEEPALIVES.name).increment(1);
-        match self.on_leader(Forward::KeepAlive { id }).await? {
-            ForwardReply::KeepAlive { ttl } => Ok(ttl),
-            other => Err(unexpected(other)),
+        let deadline = Instant::now() + self.request_timeout;
+        loop {
+            let here = self.raft.metrics().borrow().current_leader == Some(self.id);
+            let result = if here {
+                self.on_leader(Forward::KeepAlive { id })
+                    .await
+                    .and_then(|reply| match reply {
+                        ForwardReply::KeepAlive { ttl } => Ok(ttl),
+                        other => Err(unexpected(other)),
+                    })
+            } else {
+                tokio::time::timeout_at(deadline, self.keep_alive_forwarder.submit(id))
+                    .await
+                    .unwrap_or_else(|_| Some(Err(ApiError::timeout())))
+                    .unwrap_or_else(|| Err(errors::fatal("the forwarder stopped")))
+            };
+            let resend = result
+                .as_ref()
+                .is_err_and(|e| Forward::KeepAlive { id }.may_resend_after(e, here));
+            if !resend || Instant::now() >= deadline {
+                return result;
+            }
+            tokio::time::sleep(
+                LEADER_RETRY.min(deadline.saturating_duration_since(Instant::now())),
+            )
+            .await;
         }
     }
 
@@ -459,6 +493,67 @@ fn start_forwarder(
         },
     )
 }
+
+/// The follower's side of keep-alives: those that arrive while earlier
+/// ones are on their way go to the leader as one `Forward::RefreshBatch`
+/// (what a proxy sends once per tick). A group that finds this member
+/// leading is answered `not_leader`, and each is then served here.
+fn start_keep_alive_forwarder(
+    id: NodeId,
+    raft: &Raft,
+    peers: &PeerClients,
+    lifecycle: &Lifecycle,
+    request_timeout: Duration,
+) -> Batcher<i64, Result<i64, ApiError>> {
+    let (raft, peers) = (raft.clone(), peers.clone());
+    let limits = batching::Limits {
+        in_flight: FORWARDS_IN_FLIGHT,
+        max_items: MAX_FORWARDED_KEEP_ALIVES,
+        max_bytes: usize::MAX,
+    };
+    Batcher::start(
+        lifecycle,
+        limits,
+        |_| 0,
+        move |ids: Vec<i64>| {
+            let (raft, peers) = (raft.clone(), peers.clone());
+            async move {
+                let count = ids.len();
+                let deadline = Instant::now() + request_timeout;
+                let (leader, addr) = match leader(&raft, deadline).await {
+                    Ok(found) => found,
+                    Err(e) => return vec![Err(e); count],
+                };
+                if leader == id {
+                    return vec![Err(ApiError::not_leader(Some(id))); count];
+                }
+                metrics::counter!(FORWARDED_KEEP_ALIVE_BATCHES.name).increment(1);
+                metrics::counter!(FORWARDED_KEEP_ALIVES.name).increment(count as u64);
+                let req = Forward::RefreshBatch { ids: ids.clone() };
+                match send_to_leader(&raft, &peers, (leader, &addr), &req, deadline).await {
+                    Ok(ForwardReply::Refreshed { ttls }) if ttls.len() == count => {
+                        ids.into_iter().zip(ttls).map(refreshed).collect()
+                    }
+                    Ok(other) => vec![Err(unexpected(other)); count],
+                    Err(e) => vec![Err(e); count],
+                }
+            }
+        },
+    )
+}
+
+/// One lease's answer in a refresh batch: its TTL, or -1 when it does not
+/// exist.
+fn refreshed((id, ttl): (i64, i64)) -> Result<i64, ApiError> {
+    if ttl < 0 {
+        Err(ApiError::lease_not_found(LeaseId(id)))
+    } else {
+        Ok(ttl)
+    }
+}
+
+/// Keep-alives in one forwarded refresh batch at most.
+const MAX_FORWARDED_KEEP_ALIVES: usize = 4096;
 
 /// Forwarded groups under way at once from one follower.
 const FORWARDS_IN_FLIGHT: usize = 8;

@@ -1,8 +1,10 @@
 //! What the cell's speed rests on, asserted as behaviour, not as speed:
-//! concurrent writes share log entries and fsyncs (group commit), and
-//! concurrent linearizable reads share leadership rounds. Each check also
-//! asserts that sharing lost nothing: every write has its own revision and
-//! is read back, every read sees the write acknowledged before it began.
+//! concurrent writes share log entries and fsyncs (group commit),
+//! concurrent linearizable reads share leadership rounds, and concurrent
+//! keep-alives on a follower share peer calls to the leader. Each check
+//! also asserts that sharing lost nothing: every write has its own revision
+//! and is read back, every read sees the write acknowledged before it
+//! began, every keep-alive is answered for its own lease.
 
 use crate::CELL_BIN;
 use etcd_client::{Client, GetOptions};
@@ -21,6 +23,7 @@ async fn concurrent_writes_share_fsyncs_and_concurrent_reads_share_leadership_ro
 
     check_concurrent_writes_share_fsyncs(&cluster, leader, &c).await;
     check_concurrent_reads_share_rounds(&cluster, follower, &c).await;
+    check_concurrent_keep_alives_share_peer_calls(&cluster, follower).await;
 }
 
 async fn check_concurrent_writes_share_fsyncs(cluster: &Cluster, leader: u64, c: &Client) {
@@ -124,4 +127,66 @@ async fn read_index_counts(cluster: &Cluster) -> (f64, f64) {
             .unwrap_or(0.0);
     }
     counts
+}
+
+/// Keep-alives on a follower, one stream per lease as etcd's clients keep
+/// them: those sent at once reach the leader in shared refresh batches,
+/// and each is answered with its own lease's TTL (0 for a revoked one).
+async fn check_concurrent_keep_alives_share_peer_calls(cluster: &Cluster, follower: u64) {
+    let mut c = cluster.client(follower).await;
+    let mut streams = Vec::new();
+    for i in 0..CONCURRENT {
+        let ttl = 30 + i as i64;
+        let id = c.lease_grant(ttl, None).await.expect("grant").id();
+        streams.push((id, ttl, c.lease_keep_alive(id).await.expect("stream")));
+    }
+    let (revoked, _, _) = streams[0];
+    c.lease_revoke(revoked).await.expect("revoke");
+    let before = forwarded_keep_alive_counts(cluster, follower).await;
+    for _ in 0..ROUNDS {
+        let rounds = streams
+            .iter_mut()
+            .map(|(id, ttl, (keeper, stream))| async move {
+                keeper.keep_alive().await.expect("send a keep-alive");
+                let resp = stream
+                    .message()
+                    .await
+                    .expect("a keep-alive answer")
+                    .expect("the stream stays open");
+                (*id, *ttl, resp.id(), resp.ttl())
+            });
+        for (id, ttl, answered_id, answered_ttl) in futures::future::join_all(rounds).await {
+            let expected = if id == revoked { 0 } else { ttl };
+            assert_eq!(
+                (answered_id, answered_ttl),
+                (id, expected),
+                "lease {id} (TTL {ttl}) was answered for another lease or with another TTL"
+            );
+        }
+    }
+    let after = forwarded_keep_alive_counts(cluster, follower).await;
+    let (keep_alives, batches) = (after.0 - before.0, after.1 - before.1);
+    assert!(
+        keep_alives >= (ROUNDS * CONCURRENT) as f64,
+        "{keep_alives} keep-alives forwarded for {} sent to a follower",
+        ROUNDS * CONCURRENT
+    );
+    assert!(
+        batches >= 1.0 && batches < keep_alives / 2.0,
+        "{keep_alives} forwarded keep-alives took {batches} peer calls: they did not share them"
+    );
+}
+
+/// Keep-alives `follower` sent on to the leader, and the peer calls that
+/// carried them.
+async fn forwarded_keep_alive_counts(cluster: &Cluster, follower: u64) -> (f64, f64) {
+    let keep_alives = cluster
+        .metric(follower, "latchkey_forwarded_keep_alives_total")
+        .await
+        .unwrap_or(0.0);
+    let batches = cluster
+        .metric(follower, "latchkey_forwarded_keep_alive_batches_total")
+        .await
+        .unwrap_or(0.0);
+    (keep_alives, batches)
 }
