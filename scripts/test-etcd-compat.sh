@@ -14,7 +14,10 @@
 #   test result: ok. N passed; M failed;
 #
 # counting the top-level tests (one per API area), and exits non-zero if any
-# failed. COMPAT_GO_TIMEOUT (default 15m) bounds the go test run.
+# failed. With --latchkey it also starts latchkey-proxy (from BIN's
+# directory, default flags) in front of the cell and passes it as
+# LATCHKEY_PROXY_ENDPOINT: TestHandoffRates reports the concurrency recipes'
+# handoffs/s through it and straight to the members. COMPAT_GO_TIMEOUT (default 15m) bounds the go test run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -96,8 +99,10 @@ check_alive() {
   local i
   for i in "${!pids[@]}"; do
     if ! kill -0 "${pids[$i]}" 2>/dev/null; then
-      echo "member $((i + 1)) exited; its log:" >&2
-      tail -n 40 "$work/member-$((i + 1)).log" >&2 || true
+      local what="member $((i + 1))" log="$work/member-$((i + 1)).log"
+      [ "$i" -lt 3 ] || { what="the proxy"; log="$work/proxy.log"; }
+      echo "$what exited; its log:" >&2
+      tail -n 40 "$log" >&2 || true
       exit 1
     fi
   done
@@ -167,6 +172,16 @@ case "$mode" in
     done
     ready_urls=()
     for m in "${mports[@]}"; do ready_urls+=("http://127.0.0.1:$m/readyz"); done
+    # A proxy in front of the cell with its default flags, for the handoff
+    # rates: the proxy binary built next to the cell's.
+    proxy_bin=$(dirname "$bin")/latchkey-proxy
+    [ -x "$proxy_bin" ] || { echo "$proxy_bin is missing: build latchkey-proxy with the cell" >&2; exit 1; }
+    proxy_port=$(free_port) proxy_http=$(free_port) proxy_metrics=$(free_port)
+    "$proxy_bin" --grpc-addr "127.0.0.1:$proxy_port" --http-addr "127.0.0.1:$proxy_http" \
+      --metrics-addr "127.0.0.1:$proxy_metrics" \
+      --cells "$(printf '127.0.0.1:%s,' "${cports[@]}" | sed 's/,$//')" >"$work/proxy.log" 2>&1 &
+    pids+=($!)
+    ready_urls+=("http://127.0.0.1:$proxy_http/readyz")
     ;;
 esac
 # A cluster started here: wait until every member answers, then test it.
@@ -174,6 +189,7 @@ if [ -n "${ready_urls+set}" ]; then
   wait_ready "${ready_urls[@]}"
   eps=$(printf '127.0.0.1:%s,' "${cports[@]}"); eps=${eps%,}
   export LATCHKEY_FRESH=1 LATCHKEY_PROGRESS_NOTIFY_INTERVAL=1s
+  [ -z "${proxy_port:-}" ] || export LATCHKEY_PROXY_ENDPOINT=127.0.0.1:$proxy_port
 fi
 
 # --- Tests -----------------------------------------------------------------------
@@ -200,6 +216,10 @@ if [ "$failed" != 0 ]; then
       echo "--- member $i log (last 15 lines):"
       tail -n 15 "$work/member-$i.log" || true
     done
+    if [ -f "$work/proxy.log" ]; then
+      echo "--- proxy log (last 15 lines):"
+      tail -n 15 "$work/proxy.log" || true
+    fi
   fi
 fi
 echo "== $mode: $((SECONDS - start)) s"
