@@ -196,6 +196,13 @@ pub const CACHE_BYTES: Metric = Metric {
     help: "Size of the key-values the read cache holds.",
 };
 
+pub const CACHE_NOT_ADMITTED: Metric = Metric {
+    name: "latchkey_proxy_cache_not_admitted_total",
+    kind: Kind::Counter,
+    unit: Unit::Count,
+    help: "Ranges read often enough to cache that the full read cache did not take: every range it holds was read within the last 10 s (the read was forwarded).",
+};
+
 pub const CACHE_EVICTIONS: Metric = Metric {
     name: "latchkey_proxy_cache_evictions_total",
     kind: Kind::Counter,
@@ -230,6 +237,7 @@ pub const ALL: &[Metric] = &[
     CACHE_MISSES,
     CACHE_RANGES,
     CACHE_BYTES,
+    CACHE_NOT_ADMITTED,
     CACHE_EVICTIONS,
 ];
 

@@ -4,6 +4,15 @@
 //!
 //! - A range is cached after its second serializable miss, or its first
 //!   when clients already watch it (its shared watch exists anyway).
+//! - Caching must pay: a range costs a read and a watch to fill and a
+//!   cancel to evict, more than forwarding a read. A full cache therefore
+//!   takes a new range only in place of one nobody has read for
+//!   [`IDLE_BEFORE_REPLACED`]; when clients read more ranges than it holds
+//!   (random keys over a large keyspace), it keeps the ones it has and
+//!   forwards the rest rather than trading one range for another on every
+//!   miss. The least recently used range is found among
+//!   [`EVICTION_SAMPLES`] drawn at random (as Redis does), so a miss costs
+//!   the same with 10 ranges cached or 65 536.
 //! - Filling: one serializable read of the whole range at revision R,
 //!   then a subscription to the coalescer from R + 1. The coalescer hands
 //!   over every revision after R once, in order, whatever member serves
@@ -28,15 +37,16 @@
 //!   the read goes to the cell (the caller's part, see `cache::serve`).
 
 use super::cached_range::CachedRange;
-use crate::metrics_catalog::{CACHE_BYTES, CACHE_EVICTIONS, CACHE_RANGES};
+use crate::metrics_catalog::{CACHE_BYTES, CACHE_EVICTIONS, CACHE_NOT_ADMITTED, CACHE_RANGES};
 use crate::upstream::{Cell, Kind, Route};
 use crate::watch::coalescer::{Coalescer, Subscription};
 use crate::watch::{Item, WatchKey};
+use indexmap::IndexMap;
 use latchkey_shared::etcd_methods::kv::RANGE;
 use latchkey_shared::etcd_methods::maintenance::STATUS;
 use latchkey_shared::etcdpb::{PbRangeRequest, PbRangeResponse, PbStatusRequest, PbStatusResponse};
 use latchkey_shared::KeyRange;
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -51,15 +61,27 @@ pub const STALE_AFTER: Duration = Duration::from_secs(1);
 /// leader for its revision.
 pub const PROGRESS_EVERY: Duration = Duration::from_millis(200);
 
+/// How often progress is asked for while the leader's revision does not
+/// move: often enough that a quiet range on a healthy member stays
+/// confirmed within [`STALE_AFTER`].
+pub const CONFIRM_EVERY: Duration = Duration::from_millis(400);
+
 /// How old a sample of the leader's revision is before every answer must
 /// reflect it ([`ReadCache::vouched`]).
 pub const VOUCH_LAG: Duration = Duration::from_millis(400);
 
-/// Most ranges cached at once (each holds one subscription).
-const MAX_RANGES: usize = 4096;
+/// Most ranges cached at once. Each holds a watch on a member and costs an
+/// item per progress round, cached or idle.
+const MAX_RANGES: usize = 16_384;
 
 /// Ranges remembered as missed once; past this the memory is cleared.
-const MAX_SEEN: usize = 4 * MAX_RANGES;
+const MAX_SEEN: usize = MAX_RANGES;
+
+/// A full cache replaces only a range unread for this long.
+const IDLE_BEFORE_REPLACED: Duration = Duration::from_secs(10);
+
+/// Ranges drawn to find the least recently used one.
+const EVICTION_SAMPLES: usize = 8;
 
 struct Filled {
     data: CachedRange,
@@ -70,6 +92,7 @@ struct Filled {
 struct Slot {
     range: KeyRange,
     state: Mutex<Option<Filled>>,
+    /// When it was last read: milliseconds since the cache's epoch.
     last_used: AtomicU64,
     /// Ends the range's feed (eviction).
     stop: CancellationToken,
@@ -83,7 +106,8 @@ impl Slot {
 
 #[derive(Default)]
 struct Slots {
-    by_range: HashMap<KeyRange, Arc<Slot>>,
+    /// Indexed as well as keyed: eviction draws ranges at random.
+    by_range: IndexMap<KeyRange, Arc<Slot>>,
     /// Ranges missed once.
     seen: HashSet<KeyRange>,
 }
@@ -95,7 +119,8 @@ pub struct ReadCache {
     budget: usize,
     slots: Mutex<Slots>,
     bytes: AtomicI64,
-    clock: AtomicU64,
+    /// What `Slot::last_used` counts from.
+    epoch: Instant,
     /// The leader's revision, sampled.
     samples: Mutex<LeaderSamples>,
 }
@@ -125,6 +150,46 @@ impl LeaderSamples {
     }
 }
 
+/// Whether one more range fits among `slots`, at most `max`.
+enum Room {
+    Free,
+    /// In place of this range, unread for [`IDLE_BEFORE_REPLACED`].
+    Replacing(Arc<Slot>),
+    /// Every range drawn was read more recently.
+    Full,
+}
+
+fn room(slots: &Slots, now_ms: u64, max: usize) -> Room {
+    if slots.by_range.len() < max {
+        return Room::Free;
+    }
+    let idle_since = now_ms.saturating_sub(IDLE_BEFORE_REPLACED.as_millis() as u64);
+    match least_recently_used(slots) {
+        Some(victim) if victim.last_used.load(Ordering::Relaxed) <= idle_since => {
+            Room::Replacing(victim)
+        }
+        _ => Room::Full,
+    }
+}
+
+/// The least recently read of [`EVICTION_SAMPLES`] ranges drawn at random
+/// (all of them when there are no more).
+fn least_recently_used(slots: &Slots) -> Option<Arc<Slot>> {
+    let n = slots.by_range.len();
+    let draw = |k: usize| {
+        if n <= EVICTION_SAMPLES {
+            k
+        } else {
+            fastrand::usize(..n)
+        }
+    };
+    (0..n.min(EVICTION_SAMPLES))
+        .map(draw)
+        .filter_map(|i| slots.by_range.get_index(i).map(|(_, slot)| slot))
+        .min_by_key(|slot| slot.last_used.load(Ordering::Relaxed))
+        .cloned()
+}
+
 /// Whether the cache may answer `req`: a serializable read of the
 /// current revision.
 fn cacheable(req: &PbRangeRequest) -> bool {
@@ -139,13 +204,18 @@ impl ReadCache {
             budget,
             slots: Mutex::new(Slots::default()),
             bytes: AtomicI64::new(0),
-            clock: AtomicU64::new(0),
+            epoch: Instant::now(),
             samples: Mutex::new(LeaderSamples::default()),
         })
     }
 
     fn slots(&self) -> MutexGuard<'_, Slots> {
         self.slots.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Now, as `Slot::last_used` counts.
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
     }
 
     /// Bytes the cached ranges hold.
@@ -178,10 +248,7 @@ impl ReadCache {
         }
         let range = KeyRange::new(req.key.clone(), req.range_end.clone());
         let slot = self.slots().by_range.get(&range).cloned()?;
-        slot.last_used.store(
-            self.clock.fetch_add(1, Ordering::Relaxed),
-            Ordering::Relaxed,
-        );
+        slot.last_used.store(self.now_ms(), Ordering::Relaxed);
         let state = slot.state();
         let filled = state.as_ref()?;
         let revision = filled.data.revision();
@@ -223,13 +290,19 @@ impl ReadCache {
                 slots.seen.insert(range);
                 return;
             }
-            if slots.by_range.len() >= MAX_RANGES {
-                self.evict_one(&mut slots);
+            let now = self.now_ms();
+            match room(&slots, now, MAX_RANGES) {
+                Room::Free => {}
+                Room::Replacing(victim) => self.evict(&mut slots, &victim),
+                Room::Full => {
+                    metrics::counter!(CACHE_NOT_ADMITTED.name).increment(1);
+                    return;
+                }
             }
             let slot = Arc::new(Slot {
                 range: range.clone(),
                 state: Mutex::new(None),
-                last_used: AtomicU64::new(self.clock.fetch_add(1, Ordering::Relaxed)),
+                last_used: AtomicU64::new(now),
                 stop: CancellationToken::new(),
             });
             slots.by_range.insert(range, slot.clone());
@@ -321,7 +394,7 @@ impl ReadCache {
                 .get(&slot.range)
                 .is_some_and(|s| Arc::ptr_eq(s, slot))
             {
-                slots.by_range.remove(&slot.range);
+                slots.by_range.swap_remove(&slot.range);
             }
         }
         self.discard(slot);
@@ -335,52 +408,59 @@ impl ReadCache {
         self.add_bytes(-freed);
     }
 
-    /// Evicts the least recently used range.
-    fn evict_one(&self, slots: &mut Slots) {
-        let oldest = slots
-            .by_range
-            .values()
-            .min_by_key(|s| s.last_used.load(Ordering::Relaxed))
-            .cloned();
-        if let Some(slot) = oldest {
-            slots.by_range.remove(&slot.range);
-            self.discard(&slot);
-            metrics::counter!(CACHE_EVICTIONS.name).increment(1);
-        }
+    /// Drops `slot`, a range in `slots`, from the cache.
+    fn evict(&self, slots: &mut Slots, slot: &Arc<Slot>) {
+        slots.by_range.swap_remove(&slot.range);
+        self.discard(slot);
+        metrics::counter!(CACHE_EVICTIONS.name).increment(1);
     }
 
     /// Evicts least recently used ranges until the cache fits its budget.
     fn evict_over_budget(&self) {
         while self.bytes() > self.budget as i64 {
             let mut slots = self.slots();
-            if slots.by_range.is_empty() {
+            let Some(victim) = least_recently_used(&slots) else {
                 return;
-            }
-            self.evict_one(&mut slots);
+            };
+            self.evict(&mut slots, &victim);
         }
     }
 
     /// Every [`PROGRESS_EVERY`]: samples the leader's revision, then asks
     /// the members for progress while ranges are cached, so quiet ones
-    /// stay confirmed past the sample; ends with `stop`.
+    /// stay confirmed past the sample; ends with `stop`. While the leader's
+    /// revision stands still, the ranges are already past it and progress
+    /// only renews their confirmation: asked for every [`CONFIRM_EVERY`]
+    /// then. (Every progress costs one item per cached range.)
     pub async fn keep_fresh(self: Arc<Self>, stop: CancellationToken) {
         let mut tick = tokio::time::interval(PROGRESS_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // When progress was last asked for, and the leader's revision then.
+        let mut asked: Option<(Instant, i64)> = None;
         loop {
             tokio::select! {
                 _ = stop.cancelled() => return,
                 _ = tick.tick() => {}
             }
-            self.sample_leader().await;
-            if self.ranges() > 0 {
+            let leader = self.sample_leader().await;
+            if self.ranges() == 0 {
+                continue;
+            }
+            let due = match (asked, leader) {
+                (Some((at, then)), Some(now)) => now != then || at.elapsed() >= CONFIRM_EVERY,
+                _ => true,
+            };
+            if due {
                 self.coalescer.request_progress().await;
+                asked = leader.map(|revision| (Instant::now(), revision));
             }
         }
     }
 
     /// Asks the leader for its revision (one try: the next tick tries
-    /// again) and keeps it as a sample taken when it was asked.
-    async fn sample_leader(&self) {
+    /// again) and keeps it as a sample taken when it was asked; the
+    /// revision, if the leader answered.
+    async fn sample_leader(&self) -> Option<i64> {
         let asked = Instant::now();
         let status = tokio::time::timeout(
             PROGRESS_EVERY,
@@ -401,13 +481,82 @@ impl ReadCache {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .add(asked, header.revision);
+            return Some(header.revision);
         }
+        None
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Slots of single keys `k0`, `k1`, ..., each last read at the given
+    /// millisecond.
+    fn slots_read_at(times: &[u64]) -> Slots {
+        let mut slots = Slots::default();
+        for (i, at) in times.iter().enumerate() {
+            let range = KeyRange::new(format!("k{i}").into_bytes(), Vec::new());
+            let slot = Arc::new(Slot {
+                range: range.clone(),
+                state: Mutex::new(None),
+                last_used: AtomicU64::new(*at),
+                stop: CancellationToken::new(),
+            });
+            slots.by_range.insert(range, slot);
+        }
+        slots
+    }
+
+    fn key_of(room: Room) -> Option<Vec<u8>> {
+        match room {
+            Room::Replacing(victim) => Some(victim.range.start.clone()),
+            Room::Free | Room::Full => None,
+        }
+    }
+
+    /// A full cache trades a range only for one nobody reads any more:
+    /// when every range is in use (random reads over more keys than it
+    /// holds), a newcomer is forwarded instead of evicting a range that
+    /// would be missed and filled again a moment later.
+    #[test]
+    fn a_full_cache_replaces_only_a_range_left_unread() {
+        let idle = IDLE_BEFORE_REPLACED.as_millis() as u64;
+        let now = 100_000;
+        let busy = slots_read_at(&[now - 10, now - idle + 1, now - 500, now]);
+        assert!(matches!(room(&busy, now, 5), Room::Free));
+        assert!(
+            matches!(room(&busy, now, 4), Room::Full),
+            "every range was read within {IDLE_BEFORE_REPLACED:?}: nothing to replace"
+        );
+        let one_idle = slots_read_at(&[now - 10, now - idle - 1, now - idle + 1, now]);
+        assert_eq!(key_of(room(&one_idle, now, 4)), Some(b"k1".to_vec()));
+    }
+
+    /// Over many ranges the victim is drawn, not searched for, and is the
+    /// oldest of its draw: with nine ranges in ten idle, an idle one.
+    #[test]
+    fn the_victim_is_the_least_recently_read_of_its_draw() {
+        fastrand::seed(29);
+        let now = 1_000_000;
+        let times: Vec<u64> = (0..10_000)
+            .map(|i| if i % 10 == 0 { now } else { i })
+            .collect();
+        let slots = slots_read_at(&times);
+        for _ in 0..100 {
+            let victim = least_recently_used(&slots).expect("a victim");
+            assert!(
+                victim.last_used.load(Ordering::Relaxed) < now,
+                "the victim was read at {now}, with 9 000 idle ranges to draw from"
+            );
+        }
+        let few = slots_read_at(&[30, 10, 20]);
+        assert_eq!(
+            least_recently_used(&few).map(|v| v.range.start.clone()),
+            Some(b"k1".to_vec()),
+            "up to {EVICTION_SAMPLES} ranges, every one is looked at"
+        );
+    }
 
     #[test]
     fn an_answer_must_reach_the_leaders_revision_once_its_sample_is_a_lag_old() {
