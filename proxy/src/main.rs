@@ -22,12 +22,14 @@ fn main() -> ExitCode {
 async fn run(mut cfg: Config) -> anyhow::Result<()> {
     telemetry::init_tracing(&cfg.log).map_err(anyhow::Error::msg)?;
     #[cfg(debug_assertions)]
-    if cfg.unsafe_retry_ambiguous_writes {
-        latchkey_proxy::chaos::retry_ambiguous_writes();
-    }
-    #[cfg(debug_assertions)]
-    if cfg.unsafe_forget_write_floors {
-        latchkey_proxy::chaos::forget_write_floors();
+    {
+        use latchkey_proxy::chaos::{switch_on, Defect};
+        if cfg.unsafe_retry_ambiguous_writes {
+            switch_on(Defect::RetryAmbiguousWrites);
+        }
+        if cfg.unsafe_forget_write_floors {
+            switch_on(Defect::ForgetWriteFloors);
+        }
     }
     let prometheus = telemetry::install_prometheus().map_err(anyhow::Error::msg)?;
     let cell = if cfg.dev {

@@ -12,7 +12,7 @@
 //!   forwards the rest rather than trading one range for another on every
 //!   miss. The least recently used range is found among
 //!   [`EVICTION_SAMPLES`] drawn at random (as Redis does), so a miss costs
-//!   the same with 10 ranges cached or 65 536.
+//!   the same with 10 ranges cached or 16 384.
 //! - Filling: one serializable read of the whole range at revision R,
 //!   then a subscription to the coalescer from R + 1. The coalescer hands
 //!   over every revision after R once, in order, whatever member serves

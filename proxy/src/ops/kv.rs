@@ -7,6 +7,7 @@
 //! leader of the cell that holds the key, never resent once their outcome
 //! is unknown.
 
+use crate::chaos::{broken, Defect};
 use crate::metrics_catalog::{CACHE_HITS, CACHE_MISSES};
 use crate::state::ProxyState;
 use crate::upstream::{Kind, Route};
@@ -122,7 +123,7 @@ pub async fn txn(
 /// `client` was answered a write (or a txn) at `revision`: its later
 /// serializable reads are answered at that revision or later.
 pub fn wrote(state: &ProxyState, client: Option<SocketAddr>, revision: i64) {
-    if crate::chaos::forgets_write_floors() {
+    if broken(Defect::ForgetWriteFloors) {
         return;
     }
     state.floors.raise(client, revision);

@@ -10,6 +10,7 @@
 //! outcome is unknown is reported as such and never resent. Every call ends
 //! by the request deadline.
 
+use crate::chaos::{broken, Defect};
 use crate::metrics_catalog::{UPSTREAM_ERRORS, UPSTREAM_SECONDS};
 use latchkey_shared::client::{call, endpoint};
 use latchkey_shared::etcdpb::PbResponseHeader;
@@ -299,7 +300,7 @@ impl CellClient {
         }
         match error.retry() {
             Retry::Safe => true,
-            Retry::OutcomeUnknown => kind == Kind::Read || crate::chaos::retries_ambiguous_writes(),
+            Retry::OutcomeUnknown => kind == Kind::Read || broken(Defect::RetryAmbiguousWrites),
             Retry::Never => false,
         }
     }
