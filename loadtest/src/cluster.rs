@@ -4,7 +4,7 @@
 //!
 //! `up` starts `--cells` members of a latchkey cell and `--proxies` proxies
 //! in front of it (or, with `--etcd`, members of Debian's etcd as the
-//! reference), each in its own process group so the terminal's Ctrl-C does
+//! reference and etcd's own grpc-proxies), each in its own process group so the terminal's Ctrl-C does
 //! not reach them, waits until every one is ready, and writes a state file:
 //! what runs, its pid, its addresses, its log, and the one directory that
 //! holds every data directory and log. `down` reads that file, stops each
@@ -38,11 +38,12 @@ struct UpArgs {
     /// Voting members of the cell (or of etcd): 1, 3, 5 or 7.
     #[arg(long, default_value_t = 3, value_parser = voters)]
     cells: usize,
-    /// Proxies in front of the cell (0-16; none with --etcd).
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u8).range(0..=16))]
-    proxies: u8,
+    /// Proxies in front (0-16): latchkey-proxy processes (default 2) or,
+    /// with --etcd, etcd's own `etcd grpc-proxy` (default none).
+    #[arg(long, value_parser = clap::value_parser!(u8).range(0..=16))]
+    proxies: Option<u8>,
     /// Start members of etcd (the reference) instead of latchkey.
-    #[arg(long, conflicts_with = "proxies")]
+    #[arg(long)]
     etcd: bool,
     /// The `etcd` binary (Debian's etcd-server installs /usr/bin/etcd).
     #[arg(long, default_value = "etcd")]
@@ -241,7 +242,7 @@ async fn start_latchkey(args: &UpArgs, state: &mut ClusterState) -> Result<(), S
         wait_ready(&p, &p.addrs["metrics"], args.ready_timeout).await?;
     }
     let cells = state.addrs("client").join(",");
-    for n in 1..=args.proxies {
+    for n in 1..=args.proxies.unwrap_or(2) {
         let addrs = listen_on(&["http", "grpc", "metrics"]);
         let mut argv: Vec<String> = vec![
             "--cells".into(),
@@ -285,7 +286,22 @@ async fn start_etcd(args: &UpArgs, state: &mut ClusterState) -> Result<(), Strin
     eventually_or(args.ready_timeout, &first, async || {
         etcd::first_write(&endpoints).await
     })
-    .await
+    .await?;
+    for n in 1..=args.proxies.unwrap_or(0) {
+        let addrs = listen_on(&["grpc"]);
+        let argv = etcd::grpc_proxy_args(
+            &state.dir.join(format!("proxy-{n}")),
+            &addrs["grpc"],
+            &endpoints,
+        );
+        let p = launch(state, &args.etcd_bin, format!("proxy-{n}"), argv, addrs)?;
+        let through = vec![p.addrs["grpc"].clone()];
+        eventually_or(args.ready_timeout, &p, async || {
+            etcd::first_write(&through).await
+        })
+        .await?;
+    }
+    Ok(())
 }
 
 fn path_arg(p: &Path) -> Result<String, String> {

@@ -5,8 +5,9 @@
 //! Each run is this binary's own scenario command against a cluster's
 //! state file, so a comparison is exactly what an operator can rerun by
 //! hand. Without `--latchkey-state` and `--etcd-state`, `compare` brings up
-//! a 3-member cell behind 2 proxies and a 3-member etcd itself and takes
-//! them down at the end.
+//! a 3-member cell behind 2 latchkey-proxies and a 3-member etcd behind 2
+//! of etcd's own grpc-proxies itself (`--proxies 0`: both straight to
+//! their members) and takes them down at the end.
 
 use crate::report::{better_when_higher, comparisons, Ratio};
 use std::path::{Path, PathBuf};
@@ -34,6 +35,9 @@ pub struct CompareArgs {
     /// How long each timed workload runs.
     #[arg(long, default_value = "10s")]
     duration: String,
+    /// Distinct keys for `put` and `serializable-range` (read at random).
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    keys: u64,
     /// Sessions for `sessions`: leases on etcd's keep-alive streams, many
     /// per stream, on both systems (through the proxies on latchkey).
     #[arg(long, default_value_t = 50_000)]
@@ -44,8 +48,9 @@ pub struct CompareArgs {
     /// Watchers for `watch-fanout`.
     #[arg(long, default_value_t = 10_000)]
     watchers: u64,
-    /// Proxies in front of the cell `compare` brings up (0: the load goes
-    /// straight to the members, as it does to etcd's).
+    /// Proxies in front of each system `compare` brings up: latchkey-proxy
+    /// before the cell, `etcd grpc-proxy` before etcd (0: the load goes
+    /// straight to the members of both).
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u8).range(0..=16))]
     proxies: u8,
     /// Every result line goes here too (for `report`).
@@ -86,9 +91,10 @@ fn scenario_args(workload: &str, args: &CompareArgs) -> Result<Vec<String>, Stri
     let sessions = args.sessions.to_string();
     let ttl = args.session_ttl.to_string();
     let watchers = args.watchers.to_string();
+    let keys = args.keys.to_string();
     let v: &[&str] = match workload {
         "kv" => &["kv", "--duration", d],
-        "put" => &["kv", "--duration", d, "--writes", "1", "--keys", "10000"],
+        "put" => &["kv", "--duration", d, "--writes", "1", "--keys", &keys],
         "linearizable-range" => &["kv", "--duration", d, "--writes", "0", "--keys", "1"],
         "serializable-range" => &[
             "kv",
@@ -97,7 +103,7 @@ fn scenario_args(workload: &str, args: &CompareArgs) -> Result<Vec<String>, Stri
             "--writes",
             "0",
             "--keys",
-            "1",
+            &keys,
             "--reads",
             "serializable",
         ],
@@ -114,7 +120,7 @@ fn scenario_args(workload: &str, args: &CompareArgs) -> Result<Vec<String>, Stri
             "--duration",
             d,
         ],
-        "locks" => &["locks", "--duration", d, "--locks", "4"],
+        "locks" => &["locks", "--duration", d, "--locks", "16"],
         "watch-fanout" => &[
             "watch-fanout",
             "--watchers",
@@ -213,6 +219,8 @@ fn bring_up(args: &CompareArgs) -> Result<(OwnClusters, PathBuf, PathBuf), Strin
         "cluster".into(),
         "up".into(),
         "--etcd".into(),
+        "--proxies".into(),
+        args.proxies.to_string(),
         "--state".into(),
         path(&e),
     ])?;

@@ -126,6 +126,28 @@ pub fn member_args(
     .collect()
 }
 
+/// The arguments of `etcd grpc-proxy start` in front of the members at
+/// `endpoints`, serving gRPC at `listen`, its data (its lease and watch
+/// state; nothing of the keyspace) under `data_dir`.
+pub fn grpc_proxy_args(
+    data_dir: &std::path::Path,
+    listen: &str,
+    endpoints: &[String],
+) -> Vec<String> {
+    vec![
+        "grpc-proxy".into(),
+        "start".into(),
+        "--endpoints".into(),
+        endpoints.join(","),
+        "--listen-addr".into(),
+        listen.into(),
+        "--advertise-client-url".into(),
+        listen.into(),
+        "--data-dir".into(),
+        data_dir.to_string_lossy().into_owned(),
+    ]
+}
+
 /// One write to the etcd cluster at `endpoints`: `Ok` once it serves.
 pub async fn first_write(endpoints: &[String]) -> Result<(), String> {
     let opts = ConnectOptions::new()

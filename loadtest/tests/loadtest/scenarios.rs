@@ -509,6 +509,8 @@ fn compare_runs_each_workload_on_both_systems_and_tables_the_ratios() {
         &joined,
         "--duration",
         "1s",
+        "--keys",
+        "100",
         "--sessions",
         "100",
         "--session-ttl",
