@@ -207,7 +207,7 @@ pub const CACHE_EVICTIONS: Metric = Metric {
     name: "latchkey_proxy_cache_evictions_total",
     kind: Kind::Counter,
     unit: Unit::Count,
-    help: "Ranges the read cache evicted, least recently used first, to stay within its range count or byte budget.",
+    help: "Ranges the read cache evicted: least recently used first to stay within its range count or byte budget, and any nobody read for 10 s.",
 };
 
 /// Every metric the proxy records.

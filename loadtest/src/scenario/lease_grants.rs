@@ -7,11 +7,10 @@
 //! run answered (duplicate IDs: 0), and every granted lease can be
 //! revoked, or is already gone.
 
-use super::load::{closed_loop, within, Step, Workers};
-use super::recorder::{counter, Progress, Recorder};
+use super::load::{closed_loop, revoke, within, Step, Workers};
+use super::recorder::{Progress, Recorder};
 use super::{drive, Common, CpuMeter, Endpoints, Outcome};
 use etcd_client::Client;
-use futures::StreamExt;
 use std::collections::HashSet;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -36,9 +35,6 @@ pub async fn main(args: LeaseGrantsArgs) -> ExitCode {
     })
     .await
 }
-
-/// Requests in flight while the leases are revoked.
-const REVOKING: usize = 128;
 
 async fn run(args: &LeaseGrantsArgs, endpoints: &Endpoints) -> Result<Outcome, String> {
     let timeout = args.common.op_timeout;
@@ -101,33 +97,4 @@ async fn run(args: &LeaseGrantsArgs, endpoints: &Endpoints) -> Result<Outcome, S
     o.maybe("proxy_cpu_percent", proxy_cpu, "% of a core");
     o.series(grants.series());
     Ok(o)
-}
-
-/// Revokes every lease; how many could not be (a lease already gone
-/// counts as revoked), and the first reason.
-async fn revoke(
-    clients: &[Client],
-    ids: &[i64],
-    timeout: std::time::Duration,
-) -> (u64, Option<String>) {
-    let bar = counter("revoking", ids.len() as u64);
-    let failures: Vec<String> = futures::stream::iter(ids.iter().enumerate())
-        .map(|(n, id)| {
-            let mut client = clients[n % clients.len()].clone();
-            let bar = bar.clone();
-            async move {
-                let revoked = within(timeout, "lease revoke", client.lease_revoke(*id)).await;
-                bar.inc(1);
-                match revoked {
-                    Err(e) if !e.contains("not found") => Some(format!("lease {id:x}: {e}")),
-                    _ => None,
-                }
-            }
-        })
-        .buffer_unordered(REVOKING)
-        .filter_map(|f| async move { f })
-        .collect()
-        .await;
-    bar.finish_and_clear();
-    (failures.len() as u64, failures.into_iter().next())
 }

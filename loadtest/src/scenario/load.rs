@@ -1,10 +1,12 @@
 //! The pieces of load several scenarios run: connections spread over the
-//! endpoints, one call bounded by a timeout, a closed loop of workers, and
-//! writers that put in a loop until told to stop.
+//! endpoints, one call bounded by a timeout, a closed loop of workers,
+//! writers that put in a loop until told to stop, and revoking what a run
+//! granted.
 
-use super::recorder::{Progress, Recorder};
+use super::recorder::{counter, Progress, Recorder};
 use super::{over, url, Common};
 use etcd_client::Client;
+use futures::StreamExt;
 use std::fmt::Display;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -243,4 +245,32 @@ pub fn joined_series(phases: &[&Recorder]) -> Vec<super::recorder::Sample> {
         offset += phase.elapsed().as_secs_f64();
     }
     series
+}
+
+/// Requests in flight while leases are revoked.
+const REVOKING: usize = 128;
+
+/// Revokes every lease; how many could not be (a lease already gone
+/// counts as revoked), and the first reason.
+pub async fn revoke(clients: &[Client], ids: &[i64], timeout: Duration) -> (u64, Option<String>) {
+    let bar = counter("revoking", ids.len() as u64);
+    let failures: Vec<String> = futures::stream::iter(ids.iter().enumerate())
+        .map(|(n, id)| {
+            let mut client = clients[n % clients.len()].clone();
+            let bar = bar.clone();
+            async move {
+                let revoked = within(timeout, "lease revoke", client.lease_revoke(*id)).await;
+                bar.inc(1);
+                match revoked {
+                    Err(e) if !e.contains("not found") => Some(format!("lease {id:x}: {e}")),
+                    _ => None,
+                }
+            }
+        })
+        .buffer_unordered(REVOKING)
+        .filter_map(|f| async move { f })
+        .collect()
+        .await;
+    bar.finish_and_clear();
+    (failures.len() as u64, failures.into_iter().next())
 }

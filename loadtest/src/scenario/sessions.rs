@@ -6,9 +6,10 @@
 //!
 //! What must hold: no session expires (spurious expiries: 0), and the cell
 //! sees at most one refresh batch per proxy per refresh tick however many
-//! sessions there are.
+//! sessions there are. The sessions are revoked after the measured phase
+//! (not timed), so that a run leaves nothing to expire under the next one.
 
-use super::load::{connect_all, within};
+use super::load::{connect_all, revoke, within};
 use super::recorder::{counter, Progress, Recorder};
 use super::{drive, max_rss_mib, url, Common, CpuMeter, Endpoints, Outcome, Target};
 use futures::StreamExt;
@@ -197,6 +198,15 @@ async fn run(args: &SessionsArgs, endpoints: &Endpoints) -> Result<Outcome, Stri
         .collect();
     let gone_at_cell = gone_at(&endpoints.cells, &all, timeout).await?;
     let (during, expired) = expired_count(&expired, &gone_at_cell);
+    // Not timed: so that a run leaves nothing to expire under the next one
+    // (`compare` runs its workloads back to back).
+    let revoking = Instant::now();
+    let front = endpoints.grpc_front();
+    let not_revoked = match connect_all(front, 8, timeout).await {
+        Ok(clients) => revoke(&clients, &all, timeout).await,
+        Err(e) => (all.len() as u64, Some(e)),
+    };
+    let revoke_s = revoking.elapsed().as_secs_f64();
 
     let mut o = Outcome::new("sessions", endpoints.target);
     o.field("ttl_s", args.ttl);
@@ -213,6 +223,13 @@ async fn run(args: &SessionsArgs, endpoints: &Endpoints) -> Result<Outcome, Stri
         ),
     );
     o.figure("create_s", create_s, format!("{create_s:.1} s"));
+    o.figure(
+        "revoked_after_s",
+        revoke_s,
+        format!("{} sessions in {revoke_s:.1} s (not timed)", all.len()),
+    );
+    o.field("not_revoked", not_revoked.0);
+    o.field("first_not_revoked", not_revoked.1);
     o.figure("duration_s", elapsed, format!("{elapsed:.1} s"));
     o.safety("spurious_expiries", expired as u64);
     o.field("expired_during_run", during);
