@@ -3,7 +3,9 @@
 //! what it knows to be committed, and if it is the leader it has heard from
 //! a quorum within the quorum timeout).
 
-use crate::metrics_catalog::{HAS_LEADER, IS_LEADER, LAST_LOG_INDEX, LOG_PURGED_INDEX, RAFT_TERM};
+use crate::metrics_catalog::{
+    HAS_LEADER, IS_LEADER, LAST_LOG_INDEX, LOG_PURGED_INDEX, LOG_STORE_MEMORY_BYTES, RAFT_TERM,
+};
 use crate::node::CellNode;
 use crate::raft::leadership::quorum_lost;
 use crate::raft::{Member, NodeId};
@@ -32,6 +34,8 @@ async fn metrics_text(State(s): State<AdminState>) -> String {
     // Entries up to here are gone from the log: a member behind it catches
     // up only from a snapshot.
     metrics::gauge!(LOG_PURGED_INDEX.name).set(m.purged.map_or(0, |id| id.index) as f64);
+    metrics::gauge!(LOG_STORE_MEMORY_BYTES.name)
+        .set(crate::storage::memory_bytes(&s.node.db) as f64);
     s.prometheus
         .as_ref()
         .map(PrometheusHandle::render)

@@ -154,6 +154,13 @@ pub const KEYSPACE_BYTES: Metric = Metric {
     help: "Size of this member's applied keyspace, the figure --quota-bytes limits.",
 };
 
+pub const LOG_STORE_MEMORY_BYTES: Metric = Metric {
+    name: "latchkey_log_store_memory_bytes",
+    kind: Kind::Gauge,
+    unit: Unit::Bytes,
+    help: "Memory the Raft log store (RocksDB) holds: memory tables and block cache; set at each scrape.",
+};
+
 pub const APPLIED_INDEX: Metric = Metric {
     name: "latchkey_applied_index",
     kind: Kind::Gauge,
@@ -293,6 +300,7 @@ pub const ALL: &[Metric] = &[
     KEYS,
     LEASES,
     KEYSPACE_BYTES,
+    LOG_STORE_MEMORY_BYTES,
     APPLIED_INDEX,
     SNAPSHOT_BUILD_SECONDS,
     SNAPSHOTS_BUILT,

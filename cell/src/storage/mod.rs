@@ -5,7 +5,7 @@ pub mod codec;
 pub mod keys;
 
 use codec::decode;
-use rocksdb::{ColumnFamilyDescriptor, Options, WriteOptions, DB};
+use rocksdb::{BlockBasedOptions, Cache, ColumnFamilyDescriptor, Options, WriteOptions, DB};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -40,19 +40,70 @@ pub fn stored_bytes(db: &DB) -> u64 {
     total
 }
 
+/// Bytes the log store holds in memory: its memory tables (written and
+/// not yet flushed) and its block cache. A member's memory beyond this and
+/// the keyspace is the process's own.
+pub fn memory_bytes(db: &DB) -> u64 {
+    let mut total = 0;
+    for name in [keys::CF_LOGS, keys::CF_META] {
+        if let Some(cf) = db.cf_handle(name) {
+            total += db
+                .property_int_value_cf(cf, "rocksdb.size-all-mem-tables")
+                .ok()
+                .flatten()
+                .unwrap_or(0);
+        }
+    }
+    total + block_cache().get_usage() as u64
+}
+
 /// Opens (or creates) the RocksDB that holds the Raft log and vote.
 pub fn open(data_dir: &Path) -> Result<Arc<DB>, rocksdb::Error> {
-    let mut opts = Options::default();
+    let mut opts = column_family_options();
     opts.create_if_missing(true);
     opts.create_missing_column_families(true);
-    // The log is written sequentially and read mostly at its tail; a
-    // modest write buffer keeps memory small for many test processes.
-    opts.set_write_buffer_size(16 * 1024 * 1024);
     opts.set_max_background_jobs(2);
+    // All memory tables together, whatever each column family's own size.
+    opts.set_db_write_buffer_size(MEMTABLES_BYTES);
     let cfs = [keys::CF_LOGS, keys::CF_META]
-        .map(|name| ColumnFamilyDescriptor::new(name, Options::default()));
+        .map(|name| ColumnFamilyDescriptor::new(name, column_family_options()));
     let db = DB::open_cf_descriptors(&opts, data_dir.join(keys::RAFT_DB_DIR), cfs)?;
     Ok(Arc::new(db))
+}
+
+/// Bytes a column family's memory table takes before it is written out.
+/// The log is written sequentially and read mostly at its tail (entries
+/// not yet applied, a lagging follower's), so a small table costs nothing
+/// but more, smaller files, which compaction merges.
+const MEMTABLE_BYTES: usize = 8 << 20;
+
+/// Bytes all memory tables take together before the largest is written
+/// out.
+const MEMTABLES_BYTES: usize = 16 << 20;
+
+/// Bytes of the block cache: reads of the log past its memory tables
+/// (a lagging follower's catch-up, a restart's replay).
+const BLOCK_CACHE_BYTES: usize = 8 << 20;
+
+/// Options of every column family. Each family has options of its own:
+/// RocksDB's defaults (64 MiB memory tables, two of them per family) held
+/// more of a member's memory than its whole keyspace.
+fn column_family_options() -> Options {
+    let mut o = Options::default();
+    o.set_write_buffer_size(MEMTABLE_BYTES);
+    o.set_max_write_buffer_number(2);
+    let mut table = BlockBasedOptions::default();
+    table.set_block_cache(&block_cache());
+    o.set_block_based_table_factory(&table);
+    o
+}
+
+/// One block cache shared by every column family of the process.
+fn block_cache() -> Cache {
+    static CACHE: std::sync::OnceLock<Cache> = std::sync::OnceLock::new();
+    CACHE
+        .get_or_init(|| Cache::new_lru_cache(BLOCK_CACHE_BYTES))
+        .clone()
 }
 
 /// Write options for the rare writes that must be on disk when they
