@@ -143,21 +143,44 @@ fn this_binary() -> Result<PathBuf, String> {
 
 /// Runs this binary with `args`; its stdout, or why it failed.
 fn run_self(args: &[String]) -> Result<String, String> {
+    let (stdout, ok) = run_self_status(args)?;
+    if ok {
+        Ok(stdout)
+    } else {
+        Err(failed(args, &stdout))
+    }
+}
+
+/// Runs this binary with `args`: its stdout and whether it succeeded.
+fn run_self_status(args: &[String]) -> Result<(String, bool), String> {
     let out = Command::new(this_binary()?)
         .args(args)
         .stderr(std::process::Stdio::inherit())
         .output()
         .map_err(|e| format!("running {}: {e}", args.join(" ")))?;
     let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-    if out.status.success() {
-        Ok(stdout)
-    } else {
-        Err(format!(
-            "`latchkey-loadtest {}` failed ({}):\n{stdout}",
-            args.join(" "),
-            out.status
-        ))
-    }
+    Ok((stdout, out.status.success()))
+}
+
+fn failed(args: &[String], stdout: &str) -> String {
+    format!("`latchkey-loadtest {}` failed:\n{stdout}", args.join(" "))
+}
+
+/// The safety counters of a result line that are not 0, as `name = n`.
+fn broken_counters(line: &serde_json::Map<String, serde_json::Value>) -> Vec<String> {
+    let names = line
+        .get("safety_counters")
+        .and_then(|v| v.as_array())
+        .cloned()
+        .unwrap_or_default();
+    names
+        .iter()
+        .filter_map(|n| n.as_str())
+        .filter_map(|n| {
+            let value = line.get(n).and_then(|v| v.as_u64()).unwrap_or(0);
+            (value > 0).then(|| format!("{n} = {value}"))
+        })
+        .collect()
 }
 
 fn path(p: &Path) -> String {
@@ -253,17 +276,30 @@ fn compare(args: &CompareArgs) -> Result<(), String> {
     };
     let mut lines: Vec<serde_json::Map<String, serde_json::Value>> = Vec::new();
     let mut all_text = String::new();
+    let mut etcd_broke: Vec<String> = Vec::new();
     for round in 1..=args.rounds {
         for (workload, plan) in args.workloads.iter().zip(&plans) {
             for state in [&latchkey, &etcd] {
                 eprintln!("compare: round {round}: {workload} on {}", path(state));
                 let mut a = plan.clone();
                 a.extend(["--state".into(), path(state)]);
-                let stdout = run_self(&a)?;
+                let (stdout, ok) = run_self_status(&a)?;
                 let line = stdout.lines().next().unwrap_or_default();
                 let Ok(serde_json::Value::Object(mut m)) = serde_json::from_str(line) else {
-                    return Err(format!("`{}` gave no result line:\n{stdout}", a.join(" ")));
+                    return Err(failed(&a, &stdout));
                 };
+                // A guarantee latchkey broke ends the comparison; one etcd
+                // broke is a finding about etcd, said under the table.
+                let broken = broken_counters(&m);
+                if !ok && (state == &latchkey || broken.is_empty()) {
+                    return Err(failed(&a, &stdout));
+                }
+                if !broken.is_empty() {
+                    etcd_broke.push(format!(
+                        "- etcd, round {round}, {workload}: {}",
+                        broken.join(", ")
+                    ));
+                }
                 m.insert("workload".into(), workload.as_str().into());
                 all_text.push_str(&serde_json::Value::Object(m.clone()).to_string());
                 all_text.push('\n');
@@ -280,8 +316,22 @@ fn compare(args: &CompareArgs) -> Result<(), String> {
             .and_then(|mut f| f.write_all(all_text.as_bytes()))
             .map_err(|e| format!("appending to {}: {e}", out.display()))?;
     }
-    let ratios = averaged(&lines, args.rounds);
-    let table = table(&ratios);
+    let mut ratios = averaged(&lines, args.rounds);
+    ratios.push(Ratio::of(
+        "after the suite",
+        "largest_member_rss_mib",
+        false,
+        largest_member_rss_mib(&latchkey)?,
+        largest_member_rss_mib(&etcd)?,
+    ));
+    let mut table = table(&ratios);
+    if !etcd_broke.is_empty() {
+        table.push_str("\nGuarantees etcd broke in these runs:\n");
+        for line in &etcd_broke {
+            table.push_str(line);
+            table.push('\n');
+        }
+    }
     print!("{table}");
     if let Some(doc) = &args.write_into {
         let command: Vec<String> = std::env::args().skip(1).collect();
@@ -295,6 +345,15 @@ fn compare(args: &CompareArgs) -> Result<(), String> {
         eprintln!("compare: the table is in {}", doc.display());
     }
     Ok(())
+}
+
+/// The resident set of the largest member of the cluster `state` names,
+/// in MiB: what the suite left the members holding.
+fn largest_member_rss_mib(file: &Path) -> Result<f64, String> {
+    let state = crate::cluster::read_state(file)?;
+    let members = crate::scenario::Endpoints::from_state(&state, None)?;
+    crate::scenario::max_rss_mib(&members.cell_pids)
+        .ok_or_else(|| format!("no member of {} is running to measure", path(file)))
 }
 
 /// The machine the figures come from: CPUs and memory, as Linux says.
@@ -425,5 +484,20 @@ mod tests {
         assert!(direct.starts_with(doc), "{direct}");
         assert!(direct.ends_with("<!-- direct:begin -->\nt2\n<!-- direct:end -->\n"));
         assert!(block_name("a-b2").is_ok() && block_name("x -->").is_err());
+    }
+
+    #[test]
+    fn only_the_safety_counters_above_zero_are_reported_broken() {
+        let line = serde_json::json!({
+            "safety_counters": ["spurious_expiries", "stale_reads"],
+            "spurious_expiries": 20608,
+            "stale_reads": 0,
+            "errors": 3,
+        });
+        let m = line.as_object().expect("a JSON object").clone();
+        assert_eq!(broken_counters(&m), vec!["spurious_expiries = 20608"]);
+        let mut clean = m.clone();
+        clean.insert("spurious_expiries".into(), 0.into());
+        assert!(broken_counters(&clean).is_empty());
     }
 }

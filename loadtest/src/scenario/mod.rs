@@ -135,7 +135,7 @@ impl Endpoints {
         Ok(e)
     }
 
-    fn from_state(state: &ClusterState, wanted: Option<Target>) -> Result<Endpoints, String> {
+    pub fn from_state(state: &ClusterState, wanted: Option<Target>) -> Result<Endpoints, String> {
         let of = |prefix: &str| -> Vec<&crate::cluster::Proc> {
             state
                 .processes
