@@ -461,6 +461,14 @@ async fn status_and_member_list_describe_the_cell() {
     assert_eq!(value("latchkey_revision"), revision as f64);
     assert_eq!(value("latchkey_keys"), 1.0);
     assert_eq!(value("latchkey_leases"), 0.0);
+    // The log's memory tables hold the entries just written, within the
+    // limits the log store sets (two 8 MiB tables per family, 16 MiB in all,
+    // and an 8 MiB block cache).
+    let log_store = value("latchkey_log_store_memory_bytes");
+    assert!(
+        log_store > 0.0 && log_store <= (24 << 20) as f64,
+        "log store memory {log_store} bytes"
+    );
     let health = http_get(&cluster.member(leader).metrics, "/healthz")
         .await
         .expect("healthz");
