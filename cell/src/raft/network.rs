@@ -128,6 +128,15 @@ impl PeerChannels {
             .clone())
     }
 
+    /// A client on a new connection to `addr`, shared from now on in place
+    /// of the one before (whose connection stays with whoever still holds
+    /// it, and closes when they let it go).
+    pub fn reconnect(&self, addr: &str) -> Result<PeerClient<Channel>, tonic::transport::Error> {
+        let client = peer_client(peer_channel(addr, self.local)?);
+        self.clients.insert(addr.to_string(), client.clone());
+        Ok(client)
+    }
+
     /// How many peers have a client.
     pub fn len(&self) -> usize {
         self.clients.len()
@@ -264,12 +273,26 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
         rpc: VoteRequest<NodeId>,
         option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, Member, RaftError<NodeId>>> {
-        let reply: Result<VoteResponse<NodeId>, RaftError<NodeId>> = self
+        let called = self
             .call(&rpc, option.hard_ttl(), |mut c, r| async move {
                 c.vote(r).await
             })
-            .await
-            .map_err(rpc_error)?;
+            .await;
+        if let Err(CallError::Network(_)) = &called {
+            // A vote that got no answer in time, from a peer that accepted
+            // the connection. A connection that lost packets can sit in
+            // TCP's retransmission back-off for seconds after the loss is
+            // over, and every request on it waits, while a new one answers
+            // at once (chaos seed 3: a member's votes to its one reachable
+            // peer timed out for 2.3 s after a lossy link had healed, and
+            // the election took 3.6 s). The next vote, and whoever asks for
+            // this peer's client next, goes on a new connection; a peer
+            // that is really stopped costs a connection per vote round.
+            if let Ok(client) = self.channels.reconnect(&self.addr) {
+                self.client = Some(client);
+            }
+        }
+        let reply: Result<VoteResponse<NodeId>, RaftError<NodeId>> = called.map_err(rpc_error)?;
         if let Ok(resp) = &reply {
             self.nudge.after_vote(&rpc, resp);
         }
@@ -304,5 +327,42 @@ mod tests {
         };
         factory.new_client(3, &other).await;
         assert_eq!(factory.channels.len(), 2, "one channel per peer address");
+    }
+
+    /// A peer whose connection takes requests and never answers them (a
+    /// connection stuck in TCP's back-off looks the same from here): each
+    /// vote that times out sends the next one on a new connection.
+    #[tokio::test]
+    async fn a_vote_that_times_out_is_followed_by_one_on_a_new_connection() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr").to_string();
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = accepted.clone();
+        // Accepts and holds every connection, reading nothing.
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                held.push(socket);
+            }
+        });
+        let mut factory = NetworkFactory::default();
+        let peer = Member {
+            peer_addr: addr.clone(),
+        };
+        let option = RPCOption::new(Duration::from_millis(300));
+        for round in 1..=3u64 {
+            let mut connection = factory.new_client(2, &peer).await;
+            let vote = VoteRequest::new(openraft::Vote::new(round, 1), None);
+            let answer = connection.vote(vote, option.clone()).await;
+            assert!(answer.is_err(), "round {round}: a peer that never answers");
+        }
+        assert_eq!(
+            accepted.load(std::sync::atomic::Ordering::SeqCst),
+            3,
+            "one connection per vote that timed out"
+        );
     }
 }
