@@ -172,7 +172,7 @@ async fn run(
     let plan = schedule::plan(args.seed, args.duration, kinds);
     let (done, skipped) = inject(args, &plan, &mut cluster, &holders, &load.rec).await;
     let rec = load.rec.clone();
-    let (watch, leases_seen) = load.stop().await;
+    let (watch, leases_seen, stuck) = load.stop().await;
     drop(holders);
     let end_us = rec.now_us();
 
@@ -181,7 +181,7 @@ async fn run(
     let mut entries = rec.entries();
     let final_reads = final_reads(&cluster, &entries, &rec).await?;
     entries.extend(final_reads);
-    let mut violations = Vec::new();
+    let mut violations = stuck;
     let committed = committed_history(&cluster, start_revision).await?;
     violations.extend(watch.check(&committed, &entries).await);
     violations.extend(checks::writes_at_most_once(&committed));
@@ -390,19 +390,35 @@ impl Load {
 
     /// Stops the workers and keepers (the watcher goes on until it has
     /// seen the end of the history); what the keepers saw.
-    async fn stop(self) -> (Watch, Vec<leases::Seen>) {
+    /// Stops the workers and keepers, each given [`STOP_WITHIN`] to end
+    /// its current step; one that does not is aborted and named (an
+    /// operation of the load with no bound is a finding, not a run that
+    /// never ends).
+    async fn stop(self) -> (Watch, Vec<leases::Seen>, Vec<String>) {
         self.stop.store(true, Ordering::Relaxed);
-        for w in self.workers.into_iter().chain(self.keepers) {
-            let _ = w.await;
+        let mut stuck = Vec::new();
+        let tasks = (self.workers.into_iter().map(|w| ("worker", w)))
+            .chain(self.keepers.into_iter().map(|k| ("lease keeper", k)));
+        for (i, (what, mut task)) in tasks.enumerate() {
+            if tokio::time::timeout(STOP_WITHIN, &mut task).await.is_err() {
+                task.abort();
+                stuck.push(format!(
+                    "{what} {i} did not stop within {STOP_WITHIN:?} of the end of the run"
+                ));
+            }
         }
         let seen = self
             .leases_seen
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
-        (self.watch, seen)
+        (self.watch, seen, stuck)
     }
 }
+
+/// How long a worker or keeper has to end its step once told to stop:
+/// longer than any step's own timeouts.
+const STOP_WITHIN: Duration = Duration::from_secs(30);
 
 /// The watch through the proxy, from the run's first revision.
 struct Watch {
