@@ -81,7 +81,10 @@ impl Keeper {
             if put.is_err() {
                 continue;
             }
-            let Ok((mut keeper, mut stream)) = keep.lease_keep_alive(lease).await else {
+            // Opening the stream is bounded like every other call here.
+            let Ok(Ok((mut keeper, mut stream))) =
+                tokio::time::timeout(CALL_TIMEOUT, keep.lease_keep_alive(lease)).await
+            else {
                 continue;
             };
             while !stop.load(Ordering::Relaxed) {
@@ -102,9 +105,11 @@ impl Keeper {
                     // Gone (TTL 0): a new lease.
                     Ok(Ok(Some(_))) => break,
                     // The stream broke or timed out: open another.
-                    _ => match keep.lease_keep_alive(lease).await {
-                        Ok((k, s)) => (keeper, stream) = (k, s),
-                        Err(_) => break,
+                    _ => match tokio::time::timeout(CALL_TIMEOUT, keep.lease_keep_alive(lease))
+                        .await
+                    {
+                        Ok(Ok((k, s))) => (keeper, stream) = (k, s),
+                        _ => break,
                     },
                 }
                 let invoke = now();
