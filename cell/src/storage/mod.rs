@@ -22,15 +22,23 @@ pub fn compact(db: &DB) {
 /// Status reports as the database size (the keyspace itself lives in
 /// memory and in snapshots; its size is the "in use" figure).
 pub fn stored_bytes(db: &DB) -> u64 {
+    summed(
+        db,
+        &[
+            "rocksdb.total-sst-files-size",
+            "rocksdb.cur-size-all-mem-tables",
+        ],
+    )
+}
+
+/// The sum of integer `properties` over every column family.
+fn summed(db: &DB, properties: &[&str]) -> u64 {
     let mut total = 0;
     for name in [keys::CF_LOGS, keys::CF_META] {
         if let Some(cf) = db.cf_handle(name) {
-            for property in [
-                "rocksdb.total-sst-files-size",
-                "rocksdb.cur-size-all-mem-tables",
-            ] {
+            for property in properties {
                 total += db
-                    .property_int_value_cf(cf, property)
+                    .property_int_value_cf(cf, *property)
                     .ok()
                     .flatten()
                     .unwrap_or(0);
@@ -44,17 +52,7 @@ pub fn stored_bytes(db: &DB) -> u64 {
 /// not yet flushed) and its block cache. A member's memory beyond this and
 /// the keyspace is the process's own.
 pub fn memory_bytes(db: &DB) -> u64 {
-    let mut total = 0;
-    for name in [keys::CF_LOGS, keys::CF_META] {
-        if let Some(cf) = db.cf_handle(name) {
-            total += db
-                .property_int_value_cf(cf, "rocksdb.size-all-mem-tables")
-                .ok()
-                .flatten()
-                .unwrap_or(0);
-        }
-    }
-    total + block_cache().get_usage() as u64
+    summed(db, &["rocksdb.size-all-mem-tables"]) + block_cache().get_usage() as u64
 }
 
 /// Opens (or creates) the RocksDB that holds the Raft log and vote.

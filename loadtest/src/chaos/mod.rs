@@ -389,9 +389,8 @@ impl Load {
     }
 
     /// Stops the workers and keepers (the watcher goes on until it has
-    /// seen the end of the history); what the keepers saw.
-    /// Stops the workers and keepers, each given [`STOP_WITHIN`] to end
-    /// its current step; one that does not is aborted and named (an
+    /// seen the end of the history); what the keepers saw, and which of
+    /// them did not end their step within [`STOP_WITHIN`] (aborted: an
     /// operation of the load with no bound is a finding, not a run that
     /// never ends).
     async fn stop(self) -> (Watch, Vec<leases::Seen>, Vec<String>) {
