@@ -59,6 +59,28 @@ impl_range_item!(PbKeyValue, |kv, keys_only| PbKeyValue {
     ..kv.clone()
 });
 
+/// A borrowed key-value selects as the key-value does.
+impl<T: RangeItem + ?Sized> RangeItem for &T {
+    fn key(&self) -> &[u8] {
+        (**self).key()
+    }
+    fn value(&self) -> &[u8] {
+        (**self).value()
+    }
+    fn create_revision(&self) -> i64 {
+        (**self).create_revision()
+    }
+    fn mod_revision(&self) -> i64 {
+        (**self).mod_revision()
+    }
+    fn version(&self) -> i64 {
+        (**self).version()
+    }
+    fn to_pb(&self, keys_only: bool) -> PbKeyValue {
+        (**self).to_pb(keys_only)
+    }
+}
+
 /// One Range request's answer, built by [`Selection::offer`]ing every live
 /// key of the range in key order, then [`Selection::finish`].
 pub struct Selection<'a, T> {
@@ -70,7 +92,7 @@ pub struct Selection<'a, T> {
     key_ordered: bool,
     limit: usize,
     count: i64,
-    matched: Vec<&'a T>,
+    matched: Vec<T>,
 }
 
 impl<'a, T: RangeItem> Selection<'a, T> {
@@ -95,7 +117,7 @@ impl<'a, T: RangeItem> Selection<'a, T> {
     }
 
     /// The next live key of the range, in key order.
-    pub fn offer(&mut self, kv: &'a T) {
+    pub fn offer(&mut self, kv: T) {
         let req = self.req;
         let kept = (req.min_mod_revision == 0 || kv.mod_revision() >= req.min_mod_revision)
             && (req.max_mod_revision == 0 || kv.mod_revision() <= req.max_mod_revision)

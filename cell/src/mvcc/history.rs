@@ -11,8 +11,8 @@
 //! out events in batches of whole revisions, each batch about one response
 //! in size.
 
-use super::keyspace::{tombstone_kv, Event, EventKind, KeyRange, KeySpace, KeyValue, Version};
-use imbl::Vector;
+use super::keyspace::{tombstone_kv, Event, EventKind, KeyRange, KeySpace};
+use super::versions::Versions;
 use std::cmp::{Ordering, Reverse};
 use std::collections::BinaryHeap;
 use std::sync::Arc;
@@ -30,7 +30,7 @@ pub struct History {
 struct KeyCursor {
     at: (i64, u32),
     key: Arc<[u8]>,
-    versions: Vector<Version>,
+    versions: Versions,
     index: usize,
 }
 
@@ -125,13 +125,15 @@ impl Iterator for History {
         let v = &cursor.versions[cursor.index];
         let prev = match cursor.index {
             0 => None,
-            i if self.with_prev => cursor.versions[i - 1].kv.as_deref().cloned(),
+            i if self.with_prev => cursor.versions[i - 1]
+                .view(&cursor.key)
+                .map(|kv| kv.to_owned()),
             _ => None,
         };
-        let event = match &v.kv {
+        let event = match v.view(&cursor.key) {
             Some(kv) => Event {
                 kind: EventKind::Put,
-                kv: KeyValue::clone(kv),
+                kv: kv.to_owned(),
                 prev,
             },
             None => Event {

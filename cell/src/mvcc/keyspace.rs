@@ -5,7 +5,9 @@
 //! shares structure): the state machine mutates it while a snapshot of an
 //! earlier clone is being serialised on another thread.
 
-use imbl::{OrdMap, Vector};
+use super::image::{KeyHistory, KeySpaceImage};
+use super::versions::{KvRef, Record, Version, Versions};
+use imbl::OrdMap;
 use latchkey_shared::ApiError;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
@@ -26,31 +28,16 @@ pub struct KeyValue {
     pub lease: i64,
 }
 
-/// A change to a key at some revision: a new version, or a tombstone.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Version {
-    pub mod_revision: i64,
-    /// The place of this change among the changes of its revision (etcd's
-    /// sub-revision): history replays a revision in this order, the order
-    /// in which live watchers saw it (cell review M3).
-    pub sub: u32,
-    /// `None` is a deletion (tombstone). Shared, so that copying a key's
-    /// history (what a persistent map does when a reader or the apply
-    /// rollback point still holds the old one) copies pointers, not values.
-    pub kv: Option<Arc<KeyValue>>,
-}
-
-impl Version {
-    fn bytes(&self) -> u64 {
-        // A fixed overhead per version stands for the revision, version and
-        // lease fields and the index entry, so a quota also bounds the number
-        // of versions, not only their payload.
-        const VERSION_OVERHEAD: u64 = 48;
-        VERSION_OVERHEAD
-            + self
-                .kv
-                .as_ref()
-                .map_or(0, |kv| (kv.key.len() + kv.value.len()) as u64)
+impl KeyValue {
+    pub fn view(&self) -> KvRef<'_> {
+        KvRef {
+            key: &self.key,
+            value: &self.value,
+            create_revision: self.create_revision,
+            mod_revision: self.mod_revision,
+            version: self.version,
+            lease: self.lease,
+        }
     }
 }
 
@@ -103,7 +90,7 @@ pub struct KeySpace {
     /// it writes into a node someone else still holds (a reader's clone,
     /// apply's rollback point), and a shared key copies as a pointer
     /// (profiled: cloning `Vec<u8>` keys was most of the cost of a put).
-    keys: OrdMap<Arc<[u8]>, Vector<Version>>,
+    keys: OrdMap<Arc<[u8]>, Versions>,
     revision: i64,
     compact_revision: i64,
     /// Bytes of every version kept, for the quota.
@@ -131,14 +118,6 @@ impl Default for KeySpace {
             next_sub: (0, 0),
         }
     }
-}
-
-/// Everything needed to rebuild a keyspace; the snapshot format.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct KeySpaceImage {
-    pub revision: i64,
-    pub compact_revision: i64,
-    pub keys: Vec<(Vec<u8>, Vec<Version>)>,
 }
 
 impl KeySpace {
@@ -177,7 +156,7 @@ impl KeySpace {
     pub(super) fn versions_in<'a>(
         &'a self,
         range: &'a KeyRange,
-    ) -> impl Iterator<Item = (&'a Arc<[u8]>, &'a Vector<Version>)> + 'a {
+    ) -> impl Iterator<Item = (&'a Arc<[u8]>, &'a Versions)> + 'a {
         self.keys
             .range::<_, [u8]>(range.bounds())
             .filter(|(key, _)| range.admits(key))
@@ -215,7 +194,7 @@ impl KeySpace {
         &'a self,
         range: &KeyRange,
         revision: i64,
-        mut visit: impl FnMut(&'a KeyValue) -> bool,
+        mut visit: impl FnMut(KvRef<'a>) -> bool,
     ) {
         if range.is_empty() {
             return;
@@ -224,7 +203,7 @@ impl KeySpace {
             if !range.admits(key) {
                 continue;
             }
-            if let Some(kv) = visible(versions, revision) {
+            if let Some(kv) = visible(key, versions, revision) {
                 if !visit(kv) {
                     return;
                 }
@@ -233,8 +212,10 @@ impl KeySpace {
     }
 
     /// The live value of one key now.
-    pub fn get(&self, key: &[u8]) -> Option<&KeyValue> {
-        self.keys.get(key).and_then(|v| visible(v, self.revision))
+    pub fn get<'a>(&'a self, key: &'a [u8]) -> Option<KvRef<'a>> {
+        self.keys
+            .get(key)
+            .and_then(|v| visible(key, v, self.revision))
     }
 
     /// A hash of every version kept at revisions up to `revision` (tombstones
@@ -247,7 +228,7 @@ impl KeySpace {
             for v in versions.iter().filter(|v| v.mod_revision <= revision) {
                 h = crate::ids::fnv1a(h, key.iter().copied());
                 h = crate::ids::fnv1a(h, v.mod_revision.to_be_bytes());
-                match &v.kv {
+                match &v.record {
                     Some(kv) => {
                         h = crate::ids::fnv1a(h, [1]);
                         h = crate::ids::fnv1a(h, kv.create_revision.to_be_bytes());
@@ -282,7 +263,10 @@ impl KeySpace {
     pub fn put(&mut self, rev: i64, key: &[u8], value: Vec<u8>, lease: i64) -> Option<KeyValue> {
         let sub = self.take_sub(rev);
         let versions = self.keys.entry(Arc::from(key)).or_default();
-        let prev = versions.last().and_then(|v| v.kv.as_deref().cloned());
+        let prev = versions
+            .last()
+            .and_then(|v| v.view(key))
+            .map(|kv| kv.to_owned());
         let kv = KeyValue {
             key: key.to_vec(),
             value,
@@ -294,16 +278,21 @@ impl KeySpace {
         let version = Version {
             mod_revision: rev,
             sub,
-            kv: Some(Arc::new(kv.clone())),
+            record: Some(Arc::new(Record {
+                create_revision: kv.create_revision,
+                version: kv.version,
+                lease,
+                value: kv.value.as_slice().into(),
+            })),
         };
-        self.bytes += version.bytes();
+        self.bytes += version.bytes(key);
         // What watchers see as the value before this revision.
         let mut event_prev = prev.clone();
         // Two writes of one key in one revision (a nested txn) keep only the
         // last, as etcd does; watchers see one change, as history does.
         if let Some(last) = versions.last() {
             if last.mod_revision == rev {
-                let old = versions.pop_back().map_or(0, |v| v.bytes());
+                let old = versions.pop_back().map_or(0, |v| v.bytes(key));
                 self.bytes -= old;
                 if let Some(pos) = self.changes.iter().rposition(|e| e.kv.key == key) {
                     event_prev = self.changes.remove(pos).prev;
@@ -328,13 +317,13 @@ impl KeySpace {
         // Taken even when nothing is deleted: a gap does not change the order.
         let sub = self.take_sub(rev);
         let versions = self.keys.get_mut(key)?;
-        let prev = versions.last().and_then(|v| v.kv.as_deref().cloned())?;
+        let prev = versions.last().and_then(|v| v.view(key))?.to_owned();
         let tombstone = Version {
             mod_revision: rev,
             sub,
-            kv: None,
+            record: None,
         };
-        self.bytes += tombstone.bytes();
+        self.bytes += tombstone.bytes(key);
         versions.push_back(tombstone);
         self.live_keys -= 1;
         self.changes.push(Event {
@@ -350,7 +339,7 @@ impl KeySpace {
     pub fn live_keys_in(&self, range: &KeyRange) -> Vec<KeyValue> {
         let mut out = Vec::new();
         self.scan(range, self.revision, |kv| {
-            out.push(kv.clone());
+            out.push(kv.to_owned());
             true
         });
         out
@@ -396,18 +385,18 @@ impl KeySpace {
             let Some(pivot) = versions.iter().rposition(|v| v.mod_revision <= revision) else {
                 continue;
             };
-            let drop = if versions[pivot].kv.is_none() && versions[pivot].mod_revision < revision {
-                pivot + 1
-            } else {
-                pivot
-            };
+            let drop =
+                if versions[pivot].record.is_none() && versions[pivot].mod_revision < revision {
+                    pivot + 1
+                } else {
+                    pivot
+                };
             if drop == 0 {
                 continue;
             }
-            let kept = versions.split_off(drop);
-            let dropped: u64 = versions.iter().map(Version::bytes).sum();
+            let dropped = versions.drop_oldest(drop);
+            let dropped: u64 = dropped.iter().map(|v| v.bytes(&key)).sum();
             self.bytes -= dropped;
-            *versions = kept;
             if versions.is_empty() {
                 emptied.push(key);
             }
@@ -426,7 +415,10 @@ impl KeySpace {
             keys: self
                 .keys
                 .iter()
-                .map(|(k, v)| (k.to_vec(), v.iter().cloned().collect()))
+                .map(|(key, versions)| KeyHistory {
+                    key: key.clone(),
+                    versions: versions.clone(),
+                })
                 .collect(),
         }
     }
@@ -437,26 +429,25 @@ impl KeySpace {
             compact_revision: image.compact_revision,
             ..KeySpace::default()
         };
-        for (key, versions) in image.keys {
-            ks.bytes += versions.iter().map(Version::bytes).sum::<u64>();
-            if versions.last().is_some_and(|v| v.kv.is_some()) {
+        for KeyHistory { key, versions } in image.keys {
+            ks.bytes += versions.iter().map(|v| v.bytes(&key)).sum::<u64>();
+            if versions.last().is_some_and(|v| v.record.is_some()) {
                 ks.live_keys += 1;
             }
-            ks.keys
-                .insert(Arc::from(key), versions.into_iter().collect());
+            ks.keys.insert(key, versions);
         }
         ks
     }
 }
 
 /// The version of a key visible at `revision`, if it is live there.
-fn visible(versions: &Vector<Version>, revision: i64) -> Option<&KeyValue> {
+fn visible<'a>(key: &'a [u8], versions: &'a Versions, revision: i64) -> Option<KvRef<'a>> {
     // Histories are short after compaction; newest first is the common case.
     versions
         .iter()
         .rev()
         .find(|v| v.mod_revision <= revision)
-        .and_then(|v| v.kv.as_deref())
+        .and_then(|v| v.view(key))
 }
 
 #[cfg(test)]

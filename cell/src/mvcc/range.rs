@@ -3,21 +3,26 @@
 //! write).
 
 use super::keyspace::{KeyRange, KeySpace, KeyValue};
+use super::versions::KvRef;
 use latchkey_shared::etcdpb::{PbKeyValue, PbRangeRequest, PbRangeResponse};
 use latchkey_shared::range_select::Selection;
 use latchkey_shared::ApiError;
 
 /// A key-value as etcd's protocol carries it.
 pub fn to_pb(kv: &KeyValue, keys_only: bool) -> PbKeyValue {
+    view_to_pb(kv.view(), keys_only)
+}
+
+fn view_to_pb(kv: KvRef<'_>, keys_only: bool) -> PbKeyValue {
     PbKeyValue {
-        key: kv.key.clone(),
+        key: kv.key.to_vec(),
         create_revision: kv.create_revision,
         mod_revision: kv.mod_revision,
         version: kv.version,
         value: if keys_only {
             Vec::new()
         } else {
-            kv.value.clone()
+            kv.value.to_vec()
         },
         lease: kv.lease,
     }
@@ -31,7 +36,7 @@ pub(crate) fn check_range(keys: &KeySpace, req: &PbRangeRequest) -> Result<i64, 
     if req.key.is_empty() {
         return Err(ApiError::key_not_provided());
     }
-    Selection::<KeyValue>::new(req)?;
+    Selection::<KvRef>::new(req)?;
     keys.check_readable(req.revision)
 }
 
@@ -47,7 +52,7 @@ pub fn range(keys: &KeySpace, req: &PbRangeRequest) -> Result<PbRangeResponse, A
     Ok(selection.finish())
 }
 
-latchkey_shared::impl_range_item!(KeyValue, to_pb);
+latchkey_shared::impl_range_item!(KvRef<'_>, |kv, keys_only| view_to_pb(*kv, keys_only));
 
 #[cfg(test)]
 mod tests {

@@ -7,8 +7,9 @@
 //! is validated completely before it changes anything, so a failing request
 //! leaves no partial write behind.
 
-use super::keyspace::{KeyRange, KeySpace, KeyValue};
+use super::keyspace::{KeyRange, KeySpace};
 use super::range::{check_range, range, to_pb};
+use super::versions::KvRef;
 use crate::mvcc::lease_table::LeaseTable;
 use latchkey_shared::etcd_enums::{compare_holds, CompareResult, CompareTarget, EtcdEnum};
 use latchkey_shared::etcdpb::{
@@ -53,7 +54,7 @@ fn check_delete(req: &PbDeleteRequest) -> Result<(), ApiError> {
 }
 
 fn do_put(kv: &mut Kv<'_>, rev: i64, req: &PbPutRequest) -> PbPutResponse {
-    let current = kv.keys.get(&req.key).cloned();
+    let current = kv.keys.get(&req.key).map(|kv| kv.to_owned());
     let value = match (&current, req.ignore_value) {
         (Some(c), true) => c.value.clone(),
         _ => req.value.clone(),
@@ -143,24 +144,24 @@ fn compare(keys: &KeySpace, c: &PbCompare) -> bool {
     if matches!(c.target_union, Some(PbTargetUnion::Value(_))) {
         return false;
     }
-    let absent = KeyValue {
-        key: c.key.clone(),
-        value: vec![],
+    let absent = KvRef {
+        key: &c.key,
+        value: &[],
         create_revision: 0,
         mod_revision: 0,
         version: 0,
         lease: 0,
     };
-    compare_kv(c, &absent)
+    compare_kv(c, absent)
 }
 
-fn compare_kv(c: &PbCompare, kv: &KeyValue) -> bool {
+fn compare_kv(c: &PbCompare, kv: KvRef<'_>) -> bool {
     use std::cmp::Ordering;
     let ord: Ordering = match &c.target_union {
         Some(PbTargetUnion::Version(v)) => kv.version.cmp(v),
         Some(PbTargetUnion::CreateRevision(v)) => kv.create_revision.cmp(v),
         Some(PbTargetUnion::ModRevision(v)) => kv.mod_revision.cmp(v),
-        Some(PbTargetUnion::Value(v)) => kv.value.as_slice().cmp(v.as_slice()),
+        Some(PbTargetUnion::Value(v)) => kv.value.cmp(v.as_slice()),
         Some(PbTargetUnion::Lease(v)) => kv.lease.cmp(v),
         None => return false,
     };
@@ -482,7 +483,7 @@ pub(crate) mod tests {
         // An empty keyspace is at revision 1; the put made 2, the txn 3.
         assert_eq!(kv.keys.revision(), 3);
         assert_eq!(
-            kv.keys.get(b"b").map(|k| k.value.clone()),
+            kv.keys.get(b"b").map(|k| k.value.to_vec()),
             Some(b"else".to_vec())
         );
         assert_eq!(kv.keys.get(b"c").map(|k| k.mod_revision), Some(3));
@@ -721,7 +722,7 @@ pub(crate) mod tests {
         };
         txn(&mut kv, &either_branch).expect("then and else exclude each other");
         assert_eq!(
-            kv.keys.get(b"k").map(|v| v.value.clone()),
+            kv.keys.get(b"k").map(|v| v.value.to_vec()),
             Some(b"then".to_vec())
         );
     }

@@ -14,7 +14,8 @@ pub mod snapshot_file;
 pub mod store;
 pub mod watch_hub;
 
-use crate::mvcc::keyspace::{KeySpace, KeySpaceImage};
+use crate::mvcc::image::KeySpaceImage;
+use crate::mvcc::keyspace::KeySpace;
 use crate::mvcc::lease_table::{LeaseImage, LeaseTable};
 use crate::mvcc::txn::{self, Kv};
 use crate::raft::command::{Reply, Request, Response};
