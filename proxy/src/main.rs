@@ -9,6 +9,12 @@ use latchkey_proxy::proxy::Proxy;
 use latchkey_shared::{lifecycle, telemetry};
 use std::process::ExitCode;
 
+/// jemalloc, as the cell: on glibc's malloc, a `perf` profile of the
+/// proxies serving cached serializable reads had 14 % of their samples in
+/// malloc and free (`_int_malloc`, `unlink_chunk`, `malloc_consolidate`).
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn main() -> ExitCode {
     match Config::parse().validate() {
         Ok(cfg) => lifecycle::run_main("latchkey-proxy", run(cfg)),
