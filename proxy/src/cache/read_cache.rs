@@ -6,9 +6,9 @@
 //!   when clients already watch it (its shared watch exists anyway).
 //! - Caching must pay: a range costs a read and a watch to fill and a
 //!   cancel to evict, more than forwarding a read, and while it is cached
-//!   a member watch and an item in every progress round (head-of-line for
-//!   every other watch of the proxy: 10 000 idle ranges cut lock grants
-//!   through the proxy from ~920/s to ~330/s). So a range nobody has read
+//!   a member watch and an answer in every progress round (head-of-line
+//!   for every other watch of the proxy: 10 000 idle ranges cut lock
+//!   grants through the proxy from ~920/s to ~330/s). So a range nobody has read
 //!   for [`IDLE_BEFORE_DROPPED`] is dropped ([`SWEEP_EVERY`]), and a full
 //!   cache takes a new range only in place of such a range; when clients
 //!   read more ranges than it holds
@@ -21,9 +21,12 @@
 //!   then a subscription to the coalescer from R + 1. The coalescer hands
 //!   over every revision after R once, in order, whatever member serves
 //!   it, so the cached range is the range as of its revision.
-//! - The subscription's progress items move the revision on while nothing
-//!   changes; [`ReadCache::keep_fresh`] asks the members for progress so a
-//!   quiet range stays current. A range not confirmed for [`STALE_AFTER`]
+//! - Progress moves the revision on while nothing changes:
+//!   [`ReadCache::keep_fresh`] asks the members for progress so a quiet
+//!   range stays current. A range reads its shared watch's progress mark
+//!   when it is read, not an item per progress round (`Progress::Mark`):
+//!   the mark speaks for the range once it has applied every revision its
+//!   subscription was queued before the mark. A range not confirmed for [`STALE_AFTER`]
 //!   (its upstream watch is lost) answers nothing until the watch confirms
 //!   it again; a range whose watch ends is dropped and filled afresh on a
 //!   later miss.
@@ -43,7 +46,8 @@
 use super::cached_range::CachedRange;
 use crate::metrics_catalog::{CACHE_BYTES, CACHE_EVICTIONS, CACHE_NOT_ADMITTED, CACHE_RANGES};
 use crate::upstream::{Cell, Kind, Route};
-use crate::watch::coalescer::{Coalescer, Subscription};
+use crate::watch::coalescer::{Coalescer, MarkReader, Subscription};
+use crate::watch::shared_watch::Progress;
 use crate::watch::{Item, WatchKey};
 use indexmap::IndexMap;
 use latchkey_shared::etcd_methods::kv::RANGE;
@@ -93,7 +97,28 @@ const EVICTION_SAMPLES: usize = 8;
 
 struct Filled {
     data: CachedRange,
+    /// When its subscription last gave it an item.
     confirmed: Instant,
+    /// Revisions of its subscription applied.
+    applied: u64,
+    /// Its shared watch's progress (none while its subscription catches
+    /// up: progress then comes as items).
+    marks: Option<MarkReader>,
+}
+
+impl Filled {
+    /// The revision the range is known to reflect, and when that was last
+    /// confirmed: its own, or its shared watch's progress mark once every
+    /// revision queued for it before the mark has been applied.
+    fn known(&self) -> (i64, Instant) {
+        let own = (self.data.revision(), self.confirmed);
+        match self.marks.as_ref().and_then(MarkReader::read) {
+            Some(mark) if mark.queued == self.applied => {
+                (own.0.max(mark.revision), own.1.max(mark.at))
+            }
+            _ => own,
+        }
+    }
 }
 
 /// One cached range: filling (no data yet) or filled.
@@ -273,8 +298,8 @@ impl ReadCache {
         slot.last_used.store(self.now_ms(), Ordering::Relaxed);
         let state = slot.state();
         let filled = state.as_ref()?;
-        let revision = filled.data.revision();
-        if filled.confirmed.elapsed() > STALE_AFTER || revision < floor.max(self.vouched()) {
+        let (revision, confirmed) = filled.known();
+        if confirmed.elapsed() > STALE_AFTER || revision < floor.max(self.vouched()) {
             return None;
         }
         // A request the cell would refuse (a bad sort) goes to the cell.
@@ -348,7 +373,10 @@ impl ReadCache {
                     let Some(filled) = state.as_mut() else { break };
                     let before = filled.data.bytes() as i64;
                     match item {
-                        Some(Item::Events(revision)) => filled.data.apply(&revision),
+                        Some(Item::Events(revision)) => {
+                            filled.data.apply(&revision);
+                            filled.applied += 1;
+                        }
                         Some(Item::Progress(revision)) => filled.data.advance(revision),
                         // Cancelled or dropped: the range can no longer be
                         // kept current.
@@ -392,11 +420,17 @@ impl ReadCache {
             filters: Vec::new(),
             prev_kv: false,
         };
-        let items = self.coalescer.subscribe(key, revision + 1).await.ok()?;
+        let items = self
+            .coalescer
+            .subscribe_with(key, revision + 1, Progress::Mark)
+            .await
+            .ok()?;
         self.add_bytes(data.bytes() as i64);
         *slot.state() = Some(Filled {
             data,
             confirmed: Instant::now(),
+            applied: 0,
+            marks: items.mark_reader(),
         });
         self.evict_over_budget();
         Some(items)
@@ -467,7 +501,8 @@ impl ReadCache {
     /// stay confirmed past the sample; ends with `stop`. While the leader's
     /// revision stands still, the ranges are already past it and progress
     /// only renews their confirmation: asked for every [`CONFIRM_EVERY`]
-    /// then. (Every progress costs one item per cached range.)
+    /// then. (A range reads its shared watch's progress mark when it is
+    /// read; each progress still costs one answer per upstream watch.)
     pub async fn keep_fresh(self: Arc<Self>, stop: CancellationToken) {
         let mut tick = tokio::time::interval(PROGRESS_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

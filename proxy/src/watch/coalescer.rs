@@ -10,7 +10,7 @@
 //! creation.
 
 use super::pump::{Pump, Upstream};
-use super::shared_watch::{Cancel, Item, Join, Revision, SharedWatch};
+use super::shared_watch::{Cancel, Item, Join, Mark, Progress, Revision, SharedWatch};
 use super::subscriber_queue::{self, QueueRx, QueueTx};
 use super::upstream_answer::Answer;
 use super::upstream_watches::{Opened, UpstreamWatches};
@@ -50,7 +50,9 @@ pub struct Subscription {
     pub from: i64,
     backlog: VecDeque<Revision>,
     items: QueueRx,
-    _place: Option<Place>,
+    /// Joined with [`Progress::Mark`].
+    marked: bool,
+    place: Option<Place>,
 }
 
 impl Subscription {
@@ -63,9 +65,22 @@ impl Subscription {
             from,
             backlog: VecDeque::new(),
             items,
-            _place: None,
+            marked: false,
+            place: None,
         };
         (tx, subscription)
+    }
+
+    /// Where to read how far upstream has delivered, for a subscription on
+    /// the shared watch joined with [`Progress::Mark`].
+    pub fn mark_reader(&self) -> Option<MarkReader> {
+        match &self.place {
+            Some(place) if self.marked => Some(MarkReader {
+                shared: place.ticket.shared.clone(),
+                id: place.ticket.id,
+            }),
+            _ => None,
+        }
     }
 
     /// The next item; `None` when the subscription closed without a
@@ -84,8 +99,22 @@ impl Subscription {
             from: 0,
             backlog: VecDeque::new(),
             items,
-            _place: None,
+            marked: false,
+            place: None,
         }
+    }
+}
+
+/// One subscriber's view of its shared watch's progress.
+pub struct MarkReader {
+    shared: Arc<SharedWatch>,
+    id: u64,
+}
+
+impl MarkReader {
+    /// See [`SharedWatch::mark`].
+    pub fn read(&self) -> Option<Mark> {
+        self.shared.mark(self.id)
     }
 }
 
@@ -154,6 +183,16 @@ impl Coalescer {
         key: WatchKey,
         start_revision: i64,
     ) -> Result<(Join, Option<Ticket>), ApiError> {
+        self.join_with(key, start_revision, Progress::Items).await
+    }
+
+    /// [`Coalescer::join`], told of progress as `progress` says.
+    async fn join_with(
+        self: &Arc<Self>,
+        key: WatchKey,
+        start_revision: i64,
+        progress: Progress,
+    ) -> Result<(Join, Option<Ticket>), ApiError> {
         let (cell, stop) = {
             let mut map = self.map();
             let entry = map.entry(key.clone()).or_insert_with(|| Entry {
@@ -177,7 +216,7 @@ impl Coalescer {
             let map = self.map();
             match map.get(&key) {
                 Some(entry) if Arc::ptr_eq(&entry.watch, &cell) => {
-                    let join = shared.join(start_revision);
+                    let join = shared.join_with(start_revision, progress);
                     let ticket = match &join {
                         Join::Joined { id, .. } => Some(Ticket {
                             key: key.clone(),
@@ -194,7 +233,7 @@ impl Coalescer {
         match joined {
             Some(joined) => Ok(joined),
             // Removed between creation and now: try again afresh.
-            None => Box::pin(self.join(key, start_revision)).await,
+            None => Box::pin(self.join_with(key, start_revision, progress)).await,
         }
     }
 
@@ -296,7 +335,23 @@ impl Coalescer {
         key: WatchKey,
         start_revision: i64,
     ) -> Result<Subscription, ApiError> {
-        let (join, ticket) = self.join(key.clone(), start_revision).await?;
+        self.subscribe_with(key, start_revision, Progress::Items)
+            .await
+    }
+
+    /// [`Coalescer::subscribe`], told of progress as `progress` says while
+    /// on the shared watch itself. A subscription that starts by catching
+    /// up gets progress as items whatever it asked ([`Subscription::mark`]
+    /// is `None` for it).
+    pub async fn subscribe_with(
+        self: &Arc<Self>,
+        key: WatchKey,
+        start_revision: i64,
+        progress: Progress,
+    ) -> Result<Subscription, ApiError> {
+        let (join, ticket) = self
+            .join_with(key.clone(), start_revision, progress)
+            .await?;
         match join {
             // The common case: the shared watch's own queue for this
             // client, nothing in between.
@@ -309,7 +364,8 @@ impl Coalescer {
                 from,
                 backlog: backlog.into(),
                 items,
-                _place: ticket.map(|ticket| Place {
+                marked: progress == Progress::Mark,
+                place: ticket.map(|ticket| Place {
                     coalescer: self.clone(),
                     ticket,
                 }),
@@ -339,7 +395,8 @@ impl Coalescer {
                     from: start_revision,
                     backlog: VecDeque::new(),
                     items,
-                    _place: None,
+                    marked: false,
+                    place: None,
                 })
             }
         }

@@ -84,6 +84,33 @@ pub enum Item {
     Cancelled(Cancel),
 }
 
+/// How a subscriber learns that upstream has delivered everything up to
+/// some revision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Progress {
+    /// An [`Item::Progress`] in its queue (client watches, which pass them
+    /// on).
+    Items,
+    /// Nothing queued: it reads [`SharedWatch::mark`] when it needs to
+    /// know. The read cache holds thousands of quiet ranges, and an item
+    /// per range per progress round was a queue send and a task wake-up for
+    /// each of them several times a second.
+    Mark,
+}
+
+/// How far upstream has delivered, as one subscriber may rely on it: see
+/// [`SharedWatch::mark`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mark {
+    /// Every revision up to this one was delivered upstream.
+    pub revision: i64,
+    /// When upstream said so.
+    pub at: tokio::time::Instant,
+    /// Revisions queued for the subscriber so far (its backlog included):
+    /// the mark speaks for its state only once it has taken this many.
+    pub queued: u64,
+}
+
 /// The result of [`SharedWatch::join`].
 pub enum Join {
     /// Subscribed: `backlog` first (history from the start revision), then
@@ -106,6 +133,9 @@ struct Subscriber {
     /// The first revision this subscriber wants.
     from: i64,
     tx: QueueTx,
+    progress: Progress,
+    /// Revisions queued for it, its backlog included.
+    queued: u64,
 }
 
 struct Inner {
@@ -119,6 +149,8 @@ struct Inner {
     complete_from: i64,
     /// Every revision below this has been published.
     published_below: i64,
+    /// The last progress from upstream: its revision and when it came.
+    progressed: Option<(i64, tokio::time::Instant)>,
     subscribers: Vec<Subscriber>,
     next_id: u64,
     ended: Option<Cancel>,
@@ -150,6 +182,7 @@ impl SharedWatch {
                 history_bytes: 0,
                 complete_from: start_revision,
                 published_below: start_revision,
+                progressed: None,
                 subscribers: Vec::new(),
                 next_id: 0,
                 ended: None,
@@ -181,6 +214,12 @@ impl SharedWatch {
 
     /// A client watch from `from_revision` (0: from the next revision).
     pub fn join(&self, from_revision: i64) -> Join {
+        self.join_with(from_revision, Progress::Items)
+    }
+
+    /// A subscriber from `from_revision`, told of progress as `progress`
+    /// says.
+    pub fn join_with(&self, from_revision: i64, progress: Progress) -> Join {
         let mut inner = self.lock();
         let from = if from_revision <= 0 {
             inner.published_below
@@ -210,13 +249,40 @@ impl SharedWatch {
             .collect();
         let id = inner.next_id;
         inner.next_id += 1;
-        inner.subscribers.push(Subscriber { id, from, tx });
+        inner.subscribers.push(Subscriber {
+            id,
+            from,
+            tx,
+            progress,
+            queued: backlog.len() as u64,
+        });
         Join::Joined {
             backlog,
             items,
             id,
             from,
         }
+    }
+
+    /// How far upstream has delivered, for subscriber `id` (joined with
+    /// [`Progress::Mark`]); `None` before the first progress, or when the
+    /// subscriber is gone (it left, fell behind, or the watch ended: then
+    /// what it was queued no longer reaches it, and no mark speaks for it).
+    ///
+    /// Why the mark holds: revisions are published in order and a progress
+    /// at R comes after every revision up to R was published, so every
+    /// revision up to `revision` meant for the subscriber is among the
+    /// first `queued` it was given. One that has taken `queued` revisions
+    /// reflects every change up to `revision`.
+    pub fn mark(&self, id: u64) -> Option<Mark> {
+        let inner = self.lock();
+        let (revision, at) = inner.progressed?;
+        let subscriber = inner.subscribers.iter().find(|s| s.id == id)?;
+        Some(Mark {
+            revision,
+            at,
+            queued: subscriber.queued,
+        })
     }
 
     /// A client watch ends (the client cancelled it or went away).
@@ -252,12 +318,15 @@ impl SharedWatch {
                 inner.complete_from = dropped.revision + 1;
             }
         }
-        inner.subscribers.retain(|s| {
+        inner.subscribers.retain_mut(|s| {
             if revision.revision < s.from {
                 return true;
             }
             match s.tx.try_send(Item::Events(revision.clone())) {
-                Ok(()) => true,
+                Ok(()) => {
+                    s.queued += 1;
+                    true
+                }
                 Err(mpsc::error::TrySendError::Full(_)) => {
                     // Dropping the sender closes the channel behind what is
                     // queued: the reader's "slow" (see the module doc).
@@ -280,15 +349,20 @@ impl SharedWatch {
         if revision + 1 > inner.published_below {
             inner.published_below = revision + 1;
         }
-        inner
-            .subscribers
-            .retain(|s| match s.tx.try_send(Item::Progress(revision)) {
+        let newest = inner.progressed.map_or(revision, |(r, _)| r.max(revision));
+        inner.progressed = Some((newest, tokio::time::Instant::now()));
+        inner.subscribers.retain(|s| {
+            if s.progress == Progress::Mark {
+                return true;
+            }
+            match s.tx.try_send(Item::Progress(revision)) {
                 Ok(()) => true,
                 // A full queue already holds newer news; a progress
                 // notification is not worth dropping a client for.
                 Err(mpsc::error::TrySendError::Full(_)) => true,
                 Err(mpsc::error::TrySendError::Closed(_)) => false,
-            });
+            }
+        });
     }
 
     /// The upstream watch ended for good: every subscriber is cancelled.
@@ -477,6 +551,58 @@ mod tests {
         assert!(
             items.try_recv().is_err(),
             "a revision already covered is not news"
+        );
+    }
+
+    fn joined_id(join: Join) -> (Vec<Revision>, QueueRx, u64) {
+        match join {
+            Join::Joined {
+                backlog, items, id, ..
+            } => (backlog, items, id),
+            Join::CatchUp { join_at } => panic!("asked to catch up to {join_at}"),
+        }
+    }
+
+    #[test]
+    fn a_marked_subscriber_reads_progress_from_the_mark_with_what_it_was_queued() {
+        let watch = SharedWatch::new(1, 8, 8, usize::MAX);
+        watch.publish(rev(2));
+        let (backlog, mut items, id) = joined_id(watch.join_with(2, Progress::Mark));
+        assert_eq!(backlog.len(), 1);
+        assert_eq!(watch.mark(id), None, "no progress yet");
+        watch.publish(rev(3));
+        watch.progress(5);
+        let mark = watch.mark(id).expect("a mark");
+        assert_eq!(
+            (mark.revision, mark.queued),
+            (5, 2),
+            "the backlog and revision 3"
+        );
+        assert_eq!(
+            items.try_recv().ok().map(|i| matches!(i, Item::Events(_))),
+            Some(true)
+        );
+        assert!(items.try_recv().is_err(), "no progress item for it");
+        // An older progress (a resumed watch on a member behind) does not
+        // take the mark back.
+        watch.progress(4);
+        assert_eq!(watch.mark(id).map(|m| m.revision), Some(5));
+    }
+
+    #[test]
+    fn a_marked_subscriber_dropped_as_slow_has_no_mark() {
+        let watch = SharedWatch::new(1, 8, 2, usize::MAX);
+        let (_, _items, id) = joined_id(watch.join_with(0, Progress::Mark));
+        watch.progress(1);
+        assert!(watch.mark(id).is_some());
+        for r in 2..=4 {
+            watch.publish(rev(r));
+        }
+        watch.progress(4);
+        assert_eq!(
+            watch.mark(id),
+            None,
+            "revision 4 never reached it: no mark may speak for it"
         );
     }
 }

@@ -59,15 +59,22 @@ fn read_options(which: u64) -> (String, GetOptions) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cached_reads_equal_the_cells_answer_at_their_revision_and_never_go_back() {
+/// A 3-member cell, a proxy before it, a client of the cell's leader and
+/// one of the proxy.
+async fn cell_and_proxy() -> (Cluster, ProxyProcess, Client, Client) {
     let cluster = Cluster::start(cell_binary(), 3, &[]).await;
     let leader = cluster.wait_leader(Duration::from_secs(20)).await;
     let proxy = ProxyProcess::start(proxy_bin(), &member_addrs(&cluster), &[]).await;
-    let mut cell = cluster.client(leader).await;
-    let mut through_proxy = Client::connect([format!("http://{}", proxy.grpc)], None)
+    let cell = cluster.client(leader).await;
+    let through_proxy = Client::connect([format!("http://{}", proxy.grpc)], None)
         .await
         .expect("connect to the proxy");
+    (cluster, proxy, cell, through_proxy)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cached_reads_equal_the_cells_answer_at_their_revision_and_never_go_back() {
+    let (_cluster, proxy, mut cell, mut through_proxy) = cell_and_proxy().await;
     let seed = std::env::var("LATCHKEY_TEST_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -147,6 +154,61 @@ async fn cached_reads_equal_the_cells_answer_at_their_revision_and_never_go_back
         .unwrap_or(0.0);
     eprintln!("{reads} reads, {writes} writes; cache hits {hits}, misses {misses}");
     assert!(hits > 0.0, "the cache answered nothing ({misses} misses)");
+}
+
+/// A cached range nobody writes keeps answering from the cache at the
+/// cell's newer revisions: its shared watch's progress carries it past
+/// writes to other keys, so serializable reads of quiet keys stay both
+/// fresh and cheap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_cached_range_answers_from_the_cache_at_newer_revisions() {
+    let (_cluster, proxy, mut cell, mut through_proxy) = cell_and_proxy().await;
+    let serializable = || Some(GetOptions::new().with_serializable());
+    cell.put("quiet/k", "still", None).await.expect("put");
+    for _ in 0..3 {
+        through_proxy
+            .get("quiet/k", serializable())
+            .await
+            .expect("warm the cache");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let hits = || async {
+        proxy
+            .metric("latchkey_proxy_cache_hits_total")
+            .await
+            .unwrap_or(0.0)
+    };
+    for round in 0..3 {
+        let written = cell
+            .put("busy/k", format!("{round}"), None)
+            .await
+            .expect("put another key")
+            .header()
+            .map_or(0, |h| h.revision());
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let before = hits().await;
+            let got = through_proxy
+                .get("quiet/k", serializable())
+                .await
+                .expect("serializable get");
+            let from_cache = hits().await > before;
+            assert_eq!(
+                got.kvs().first().map(|kv| kv.value_str().unwrap_or("")),
+                Some("still")
+            );
+            if from_cache && revision(&got) >= written {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "round {round}: after 10 s the cache still answers quiet/k below revision \
+                 {written} (last answer at {}, from the cache: {from_cache})",
+                revision(&got)
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
 }
 
 /// P3, read-your-writes: on one connection, a serializable read after the
