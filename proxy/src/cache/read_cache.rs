@@ -8,15 +8,15 @@
 //!   cancel to evict, more than forwarding a read, and while it is cached
 //!   a member watch and an answer in every progress round (head-of-line
 //!   for every other watch of the proxy: 10 000 idle ranges cut lock
-//!   grants through the proxy from ~920/s to ~330/s). So a range nobody has read
-//!   for [`IDLE_BEFORE_DROPPED`] is dropped ([`SWEEP_EVERY`]), and a full
-//!   cache takes a new range only in place of such a range; when clients
-//!   read more ranges than it holds
-//!   (random keys over a large keyspace), it keeps the ones it has and
-//!   forwards the rest rather than trading one range for another on every
-//!   miss. The least recently used range is found among
-//!   [`EVICTION_SAMPLES`] drawn at random (as Redis does), so a miss costs
-//!   the same with 10 ranges cached or 16 384.
+//!   grants through the proxy from ~920/s to ~330/s). So a range nobody
+//!   has read for 10 s ([`super::slots::IDLE_BEFORE_DROPPED`]) is dropped
+//!   ([`SWEEP_EVERY`]), and a full cache takes a new range only in place
+//!   of such a range; when clients read more ranges than it holds (random
+//!   keys over a large keyspace), it keeps the ones it has and forwards
+//!   the rest rather than trading one range for another on every miss.
+//!   The least recently used range is found among a few drawn at random
+//!   (as Redis does, [`super::slots::least_recently_used`]), so a miss
+//!   costs the same with 10 ranges cached or 16 384.
 //! - Filling: one serializable read of the whole range at revision R,
 //!   then a subscription to the coalescer from R + 1. The coalescer hands
 //!   over every revision after R once, in order, whatever member serves
@@ -26,35 +26,37 @@
 //!   range stays current. A range reads its shared watch's progress mark
 //!   when it is read, not an item per progress round (`Progress::Mark`):
 //!   the mark speaks for the range once it has applied every revision its
-//!   subscription was queued before the mark. A range not confirmed for [`STALE_AFTER`]
-//!   (its upstream watch is lost) answers nothing until the watch confirms
-//!   it again; a range whose watch ends is dropped and filled afresh on a
-//!   later miss.
+//!   subscription was queued before the mark. A range not confirmed for
+//!   [`STALE_AFTER`] (its upstream watch is lost) answers nothing until the
+//!   watch confirms it again; a range whose watch ends is dropped and
+//!   filled afresh on a later miss.
 //! - Confirmed is not enough: a member cut off from its peers keeps
 //!   confirming its own frozen revision (proxy review P2). So
 //!   [`ReadCache::keep_fresh`] also asks the leader for its revision every
 //!   [`PROGRESS_EVERY`], and a range answers only at or above
 //!   [`ReadCache::vouched`]: the leader's revision as sampled at least
-//!   [`VOUCH_LAG`] ago. A write acknowledged at time t is then reflected
-//!   in every answer from about t + [`PROGRESS_EVERY`] + [`VOUCH_LAG`] on,
-//!   whichever member's watch keeps the range; a range on a healthy
+//!   [`super::leader_samples::VOUCH_LAG`] ago. A write acknowledged at
+//!   time t is then reflected in every answer from about t + 200 ms + the
+//!   lag on, whichever member's watch keeps the range; a range on a healthy
 //!   member is confirmed past a sample within a progress round, well
 //!   inside the lag.
 //! - An answer is only given at or above the client's floor; otherwise
 //!   the read goes to the cell (the caller's part, see `cache::serve`).
 
 use super::cached_range::CachedRange;
+use super::leader_samples::LeaderSamples;
+use super::slots::{
+    idle, least_recently_used, room, Filled, Room, Slot, Slots, MAX_RANGES, MAX_SEEN,
+};
 use crate::metrics_catalog::{CACHE_BYTES, CACHE_EVICTIONS, CACHE_NOT_ADMITTED, CACHE_RANGES};
 use crate::upstream::{Cell, Kind, Route};
-use crate::watch::coalescer::{Coalescer, MarkReader, Subscription};
+use crate::watch::coalescer::{Coalescer, Subscription};
 use crate::watch::shared_watch::Progress;
 use crate::watch::{Item, WatchKey};
-use indexmap::IndexMap;
 use latchkey_shared::etcd_methods::kv::RANGE;
 use latchkey_shared::etcd_methods::maintenance::STATUS;
 use latchkey_shared::etcdpb::{PbRangeRequest, PbRangeResponse, PbStatusRequest, PbStatusResponse};
 use latchkey_shared::KeyRange;
-use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -74,76 +76,8 @@ pub const PROGRESS_EVERY: Duration = Duration::from_millis(200);
 /// confirmed within [`STALE_AFTER`].
 pub const CONFIRM_EVERY: Duration = Duration::from_millis(400);
 
-/// How old a sample of the leader's revision is before every answer must
-/// reflect it ([`ReadCache::vouched`]).
-pub const VOUCH_LAG: Duration = Duration::from_millis(400);
-
-/// Most ranges cached at once. Each holds a watch on a member and costs an
-/// item per progress round, cached or idle.
-const MAX_RANGES: usize = 16_384;
-
-/// Ranges remembered as missed once; past this the memory is cleared.
-const MAX_SEEN: usize = MAX_RANGES;
-
-/// A range unread for this long is dropped; a full cache replaces only
-/// such a range.
-const IDLE_BEFORE_DROPPED: Duration = Duration::from_secs(10);
-
-/// How often ranges unread for [`IDLE_BEFORE_DROPPED`] are looked for.
+/// How often ranges left unread ([`super::slots::idle`]) are looked for.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
-
-/// Ranges drawn to find the least recently used one.
-const EVICTION_SAMPLES: usize = 8;
-
-struct Filled {
-    data: CachedRange,
-    /// When its subscription last gave it an item.
-    confirmed: Instant,
-    /// Revisions of its subscription applied.
-    applied: u64,
-    /// Its shared watch's progress (none while its subscription catches
-    /// up: progress then comes as items).
-    marks: Option<MarkReader>,
-}
-
-impl Filled {
-    /// The revision the range is known to reflect, and when that was last
-    /// confirmed: its own, or its shared watch's progress mark once every
-    /// revision queued for it before the mark has been applied.
-    fn known(&self) -> (i64, Instant) {
-        let own = (self.data.revision(), self.confirmed);
-        match self.marks.as_ref().and_then(MarkReader::read) {
-            Some(mark) if mark.queued == self.applied => {
-                (own.0.max(mark.revision), own.1.max(mark.at))
-            }
-            _ => own,
-        }
-    }
-}
-
-/// One cached range: filling (no data yet) or filled.
-struct Slot {
-    range: KeyRange,
-    state: Mutex<Option<Filled>>,
-    /// When it was last read: milliseconds since the cache's epoch.
-    last_used: AtomicU64,
-    /// Ends the range's feed (eviction).
-    stop: CancellationToken,
-}
-
-impl Slot {
-    fn state(&self) -> MutexGuard<'_, Option<Filled>> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-#[derive(Default)]
-struct Slots {
-    /// Indexed as well as keyed: eviction draws ranges at random.
-    by_range: IndexMap<KeyRange, Arc<Slot>>,
-    /// Ranges missed once.
-    seen: HashSet<KeyRange>,
-}
 
 pub struct ReadCache {
     coalescer: Arc<Coalescer>,
@@ -156,85 +90,6 @@ pub struct ReadCache {
     epoch: Instant,
     /// The leader's revision, sampled.
     samples: Mutex<LeaderSamples>,
-}
-
-/// The leader's revision as sampled over the last [`VOUCH_LAG`], and the
-/// newest sample older than that.
-#[derive(Default)]
-struct LeaderSamples(VecDeque<(Instant, i64)>);
-
-impl LeaderSamples {
-    fn add(&mut self, at: Instant, revision: i64) {
-        self.0.push_back((at, revision));
-        // Keep one sample older than the lag: the one that counts.
-        while self.0.len() > 1 && at.duration_since(self.0[1].0) >= VOUCH_LAG {
-            self.0.pop_front();
-        }
-    }
-
-    /// The revision of the newest sample taken at least [`VOUCH_LAG`]
-    /// before `now` (0: none yet).
-    fn vouched(&self, now: Instant) -> i64 {
-        self.0
-            .iter()
-            .rev()
-            .find(|(at, _)| now.duration_since(*at) >= VOUCH_LAG)
-            .map_or(0, |(_, revision)| *revision)
-    }
-}
-
-/// Whether one more range fits among `slots`, at most `max`.
-enum Room {
-    Free,
-    /// In place of this range, unread for [`IDLE_BEFORE_DROPPED`].
-    Replacing(Arc<Slot>),
-    /// Every range drawn was read more recently.
-    Full,
-}
-
-fn room(slots: &Slots, now_ms: u64, max: usize) -> Room {
-    if slots.by_range.len() < max {
-        return Room::Free;
-    }
-    match least_recently_used(slots) {
-        Some(victim) if is_idle(&victim, now_ms) => Room::Replacing(victim),
-        _ => Room::Full,
-    }
-}
-
-/// Whether `slot` has gone unread for [`IDLE_BEFORE_DROPPED`] at `now_ms`.
-fn is_idle(slot: &Slot, now_ms: u64) -> bool {
-    now_ms
-        .checked_sub(IDLE_BEFORE_DROPPED.as_millis() as u64)
-        .is_some_and(|since| slot.last_used.load(Ordering::Relaxed) <= since)
-}
-
-/// The ranges unread for [`IDLE_BEFORE_DROPPED`] at `now_ms`.
-fn idle(slots: &Slots, now_ms: u64) -> Vec<Arc<Slot>> {
-    slots
-        .by_range
-        .values()
-        .filter(|slot| is_idle(slot, now_ms))
-        .cloned()
-        .collect()
-}
-
-/// The least recently read of [`EVICTION_SAMPLES`] ranges drawn at random
-/// (all of them when there are no more).
-fn least_recently_used(slots: &Slots) -> Option<Arc<Slot>> {
-    let n = slots.by_range.len();
-    let draw = |k: usize| {
-        if n <= EVICTION_SAMPLES {
-            k
-        } else {
-            fastrand::usize(..n)
-        }
-    };
-    (0..n.min(EVICTION_SAMPLES))
-        .map(draw)
-        .filter_map(|i| slots.by_range.get_index(i).map(|(_, slot)| slot))
-        .min_by_key(|slot| slot.last_used.load(Ordering::Relaxed))
-        .cloned()
 }
 
 /// Whether the cache may answer `req`: a serializable read of the
@@ -276,9 +131,9 @@ impl ReadCache {
     }
 
     /// The revision every serializable answer must reach: the leader's as
-    /// sampled [`VOUCH_LAG`] ago (0 before the first sample). An answer
-    /// below it comes from a watch or a member that has fallen behind the
-    /// cell, or been cut off from it.
+    /// sampled [`super::leader_samples::VOUCH_LAG`] ago (0 before the
+    /// first sample). An answer below it comes from a watch or a member
+    /// that has fallen behind the cell, or been cut off from it.
     pub fn vouched(&self) -> i64 {
         self.samples
             .lock()
@@ -471,7 +326,7 @@ impl ReadCache {
         metrics::counter!(CACHE_EVICTIONS.name).increment(1);
     }
 
-    /// Drops every range unread for [`IDLE_BEFORE_DROPPED`].
+    /// Drops every range unread for 10 s ([`super::slots::idle`]).
     fn drop_idle(&self) {
         let mut slots = self.slots();
         let idle = idle(&slots, self.now_ms());
@@ -560,126 +415,5 @@ impl ReadCache {
             return Some(header.revision);
         }
         None
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Slots of single keys `k0`, `k1`, ..., each last read at the given
-    /// millisecond.
-    fn slots_read_at(times: &[u64]) -> Slots {
-        let mut slots = Slots::default();
-        for (i, at) in times.iter().enumerate() {
-            let range = KeyRange::new(format!("k{i}").into_bytes(), Vec::new());
-            let slot = Arc::new(Slot {
-                range: range.clone(),
-                state: Mutex::new(None),
-                last_used: AtomicU64::new(*at),
-                stop: CancellationToken::new(),
-            });
-            slots.by_range.insert(range, slot);
-        }
-        slots
-    }
-
-    fn key_of(room: Room) -> Option<Vec<u8>> {
-        match room {
-            Room::Replacing(victim) => Some(victim.range.start.clone()),
-            Room::Free | Room::Full => None,
-        }
-    }
-
-    /// A full cache trades a range only for one nobody reads any more:
-    /// when every range is in use (random reads over more keys than it
-    /// holds), a newcomer is forwarded instead of evicting a range that
-    /// would be missed and filled again a moment later.
-    #[test]
-    fn a_full_cache_replaces_only_a_range_left_unread() {
-        let idle = IDLE_BEFORE_DROPPED.as_millis() as u64;
-        let now = 100_000;
-        let busy = slots_read_at(&[now - 10, now - idle + 1, now - 500, now]);
-        assert!(matches!(room(&busy, now, 5), Room::Free));
-        assert!(
-            matches!(room(&busy, now, 4), Room::Full),
-            "every range was read within {IDLE_BEFORE_DROPPED:?}: nothing to replace"
-        );
-        let one_idle = slots_read_at(&[now - 10, now - idle - 1, now - idle + 1, now]);
-        assert_eq!(key_of(room(&one_idle, now, 4)), Some(b"k1".to_vec()));
-    }
-
-    /// A range nobody read for 10 s costs a member watch and a share of
-    /// every progress round and answers nothing: the sweep drops exactly
-    /// those, however full the cache.
-    #[test]
-    fn the_sweep_drops_only_ranges_unread_for_ten_seconds() {
-        let idle = IDLE_BEFORE_DROPPED.as_millis() as u64;
-        let now = 100_000;
-        let slots = slots_read_at(&[now - idle - 1, now - 10, now - idle, now - idle + 1, 0]);
-        let mut dropped: Vec<Vec<u8>> = super::idle(&slots, now)
-            .iter()
-            .map(|slot| slot.range.start.clone())
-            .collect();
-        dropped.sort();
-        assert_eq!(
-            dropped,
-            vec![b"k0".to_vec(), b"k2".to_vec(), b"k4".to_vec()]
-        );
-        let young = slots_read_at(&[0, 5]);
-        assert!(
-            super::idle(&young, idle - 1).is_empty(),
-            "nothing is idle before the cache is 10 s old"
-        );
-    }
-
-    /// Over many ranges the victim is drawn, not searched for, and is the
-    /// oldest of its draw: with nine ranges in ten idle, an idle one.
-    #[test]
-    fn the_victim_is_the_least_recently_read_of_its_draw() {
-        fastrand::seed(29);
-        let now = 1_000_000;
-        let times: Vec<u64> = (0..10_000)
-            .map(|i| if i % 10 == 0 { now } else { i })
-            .collect();
-        let slots = slots_read_at(&times);
-        for _ in 0..100 {
-            let victim = least_recently_used(&slots).expect("a victim");
-            assert!(
-                victim.last_used.load(Ordering::Relaxed) < now,
-                "the victim was read at {now}, with 9 000 idle ranges to draw from"
-            );
-        }
-        let few = slots_read_at(&[30, 10, 20]);
-        assert_eq!(
-            least_recently_used(&few).map(|v| v.range.start.clone()),
-            Some(b"k1".to_vec()),
-            "up to {EVICTION_SAMPLES} ranges, every one is looked at"
-        );
-    }
-
-    #[test]
-    fn an_answer_must_reach_the_leaders_revision_once_its_sample_is_a_lag_old() {
-        let t0 = Instant::now();
-        let mut samples = LeaderSamples::default();
-        assert_eq!(samples.vouched(t0), 0, "nothing sampled yet");
-        samples.add(t0, 10);
-        samples.add(t0 + PROGRESS_EVERY, 12);
-        assert_eq!(
-            samples.vouched(t0 + VOUCH_LAG / 2),
-            0,
-            "no sample is a lag old"
-        );
-        assert_eq!(samples.vouched(t0 + VOUCH_LAG), 10);
-        assert_eq!(samples.vouched(t0 + PROGRESS_EVERY + VOUCH_LAG), 12);
-        // Samples older than the newest one that counts are let go.
-        for k in 2..20 {
-            samples.add(t0 + PROGRESS_EVERY * k, 10 + 2 * k as i64);
-        }
-        let now = t0 + PROGRESS_EVERY * 19;
-        assert_eq!(samples.vouched(now), 10 + 2 * 17);
-        assert!(
-            samples.0.len() <= (VOUCH_LAG.as_millis() / PROGRESS_EVERY.as_millis()) as usize + 1
-        );
     }
 }
