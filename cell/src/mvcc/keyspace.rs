@@ -229,12 +229,12 @@ impl KeySpace {
                 h = crate::ids::fnv1a(h, key.iter().copied());
                 h = crate::ids::fnv1a(h, v.mod_revision.to_be_bytes());
                 match &v.record {
-                    Some(kv) => {
+                    Some(record) => {
                         h = crate::ids::fnv1a(h, [1]);
-                        h = crate::ids::fnv1a(h, kv.create_revision.to_be_bytes());
-                        h = crate::ids::fnv1a(h, kv.version.to_be_bytes());
-                        h = crate::ids::fnv1a(h, kv.lease.to_be_bytes());
-                        h = crate::ids::fnv1a(h, kv.value.iter().copied());
+                        h = crate::ids::fnv1a(h, record.create_revision.to_be_bytes());
+                        h = crate::ids::fnv1a(h, record.version.to_be_bytes());
+                        h = crate::ids::fnv1a(h, record.lease.to_be_bytes());
+                        h = crate::ids::fnv1a(h, record.value.iter().copied());
                     }
                     None => h = crate::ids::fnv1a(h, [0]),
                 }
