@@ -450,6 +450,20 @@ impl ForwardHandler for CellNode {
     }
 }
 
+/// The leader a follower's forwarded group goes to; `not_leader` when it
+/// is this member (the group is then served here).
+async fn other_leader(
+    id: NodeId,
+    raft: &Raft,
+    deadline: Instant,
+) -> Result<(NodeId, String), ApiError> {
+    let (leader, addr) = leader(raft, deadline).await?;
+    if leader == id {
+        return Err(ApiError::not_leader(Some(id)));
+    }
+    Ok((leader, addr))
+}
+
 /// The follower's side of group commit: concurrent writes go to the leader
 /// in one `Forward::Writes`. A group that finds this member leading is
 /// answered `not_leader`, and each write is then proposed here.
@@ -476,13 +490,10 @@ fn start_forwarder(
             async move {
                 let count = writes.len();
                 let deadline = Instant::now() + request_timeout;
-                let (leader, addr) = match leader(&raft, deadline).await {
+                let (leader, addr) = match other_leader(id, &raft, deadline).await {
                     Ok(found) => found,
                     Err(e) => return vec![Err(e); count],
                 };
-                if leader == id {
-                    return vec![Err(ApiError::not_leader(Some(id))); count];
-                }
                 let req = Forward::Writes(writes);
                 match send_to_leader(&raft, &peers, (leader, &addr), &req, deadline).await {
                     Ok(ForwardReply::WrittenMany(answers)) if answers.len() == count => answers,
@@ -520,13 +531,10 @@ fn start_keep_alive_forwarder(
             async move {
                 let count = ids.len();
                 let deadline = Instant::now() + request_timeout;
-                let (leader, addr) = match leader(&raft, deadline).await {
+                let (leader, addr) = match other_leader(id, &raft, deadline).await {
                     Ok(found) => found,
                     Err(e) => return vec![Err(e); count],
                 };
-                if leader == id {
-                    return vec![Err(ApiError::not_leader(Some(id))); count];
-                }
                 metrics::counter!(FORWARDED_KEEP_ALIVE_BATCHES.name).increment(1);
                 metrics::counter!(FORWARDED_KEEP_ALIVES.name).increment(count as u64);
                 let req = Forward::RefreshBatch { ids: ids.clone() };
