@@ -127,13 +127,13 @@ impl Iterator for History {
             0 => None,
             i if self.with_prev => cursor.versions[i - 1]
                 .view(&cursor.key)
-                .map(|kv| kv.to_owned()),
+                .map(|kv| kv.to_key_value()),
             _ => None,
         };
         let event = match v.view(&cursor.key) {
             Some(kv) => Event {
                 kind: EventKind::Put,
-                kv: kv.to_owned(),
+                kv: kv.to_key_value(),
                 prev,
             },
             None => Event {

@@ -266,7 +266,7 @@ impl KeySpace {
         let prev = versions
             .last()
             .and_then(|v| v.view(key))
-            .map(|kv| kv.to_owned());
+            .map(|kv| kv.to_key_value());
         let kv = KeyValue {
             key: key.to_vec(),
             value,
@@ -317,7 +317,7 @@ impl KeySpace {
         // Taken even when nothing is deleted: a gap does not change the order.
         let sub = self.take_sub(rev);
         let versions = self.keys.get_mut(key)?;
-        let prev = versions.last().and_then(|v| v.view(key))?.to_owned();
+        let prev = versions.last().and_then(|v| v.view(key))?.to_key_value();
         let tombstone = Version {
             mod_revision: rev,
             sub,
@@ -339,7 +339,7 @@ impl KeySpace {
     pub fn live_keys_in(&self, range: &KeyRange) -> Vec<KeyValue> {
         let mut out = Vec::new();
         self.scan(range, self.revision, |kv| {
-            out.push(kv.to_owned());
+            out.push(kv.to_key_value());
             true
         });
         out
@@ -394,8 +394,8 @@ impl KeySpace {
             if drop == 0 {
                 continue;
             }
-            let dropped = versions.drop_oldest(drop);
-            let dropped: u64 = dropped.iter().map(|v| v.bytes(&key)).sum();
+            let dropped: u64 = versions.iter().take(drop).map(|v| v.bytes(&key)).sum();
+            versions.drop_oldest(drop);
             self.bytes -= dropped;
             if versions.is_empty() {
                 emptied.push(key);

@@ -54,12 +54,13 @@ fn check_delete(req: &PbDeleteRequest) -> Result<(), ApiError> {
 }
 
 fn do_put(kv: &mut Kv<'_>, rev: i64, req: &PbPutRequest) -> PbPutResponse {
-    let current = kv.keys.get(&req.key).map(|kv| kv.to_owned());
-    let value = match (&current, req.ignore_value) {
-        (Some(c), true) => c.value.clone(),
+    // Borrowed: only what the put keeps of the current value is copied.
+    let current = kv.keys.get(&req.key);
+    let value = match (current, req.ignore_value) {
+        (Some(c), true) => c.value.to_vec(),
         _ => req.value.clone(),
     };
-    let lease = match (&current, req.ignore_lease) {
+    let lease = match (current, req.ignore_lease) {
         (Some(c), true) => c.lease,
         _ => req.lease,
     };

@@ -87,7 +87,7 @@ pub struct KvRef<'a> {
 }
 
 impl KvRef<'_> {
-    pub fn to_owned(&self) -> KeyValue {
+    pub fn to_key_value(&self) -> KeyValue {
         KeyValue {
             key: self.key.to_vec(),
             value: self.value.to_vec(),
@@ -210,12 +210,9 @@ impl Versions {
         }
     }
 
-    /// Drops the `n` oldest versions and returns them.
-    pub fn drop_oldest(&mut self, n: usize) -> Vec<Version> {
-        let n = n.min(self.len());
-        let dropped = self.iter().take(n).cloned().collect();
+    /// Drops the `n` oldest versions.
+    pub fn drop_oldest(&mut self, n: usize) {
         *self = self.iter().skip(n).cloned().collect();
-        dropped
     }
 }
 
@@ -307,12 +304,11 @@ mod tests {
     #[test]
     fn dropping_the_oldest_keeps_the_rest_and_shrinks_to_the_short_form() {
         let mut versions: Versions = (1..=100).map(v).collect();
-        let dropped = versions.drop_oldest(90);
-        assert_eq!(dropped.len(), 90);
-        assert_eq!(dropped.last().map(|v| v.mod_revision), Some(90));
+        versions.drop_oldest(90);
         assert_eq!(revs(&versions), (91..=100).collect::<Vec<_>>());
         assert!(matches!(versions, Versions::Short(_)));
-        assert!(versions.drop_oldest(50).len() == 10 && versions.is_empty());
+        versions.drop_oldest(50);
+        assert!(versions.is_empty());
         assert_eq!(versions.pop_back().map(|v| v.mod_revision), None);
     }
 }

@@ -341,8 +341,8 @@ impl Coalescer {
 
     /// [`Coalescer::subscribe`], told of progress as `progress` says while
     /// on the shared watch itself. A subscription that starts by catching
-    /// up gets progress as items whatever it asked ([`Subscription::mark`]
-    /// is `None` for it).
+    /// up gets progress as items whatever it asked
+    /// ([`Subscription::mark_reader`] is `None` for it).
     pub async fn subscribe_with(
         self: &Arc<Self>,
         key: WatchKey,
