@@ -74,4 +74,29 @@ pub trait LockBackend: Send + Sync + 'static {
         after: i64,
         deletes_only: bool,
     ) -> BoxFuture<'_, Result<i64, ApiError>>;
+
+    /// Resolves with the revision of the first deletion of one of `keys`
+    /// (keys of the queue `queue`) after revision `after`; like
+    /// [`wait_change`](Self::wait_change), it may resolve early. By
+    /// default one [`wait_change`](Self::wait_change) per key; a backend
+    /// whose watches cost a round trip to make (the proxy's) watches the
+    /// queue once for every waiter of the lock.
+    fn wait_departure(
+        &self,
+        queue: KeyRange,
+        keys: Vec<Vec<u8>>,
+        after: i64,
+    ) -> BoxFuture<'_, Result<i64, ApiError>> {
+        let _ = queue;
+        let waits: Vec<_> = keys
+            .into_iter()
+            .map(|key| self.wait_change(KeyRange::single(key), after, true))
+            .collect();
+        Box::pin(async move {
+            if waits.is_empty() {
+                return Err(ApiError::internal("a wait for a departure of no key"));
+            }
+            futures::future::select_all(waits).await.0
+        })
+    }
 }

@@ -34,7 +34,7 @@ pub async fn campaign<B: LockBackend>(
         lease,
     };
     let place = Place::new(backend.clone(), &joined, false);
-    if joined.existing_value.is_some_and(|v| v != value) {
+    if joined.existing_value.as_ref().is_some_and(|v| *v != value) {
         within(deadline, proclaim(backend.as_ref(), &leader, value)).await?;
     }
     let turn = wait_for_turn(
@@ -43,7 +43,7 @@ pub async fn campaign<B: LockBackend>(
         lease,
         place,
         false,
-        joined.header.revision,
+        &joined,
         deadline,
     )
     .await?;

@@ -87,7 +87,7 @@ pub async fn acquire<B: LockBackend>(
                 lease,
                 place,
                 true,
-                joined.header.revision,
+                &joined,
                 deadline,
             )
             .await?;

@@ -9,8 +9,8 @@
 use super::{delay, LockBackend};
 use crate::etcd_enums::{CompareResult, CompareTarget, SortOrder, SortTarget};
 use crate::etcdpb::{
-    PbCompare, PbDeleteRequest, PbKeyValue, PbPutRequest, PbRangeRequest, PbResponseHeader,
-    PbTargetUnion, PbTxnOpRequest, PbTxnOpResponse, PbTxnRequest, PbTxnRequestOp,
+    PbCompare, PbDeleteRequest, PbKeyValue, PbPutRequest, PbRangeRequest, PbRangeResponse,
+    PbResponseHeader, PbTargetUnion, PbTxnOpRequest, PbTxnOpResponse, PbTxnRequest, PbTxnRequestOp,
 };
 use crate::idempotency::{Guard, Outcome};
 use crate::metrics_catalog::{LOCK_DELAYS, LOCK_WAKEUPS};
@@ -138,6 +138,21 @@ fn leave_if(key: &[u8], compare: PbCompare) -> PbTxnRequest {
     }
 }
 
+/// This contender's key (created at `revision`, or the newest key when
+/// read in the txn that creates it) and the one just before it, in one
+/// read.
+fn line_behind(queue: &KeyRange, revision: i64) -> PbRangeRequest {
+    PbRangeRequest {
+        key: queue.start.clone(),
+        range_end: queue.end.clone(),
+        max_create_revision: revision,
+        sort_order: SortOrder::Descend as i32,
+        sort_target: SortTarget::Create as i32,
+        limit: 2,
+        ..Default::default()
+    }
+}
+
 /// The reads a join makes in its own txn: the first key in line and the
 /// lock's delay record.
 fn lineup(name: &[u8]) -> [PbTxnRequestOp; 2] {
@@ -184,6 +199,9 @@ pub(super) struct Joined {
     pub first: bool,
     /// The lock's delay record when it joined.
     pub delay_record: Option<PbKeyValue>,
+    /// When the join made the key: the key and the one just before it, as
+    /// of the join's revision (what waiting would read first).
+    pub line: Option<Vec<PbKeyValue>>,
 }
 
 /// Puts `lease`'s key in the queue `name` with `value`, unless it is
@@ -221,6 +239,12 @@ pub(super) async fn join<B: LockBackend>(
             })),
             first.clone(),
             record.clone(),
+            // After the put, so the new key is the newest in it: a
+            // contender that has to wait knows whom for without reading.
+            op(PbTxnOpRequest::RequestRange(line_behind(
+                &queue_range(name),
+                0,
+            ))),
         ],
         failure: vec![
             op(PbTxnOpRequest::RequestRange(PbRangeRequest {
@@ -259,6 +283,7 @@ pub(super) async fn join<B: LockBackend>(
         .map_or(header.revision, |kv| kv.create_revision);
     let first_in_line = reads.next().and_then(|kvs| kvs.into_iter().next());
     let delay_record = reads.next().and_then(|kvs| kvs.into_iter().next());
+    let line = reads.next().filter(|_| joined.succeeded);
     Ok(Joined {
         first: first_in_line.is_some_and(|kv| kv.key == key && kv.create_revision == revision),
         key,
@@ -266,6 +291,7 @@ pub(super) async fn join<B: LockBackend>(
         header,
         existing_value: mine.map(|kv| kv.value),
         delay_record,
+        line,
     })
 }
 
@@ -311,6 +337,7 @@ async fn rejoin<B: LockBackend>(
         header,
         existing_value: Some(kv.value),
         delay_record: reads.next().and_then(|kvs| kvs.into_iter().next()),
+        line: None,
     })
 }
 
@@ -388,8 +415,9 @@ impl<B: LockBackend> Drop for Place<B> {
 
 /// Waits until `place` is first in the queue `name`, or `deadline`
 /// (`lock_timeout`; the place is then given up), reading the queue first
-/// as of `from` (the revision its join was answered at). Returns the
-/// header of the read that saw it first.
+/// as of the revision its join was answered at, unless the join made that
+/// read itself ([`Joined::line`]). Returns the header of the read that saw
+/// it first.
 ///
 /// Reads are as of the revision the contender was answered or woken at,
 /// not linearizable: a key created later has a higher create revision and
@@ -402,7 +430,7 @@ pub(super) async fn wait_for_turn<B: LockBackend>(
     lease: i64,
     mut place: Place<B>,
     honour_lock_delay: bool,
-    from: i64,
+    joined: &Joined,
     deadline: Instant,
 ) -> Result<Turn, ApiError> {
     let waited = wait(
@@ -411,7 +439,7 @@ pub(super) async fn wait_for_turn<B: LockBackend>(
         lease,
         &mut place,
         honour_lock_delay,
-        from,
+        joined,
         deadline,
     )
     .await;
@@ -439,29 +467,53 @@ async fn wait<B: LockBackend>(
     lease: i64,
     place: &mut Place<B>,
     honour_lock_delay: bool,
-    from: i64,
+    joined: &Joined,
     deadline: Instant,
 ) -> Result<PbResponseHeader, ApiError> {
     let queue = queue_range(name);
-    let mut as_of = from;
+    let mut as_of = joined.header.revision;
+    // Only a line with someone before this contender: one that finds it
+    // first is read again, so a turn is always answered with a read's
+    // header (one after the join's revision).
+    let mut known = joined
+        .line
+        .clone()
+        .filter(|kvs| kvs.len() == 2)
+        .map(|kvs| PbRangeResponse {
+            header: Some(joined.header.clone()),
+            kvs,
+            ..Default::default()
+        });
+    // Whether the last wait ended with a wake-up: the read after it most
+    // likely finds this contender first.
+    let mut woken = false;
     loop {
-        // This contender's key and the one just before it, in one read.
-        let line = within(
-            deadline,
-            backend.range_at(
-                PbRangeRequest {
-                    key: queue.start.clone(),
-                    range_end: queue.end.clone(),
-                    max_create_revision: place.revision,
-                    sort_order: SortOrder::Descend as i32,
-                    sort_target: SortTarget::Create as i32,
-                    limit: 2,
-                    ..Default::default()
-                },
-                as_of,
-            ),
-        )
-        .await?;
+        // This contender's key and the one just before it, in one read
+        // (the join's own, the first time, when it made the key).
+        let line_read = async {
+            match known.take() {
+                Some(line) => Ok(line),
+                None => {
+                    backend
+                        .range_at(line_behind(&queue, place.revision), as_of)
+                        .await
+                }
+            }
+        };
+        // After a wake-up at a known revision, the delay record a first
+        // contender must look at is read beside the line, as of the same
+        // revision: one round trip to the cell instead of two per handoff
+        // (through a proxy, each is a network hop). Without a wake-up it is
+        // read only once the line says it is needed.
+        let record_read = async {
+            if honour_lock_delay && woken && as_of != 0 {
+                delay_record(backend, name, as_of).await.map(Some)
+            } else {
+                Ok(None)
+            }
+        };
+        let (line, record_at_wake) =
+            within(deadline, async { tokio::try_join!(line_read, record_read) }).await?;
         let read_at = read_at(as_of, line.header.as_ref().map_or(0, |h| h.revision));
         let mut keys = line.kvs.iter();
         // Still queued? Its lease may have expired while it waited.
@@ -476,8 +528,11 @@ async fn wait<B: LockBackend>(
             // it): its lock-delay is owed by whoever is first now, also
             // when the waiter that owed it gave up or expired meanwhile.
             if honour_lock_delay {
-                let owed =
-                    within(deadline, owed_as_first(backend, name, &place.key, read_at)).await?;
+                let record = match record_at_wake {
+                    Some(record) => record,
+                    None => within(deadline, delay_record(backend, name, read_at)).await?,
+                };
+                let owed = owed_as_first(record, &place.key);
                 let honoured = place.honoured.as_ref().map(|r| r.mod_revision);
                 if let Some((lock_delay, record)) =
                     owed.filter(|(_, r)| Some(r.mod_revision) != honoured)
@@ -487,6 +542,7 @@ async fn wait<B: LockBackend>(
                     place.honoured = Some(record);
                     // Then the line as it is now.
                     as_of = 0;
+                    woken = false;
                     continue;
                 }
             }
@@ -500,17 +556,15 @@ async fn wait<B: LockBackend>(
         );
         // Woken by the predecessor's deletion, or by this contender's own
         // (its lease expired): either way, read again.
-        let mine = backend.wait_change(KeyRange::single(place.key.clone()), read_at, true);
-        let theirs = backend.wait_change(KeyRange::single(predecessor.key.clone()), read_at, true);
+        let departure = backend.wait_departure(
+            queue.clone(),
+            vec![place.key.clone(), predecessor.key.clone()],
+            read_at,
+        );
         // The revision woken at (0: the wait was cut short, read the
         // latest).
-        as_of = within(deadline, async {
-            tokio::select! {
-                r = mine => r,
-                r = theirs => r,
-            }
-        })
-        .await?;
+        as_of = within(deadline, departure).await?;
+        woken = true;
         // One waiter woken by one departure: the count a test compares
         // with the departures.
         metrics::counter!(LOCK_WAKEUPS.name).increment(1);
@@ -573,22 +627,18 @@ async fn owed_after<B: LockBackend>(
     Ok(gone.then_some((lock_delay, record)))
 }
 
-/// For a contender first in line (its key `own`), as of `as_of`: the
-/// delay the lock's delay record asks for when it names another holder,
-/// with the record, for the next holder to clear.
-async fn owed_as_first<B: LockBackend>(
-    backend: &B,
-    name: &[u8],
+/// For a contender first in line (its key `own`), given the lock's delay
+/// `record` as of the same revision: the delay the record asks for when it
+/// names another holder, with the record, for the next holder to clear.
+fn owed_as_first(
+    record: Option<PbKeyValue>,
     own: &[u8],
-    as_of: i64,
-) -> Result<Option<(std::time::Duration, PbKeyValue)>, ApiError> {
-    let Some(record) = delay_record(backend, name, as_of).await? else {
-        return Ok(None);
-    };
+) -> Option<(std::time::Duration, PbKeyValue)> {
+    let record = record?;
     let owed = delay::parse_record(&record.value)
         .filter(|(holder, owed)| *holder != own && !owed.is_zero())
         .map(|(_, owed)| owed);
-    Ok(owed.map(|owed| (owed, record)))
+    owed.map(|owed| (owed, record))
 }
 
 /// The delay record of the lock `name` as of `as_of` (0: the latest).
