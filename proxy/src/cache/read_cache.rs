@@ -183,6 +183,7 @@ impl ReadCache {
                     range: range.clone(),
                     filters: Vec::new(),
                     prev_kv,
+                    from_leader: false,
                 })
             });
             if !watched && !slots.seen.remove(&range) {
@@ -274,6 +275,7 @@ impl ReadCache {
             range: range.clone(),
             filters: Vec::new(),
             prev_kv: false,
+            from_leader: false,
         };
         let items = self
             .coalescer

@@ -11,7 +11,8 @@ use futures::future::BoxFuture;
 use latchkey_shared::etcd_enums::{EventType, FilterType};
 use latchkey_shared::etcd_methods::kv::{DELETE_RANGE, RANGE, TXN};
 use latchkey_shared::etcdpb::{
-    PbDeleteRequest, PbDeleteResponse, PbRangeRequest, PbRangeResponse, PbTxnRequest, PbTxnResponse,
+    PbDeleteRequest, PbDeleteResponse, PbEvent, PbRangeRequest, PbRangeResponse, PbTxnRequest,
+    PbTxnResponse,
 };
 use latchkey_shared::idempotency::Guard;
 use latchkey_shared::lock::LockBackend;
@@ -87,31 +88,67 @@ impl LockBackend for UpstreamLocks {
             } else {
                 &[]
             };
-            let watched = WatchKey::new(range.start, range.end, filters, false)?;
-            let mut changes = self.state.coalescer.subscribe(watched, after + 1).await?;
-            loop {
-                match changes.recv().await {
-                    Some(Item::Events(revision)) => {
-                        let counts = !deletes_only
-                            || revision
-                                .events
-                                .iter()
-                                .any(|e| e.r#type == EventType::Delete as i32);
-                        if counts {
-                            return Ok(revision.revision);
-                        }
-                    }
-                    Some(Item::Progress(_)) => {}
-                    // History gone or the watch dropped behind: the
-                    // caller reads again and waits from there.
-                    Some(Item::Cancelled(Cancel::Compacted { .. })) | None => return Ok(0),
-                    Some(Item::Cancelled(Cancel::Ended { reason })) => {
-                        return Err(ApiError::unavailable(format!(
-                            "the watch behind a lock or election wait ended: {reason}"
-                        )))
+            let watched = WatchKey::new(range.start, range.end, filters, false)?.on_the_leader();
+            // The watch is the range itself: every event in it counts.
+            self.first_change(watched, after, |events| {
+                events
+                    .iter()
+                    .any(|e| !deletes_only || e.r#type == EventType::Delete as i32)
+            })
+            .await
+        })
+    }
+
+    /// One watch of the whole queue, shared by every waiter of the lock on
+    /// this proxy (deletions only), each waiter looking for its own keys:
+    /// a wait adds no upstream watch while another waiter of the lock has
+    /// one, and a departure still wakes only the waiter behind it.
+    fn wait_departure(
+        &self,
+        queue: KeyRange,
+        keys: Vec<Vec<u8>>,
+        after: i64,
+    ) -> BoxFuture<'_, Result<i64, ApiError>> {
+        Box::pin(async move {
+            let filters = [FilterType::NoPut as i32];
+            let watched = WatchKey::new(queue.start, queue.end, &filters, false)?.on_the_leader();
+            self.first_change(watched, after, |events| {
+                events.iter().any(|e| {
+                    e.r#type == EventType::Delete as i32
+                        && e.kv.as_ref().is_some_and(|kv| keys.contains(&kv.key))
+                })
+            })
+            .await
+        })
+    }
+}
+
+impl UpstreamLocks {
+    /// The first revision after `after` on the coalesced watch `watched`
+    /// whose events `counts`; 0 when the watch was cut short (history gone,
+    /// or it fell behind): the caller reads again and waits from there.
+    async fn first_change(
+        &self,
+        watched: WatchKey,
+        after: i64,
+        counts: impl Fn(&[PbEvent]) -> bool,
+    ) -> Result<i64, ApiError> {
+        let mut changes = self.state.coalescer.subscribe(watched, after + 1).await?;
+        loop {
+            match changes.recv().await {
+                Some(Item::Events(revision)) => {
+                    if counts(&revision.events) {
+                        return Ok(revision.revision);
                     }
                 }
+                Some(Item::Progress(_)) => {}
+                Some(Item::Cancelled(Cancel::Compacted { .. })) | None => return Ok(0),
+                Some(Item::Cancelled(Cancel::Ended { reason })) => {
+                    return Err(ApiError::unavailable(format!(
+                        "the watch behind a lock or election wait ended: {reason}"
+                    )))
+                }
             }
-        })
+        }
     }
 }

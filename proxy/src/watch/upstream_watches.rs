@@ -70,11 +70,17 @@ impl UpstreamWatches {
     }
 
     /// Creates `key` upstream from `start_revision` on a member that is
-    /// up, trying the members in turn by the cell client's retry rules
-    /// (a compacted start is final), for up to the request timeout.
+    /// up (the leader when known, for a key [`WatchKey::from_leader`]),
+    /// trying the members in turn by the cell client's retry rules (a
+    /// compacted start is final), for up to the request timeout.
     pub async fn open(&self, key: &WatchKey, start_revision: i64) -> Result<Opened, ApiError> {
+        let route = if key.from_leader {
+            Route::Leader
+        } else {
+            Route::Any
+        };
         self.cell
-            .retrying(Route::Any, Kind::Read, WATCH, |member, _| {
+            .retrying(route, Kind::Read, WATCH, |member, _| {
                 self.open_on(key, start_revision, member)
             })
             .await

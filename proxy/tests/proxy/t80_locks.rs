@@ -405,6 +405,29 @@ async fn through_two_proxies_grants_follow_the_queue_and_each_release_wakes_one_
         0.0,
         "a waiter woke while nothing moved"
     );
+    // The waiters of one lock on one proxy share one watch of its queue,
+    // on the leader (a follower would wake them a message later): at most
+    // one upstream watch per lock and proxy, however many wait.
+    let leader = cluster.wait_leader(Duration::from_secs(10)).await;
+    eventually(Duration::from_secs(10), async || {
+        let mut on = Vec::new();
+        for id in cluster.running() {
+            let watchers = cluster.metric(id, "latchkey_watchers").await;
+            on.push((id, watchers.unwrap_or(0.0)));
+        }
+        let on_leader = on.iter().find(|(id, _)| *id == leader).map_or(0.0, |w| w.1);
+        let elsewhere: f64 = on.iter().filter(|(id, _)| *id != leader).map(|w| w.1).sum();
+        let most = (LOCKS.len() * proxies.len()) as f64;
+        match (on_leader, elsewhere) {
+            (l, 0.0) if l >= LOCKS.len() as f64 && l <= most => Ok(()),
+            _ => Err(format!(
+                "watches per member {on:?} (leader {leader}), {contenders} waiting: want \
+                 {} to {most} on the leader, none elsewhere",
+                LOCKS.len()
+            )),
+        }
+    })
+    .await;
     for gate in gates {
         admin.unlock(gate).await.expect("open the gate");
     }
