@@ -83,11 +83,10 @@ pub trait LockBackend: Send + Sync + 'static {
     /// queue once for every waiter of the lock.
     fn wait_departure(
         &self,
-        queue: KeyRange,
+        _queue: KeyRange,
         keys: Vec<Vec<u8>>,
         after: i64,
     ) -> BoxFuture<'_, Result<i64, ApiError>> {
-        let _ = queue;
         let waits: Vec<_> = keys
             .into_iter()
             .map(|key| self.wait_change(KeyRange::single(key), after, true))

@@ -153,8 +153,8 @@ fn line_behind(queue: &KeyRange, revision: i64) -> PbRangeRequest {
     }
 }
 
-/// The reads a join makes in its own txn: the first key in line and the
-/// lock's delay record.
+/// The reads a join (or a rejoin) makes beside its key when the key was
+/// there already: the first key in line and the lock's delay record.
 fn lineup(name: &[u8]) -> [PbTxnRequestOp; 2] {
     let queue = queue_range(name);
     [
@@ -237,10 +237,10 @@ pub(super) async fn join<B: LockBackend>(
                 lease,
                 ..Default::default()
             })),
-            first.clone(),
             record.clone(),
-            // After the put, so the new key is the newest in it: a
-            // contender that has to wait knows whom for without reading.
+            // After the put, so the new key is the newest in it: the
+            // contender is first when nobody is before it, and one that
+            // has to wait knows whom for without reading.
             op(PbTxnOpRequest::RequestRange(line_behind(
                 &queue_range(name),
                 0,
@@ -267,31 +267,37 @@ pub(super) async fn join<B: LockBackend>(
     };
     let header = joined.header.unwrap_or_default();
     let mut reads = ranges(joined.responses).into_iter();
-    let mine = if joined.succeeded {
-        None
-    } else {
-        // Gone between the compare and the read cannot happen in one txn;
-        // a lease that expired before it is gone for good.
-        let kv = reads
-            .next()
-            .and_then(|kvs| kvs.into_iter().next())
-            .ok_or_else(|| ApiError::session_expired(LeaseId(lease)))?;
-        Some(kv)
-    };
-    let revision = mine
-        .as_ref()
-        .map_or(header.revision, |kv| kv.create_revision);
+    if joined.succeeded {
+        // The delay record, then the line: the new key and the one before it.
+        let delay_record = reads.next().and_then(|kvs| kvs.into_iter().next());
+        let line = reads.next().unwrap_or_default();
+        return Ok(Joined {
+            first: line.len() == 1 && line[0].key == key,
+            key,
+            revision: header.revision,
+            header,
+            existing_value: None,
+            delay_record,
+            line: Some(line),
+        });
+    }
+    // Gone between the compare and the read cannot happen in one txn; a
+    // lease that expired before it is gone for good.
+    let mine = reads
+        .next()
+        .and_then(|kvs| kvs.into_iter().next())
+        .ok_or_else(|| ApiError::session_expired(LeaseId(lease)))?;
     let first_in_line = reads.next().and_then(|kvs| kvs.into_iter().next());
     let delay_record = reads.next().and_then(|kvs| kvs.into_iter().next());
-    let line = reads.next().filter(|_| joined.succeeded);
     Ok(Joined {
-        first: first_in_line.is_some_and(|kv| kv.key == key && kv.create_revision == revision),
+        first: first_in_line
+            .is_some_and(|kv| kv.key == key && kv.create_revision == mine.create_revision),
         key,
-        revision,
+        revision: mine.create_revision,
         header,
-        existing_value: mine.map(|kv| kv.value),
+        existing_value: Some(mine.value),
         delay_record,
-        line,
+        line: None,
     })
 }
 
