@@ -7,6 +7,8 @@
 //! - [`stream`]: one client watch stream and its many watches: catch-up
 //!   from history, live delivery, lag recovery, progress notifications.
 //! - [`outbound`]: its queue of responses to the client, bounded in bytes.
+//! - `watch_set`: a stream's watches, those of a single key indexed by it,
+//!   so a change is matched only against the watches that can want it.
 //!
 //! A watcher that falls behind the ring (a slow client, or a snapshot
 //! installed under it) is moved back to catch-up from history, like etcd's
@@ -15,3 +17,4 @@
 
 pub mod outbound;
 pub mod stream;
+mod watch_set;

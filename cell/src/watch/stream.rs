@@ -1,11 +1,13 @@
 //! One etcd watch stream: many watches multiplexed on one gRPC stream, all
 //! served by one task that owns their state (no locks).
 //!
-//! Every watch has `next_rev`, the first revision it has not been sent. The
+//! Every watch has `next_rev`, the first revision it may be sent. The
 //! stream has `seen`, the last revision it took from the hub. Invariant
-//! between steps: every watch has `next_rev > seen`, so a live revision from
-//! the hub goes to exactly the watches that still need it, and no revision
-//! is sent twice or skipped:
+//! between steps: every watch has been sent what it wants up to `seen`, and
+//! is owed every revision from `max(next_rev, seen + 1)` on (a live revision
+//! moves `seen`, not each watch), so a live revision from the hub goes to
+//! exactly the watches that still need it, and no revision is sent twice or
+//! skipped:
 //!
 //! - a new watch from a past revision is first sent `next_rev..=seen` from
 //!   history (a clone of the keyspace, O(1) to take), then lives on the hub;
@@ -16,6 +18,7 @@
 //!   revision, as etcd does.
 
 use super::outbound::Outbound;
+use super::watch_set::{Watch, WatchSet};
 use crate::metrics_catalog::{
     WATCHERS, WATCH_COMMIT_TO_SEND_SECONDS, WATCH_EVENTS_SENT, WATCH_SLOW_STREAMS, WATCH_STREAMS,
     WATCH_STREAMS_ENDED_NO_LEADER,
@@ -28,7 +31,7 @@ use crate::state_machine::watch_hub::{Changes, Notice};
 use latchkey_shared::etcd_enums::{EventType, FilterType};
 use latchkey_shared::etcdpb::{PbEvent, PbWatchRequest, PbWatchRequestUnion, PbWatchResponse};
 use latchkey_shared::ApiError;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::broadcast;
@@ -61,30 +64,6 @@ pub struct WatchOptions {
     pub max_response_bytes: usize,
 }
 
-struct Watch {
-    range: KeyRange,
-    /// The first revision this watch has not been sent.
-    next_rev: i64,
-    no_put: bool,
-    no_delete: bool,
-    prev_kv: bool,
-    progress_notify: bool,
-    fragment: bool,
-    /// Nothing sent since the last progress tick.
-    idle: bool,
-}
-
-impl Watch {
-    fn wants(&self, event: &Event) -> bool {
-        event.revision() >= self.next_rev
-            && self.range.contains(&event.kv.key)
-            && match event.kind {
-                EventKind::Put => !self.no_put,
-                EventKind::Delete => !self.no_delete,
-            }
-    }
-}
-
 /// The client went away: stop serving the stream.
 struct Gone;
 
@@ -94,7 +73,7 @@ pub struct WatchStream {
     rx: broadcast::Receiver<Arc<Notice>>,
     /// The last revision taken from the hub (or caught up to from history).
     seen: i64,
-    watches: BTreeMap<i64, Watch>,
+    watches: WatchSet,
     next_id: i64,
     out: Outbound,
     /// When live changes were last sent.
@@ -136,7 +115,7 @@ impl WatchStream {
             options,
             rx,
             seen,
-            watches: BTreeMap::new(),
+            watches: WatchSet::default(),
             next_id: 0,
             out,
             last_sent: tokio::time::Instant::now() - LINGER,
@@ -218,7 +197,7 @@ impl WatchStream {
                 self.create(create.watch_id, watch).await
             }
             Some(PbWatchRequestUnion::CancelRequest(cancel)) => {
-                if self.watches.remove(&cancel.watch_id).is_some() {
+                if self.watches.remove(cancel.watch_id).is_some() {
                     metrics::gauge!(WATCHERS.name).decrement(1.0);
                     let mut resp = self.response(cancel.watch_id, self.seen);
                     resp.canceled = true;
@@ -248,13 +227,13 @@ impl WatchStream {
             return self.refuse(refused.message).await;
         }
         let id = if requested_id == 0 {
-            while self.watches.contains_key(&self.next_id) {
+            while self.watches.contains(self.next_id) {
                 self.next_id += 1;
             }
             self.next_id
         } else if requested_id < 0 {
             return self.refuse("watch id must not be negative".into()).await;
-        } else if self.watches.contains_key(&requested_id) {
+        } else if self.watches.contains(requested_id) {
             return self.refuse(ApiError::watch_id_exists().message).await;
         } else {
             requested_id
@@ -279,7 +258,7 @@ impl WatchStream {
         self.watches.insert(id, watch);
         if self
             .watches
-            .get(&id)
+            .get(id)
             .is_some_and(|w| w.next_rev <= self.seen)
         {
             self.catch_up(&[id], self.seen).await?;
@@ -288,7 +267,7 @@ impl WatchStream {
     }
 
     async fn cancel_compacted(&mut self, id: i64, compact_revision: i64) -> Result<(), Gone> {
-        if self.watches.remove(&id).is_some() {
+        if self.watches.remove(id).is_some() {
             metrics::gauge!(WATCHERS.name).decrement(1.0);
         }
         let mut resp = self.response(id, self.seen.max(compact_revision));
@@ -306,7 +285,7 @@ impl WatchStream {
     async fn catch_up(&mut self, ids: &[i64], upto: i64) -> Result<(), Gone> {
         let keys = self.node.state.read(|s| s.keys.clone());
         for id in ids {
-            let Some(watch) = self.watches.get(id) else {
+            let Some(watch) = self.watches.get(*id) else {
                 continue;
             };
             if watch.next_rev > upto {
@@ -320,7 +299,7 @@ impl WatchStream {
                 History::new(&keys, &watch.range, watch.next_rev, upto, watch.prev_kv);
             while !history.is_done() {
                 let batch = history.next_batch(self.options.max_response_bytes);
-                let Some(watch) = self.watches.get_mut(id) else {
+                let Some(watch) = self.watches.get_mut(*id) else {
                     break;
                 };
                 let last = match history.is_done() {
@@ -329,11 +308,11 @@ impl WatchStream {
                 };
                 let events: Vec<Event> = batch.into_iter().filter(|e| watch.wants(e)).collect();
                 self.send_events(*id, &events, last).await?;
-                if let Some(watch) = self.watches.get_mut(id) {
+                if let Some(watch) = self.watches.get_mut(*id) {
                     watch.next_rev = last + 1;
                 }
             }
-            if let Some(watch) = self.watches.get_mut(id) {
+            if let Some(watch) = self.watches.get_mut(*id) {
                 watch.next_rev = upto + 1;
             }
         }
@@ -415,17 +394,14 @@ impl WatchStream {
         let mut pending: HashMap<i64, Vec<Event>> = HashMap::new();
         for c in changes {
             for event in &c.events {
-                for (id, watch) in &self.watches {
-                    if watch.wants(event) {
-                        pending.entry(*id).or_default().push(event.clone());
-                    }
+                for id in self.watches.wanting(event) {
+                    pending.entry(id).or_default().push(event.clone());
                 }
             }
         }
+        // Every watch is now owed what comes after `last` (its `next_rev`
+        // stays where it was: see the module's invariant).
         self.seen = last;
-        for watch in self.watches.values_mut() {
-            watch.next_rev = watch.next_rev.max(last + 1);
-        }
         if !pending.is_empty() {
             self.last_sent = tokio::time::Instant::now();
         }
@@ -444,7 +420,13 @@ impl WatchStream {
     async fn resync(&mut self) -> Result<(), Gone> {
         self.rx = self.rx.resubscribe();
         let upto = self.node.state.read(|s| s.keys.revision());
-        let ids: Vec<i64> = self.watches.keys().copied().collect();
+        // History from where each watch is owed, which live revisions
+        // moved by `seen` alone.
+        let owed = self.seen + 1;
+        for watch in self.watches.values_mut() {
+            watch.next_rev = watch.next_rev.max(owed);
+        }
+        let ids = self.watches.ids();
         self.catch_up(&ids, upto).await?;
         self.seen = upto;
         Ok(())
@@ -454,7 +436,7 @@ impl WatchStream {
     /// stay under the size limit where a revision allows; a watch that asked
     /// for fragments gets a revision too large for one response in pieces.
     async fn send_events(&mut self, id: i64, events: &[Event], upto: i64) -> Result<(), Gone> {
-        let Some(watch) = self.watches.get_mut(&id) else {
+        let Some(watch) = self.watches.get_mut(id) else {
             return Ok(());
         };
         if events.is_empty() {
@@ -540,7 +522,7 @@ impl WatchStream {
             .watches
             .iter()
             .filter(|(_, w)| w.progress_notify && w.idle)
-            .map(|(id, _)| *id)
+            .map(|(id, _)| id)
             .collect();
         for watch in self.watches.values_mut() {
             watch.idle = true;
