@@ -17,8 +17,12 @@
 //!   The least recently used range is found among a few drawn at random
 //!   (as Redis does, [`super::slots::least_recently_used`]), so a miss
 //!   costs the same with 10 ranges cached or 16 384.
-//! - Filling: one serializable read of the whole range at revision R,
-//!   then a subscription to the coalescer from R + 1. The coalescer hands
+//! - Filling: the whole range at revision R, then a subscription to the
+//!   coalescer from R + 1. The miss that admits the range was answered
+//!   by a member already: when that answer holds every live key of the
+//!   range (no limit cut it, no filter, not keys or a count only) it is
+//!   the range at R and fills it; otherwise one serializable read of the
+//!   whole range does. The coalescer hands
 //!   over every revision after R once, in order, whatever member serves
 //!   it, so the cached range is the range as of its revision.
 //! - Progress moves the revision on while nothing changes:
@@ -98,6 +102,24 @@ fn cacheable(req: &PbRangeRequest) -> bool {
     req.serializable && req.revision == 0 && !req.key.is_empty()
 }
 
+/// `answer`, the cell's answer to `req` (a cacheable read), as the whole
+/// range at the answer's revision, when it holds every live key of the
+/// range: no revision filter, not keys or a count only, and nothing left
+/// out by a limit.
+fn whole_range(req: &PbRangeRequest, answer: &PbRangeResponse) -> Option<CachedRange> {
+    let filtered = req.min_mod_revision != 0
+        || req.max_mod_revision != 0
+        || req.min_create_revision != 0
+        || req.max_create_revision != 0;
+    let whole = !filtered
+        && !req.keys_only
+        && !req.count_only
+        && !answer.more
+        && answer.count == answer.kvs.len() as i64;
+    let revision = answer.header.as_ref()?.revision;
+    (whole && revision > 0).then(|| CachedRange::new(answer.kvs.clone(), revision))
+}
+
 impl ReadCache {
     pub fn new(coalescer: Arc<Coalescer>, cell: Cell, budget: usize) -> Arc<ReadCache> {
         Arc::new(ReadCache {
@@ -166,9 +188,9 @@ impl ReadCache {
         Some(resp)
     }
 
-    /// A cacheable read missed: cache its range if it is read often enough
-    /// or watched anyway.
-    pub fn missed(self: &Arc<Self>, req: &PbRangeRequest) {
+    /// A cacheable read missed and was answered `answer` by the cell:
+    /// cache its range if it is read often enough or watched anyway.
+    pub fn missed(self: &Arc<Self>, req: &PbRangeRequest, answer: &PbRangeResponse) {
         if self.budget == 0 || !cacheable(req) {
             return;
         }
@@ -212,13 +234,13 @@ impl ReadCache {
             slot
         };
         metrics::gauge!(CACHE_RANGES.name).set(self.ranges() as f64);
-        tokio::spawn(self.clone().feed(slot));
+        tokio::spawn(self.clone().feed(slot, whole_range(req, answer)));
     }
 
-    /// Fills `slot` and keeps it current until its watch ends or it is
-    /// evicted.
-    async fn feed(self: Arc<Self>, slot: Arc<Slot>) {
-        if let Some(mut items) = self.fill(&slot).await {
+    /// Fills `slot` (from `seed` if given) and keeps it current until its
+    /// watch ends or it is evicted.
+    async fn feed(self: Arc<Self>, slot: Arc<Slot>, seed: Option<CachedRange>) {
+        if let Some(mut items) = self.fill(&slot, seed).await {
             loop {
                 let item = tokio::select! {
                     _ = slot.stop.cancelled() => break,
@@ -250,23 +272,16 @@ impl ReadCache {
         self.remove(&slot);
     }
 
-    /// Reads the range whole and subscribes to its changes after that
-    /// read; `None` when either fails or the range is too large to cache.
-    async fn fill(&self, slot: &Slot) -> Option<Subscription> {
+    /// Takes `seed` or reads the range whole, then subscribes to its
+    /// changes after that revision; `None` when either fails or the range
+    /// is too large to cache.
+    async fn fill(&self, slot: &Slot, seed: Option<CachedRange>) -> Option<Subscription> {
         let range = &slot.range;
-        let read = PbRangeRequest {
-            key: range.start.clone(),
-            range_end: range.end.clone(),
-            serializable: true,
-            ..Default::default()
+        let data = match seed {
+            Some(data) => data,
+            None => self.read_whole(range).await?,
         };
-        let resp: PbRangeResponse = self
-            .cell
-            .call(Route::Any, Kind::Read, RANGE, read)
-            .await
-            .ok()?;
-        let revision = resp.header.map_or(0, |h| h.revision);
-        let data = CachedRange::new(resp.kvs, revision);
+        let revision = data.revision();
         if data.bytes() > self.budget / 4 {
             tracing::debug!(bytes = data.bytes(), "range too large to cache");
             return None;
@@ -291,6 +306,23 @@ impl ReadCache {
         });
         self.evict_over_budget();
         Some(items)
+    }
+
+    /// Every live key of `range`, serializably, as one member has it.
+    async fn read_whole(&self, range: &KeyRange) -> Option<CachedRange> {
+        let read = PbRangeRequest {
+            key: range.start.clone(),
+            range_end: range.end.clone(),
+            serializable: true,
+            ..Default::default()
+        };
+        let resp: PbRangeResponse = self
+            .cell
+            .call(Route::Any, Kind::Read, RANGE, read)
+            .await
+            .ok()?;
+        let revision = resp.header.map_or(0, |h| h.revision);
+        Some(CachedRange::new(resp.kvs, revision))
     }
 
     fn add_bytes(&self, delta: i64) {
@@ -417,5 +449,84 @@ impl ReadCache {
             return Some(header.revision);
         }
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use latchkey_shared::etcdpb::{PbKeyValue, PbResponseHeader};
+
+    fn kv(key: &str) -> PbKeyValue {
+        PbKeyValue {
+            key: key.as_bytes().to_vec(),
+            value: b"v".to_vec(),
+            create_revision: 2,
+            mod_revision: 2,
+            version: 1,
+            lease: 0,
+        }
+    }
+
+    fn answer(kvs: Vec<PbKeyValue>, count: i64, more: bool) -> PbRangeResponse {
+        PbRangeResponse {
+            header: Some(PbResponseHeader {
+                revision: 7,
+                ..Default::default()
+            }),
+            kvs,
+            count,
+            more,
+        }
+    }
+
+    #[test]
+    fn only_an_answer_holding_every_live_key_fills_the_range() {
+        let prefix = PbRangeRequest {
+            key: b"a/".to_vec(),
+            range_end: b"a0".to_vec(),
+            serializable: true,
+            ..Default::default()
+        };
+        let both = answer(vec![kv("a/1"), kv("a/2")], 2, false);
+        let filled = whole_range(&prefix, &both).expect("the whole range");
+        assert_eq!(filled.revision(), 7);
+        let all = PbRangeRequest {
+            key: b"a/".to_vec(),
+            range_end: b"a0".to_vec(),
+            ..Default::default()
+        };
+        assert_eq!(filled.answer(&all).expect("answer").kvs, both.kvs);
+        // An absent key is known absent at the answer's revision.
+        let none = whole_range(&prefix, &answer(Vec::new(), 0, false)).expect("empty range");
+        assert!(none.answer(&all).expect("answer").kvs.is_empty());
+
+        // A limit that left keys out, and every filter or trimmed form.
+        let limited = PbRangeRequest {
+            limit: 1,
+            ..prefix.clone()
+        };
+        assert!(whole_range(&limited, &answer(vec![kv("a/1")], 2, true)).is_none());
+        let trimmed: [fn(&mut PbRangeRequest); 6] = [
+            |r| r.keys_only = true,
+            |r| r.count_only = true,
+            |r| r.min_mod_revision = 2,
+            |r| r.max_mod_revision = 9,
+            |r| r.min_create_revision = 2,
+            |r| r.max_create_revision = 9,
+        ];
+        for trim in trimmed {
+            let mut req = prefix.clone();
+            trim(&mut req);
+            assert!(whole_range(&req, &both).is_none(), "{req:?}");
+        }
+        // A limit the range fits in left nothing out.
+        assert!(whole_range(&limited, &answer(vec![kv("a/1")], 1, false)).is_some());
+        // No header, no revision to fill at.
+        let headless = PbRangeResponse {
+            header: None,
+            ..both.clone()
+        };
+        assert!(whole_range(&prefix, &headless).is_none());
     }
 }

@@ -60,7 +60,7 @@ pub async fn range(
             .call(Route::Leader, Kind::Read, RANGE, linearizable)
             .await?;
     }
-    state.cache.missed(&req);
+    state.cache.missed(&req, &resp);
     state.floors.raise(client, revision_of(&resp));
     Ok(resp)
 }

@@ -211,6 +211,61 @@ async fn a_quiet_cached_range_answers_from_the_cache_at_newer_revisions() {
     }
 }
 
+/// The read that admits a range into the cache fills it when its answer
+/// holds the whole range; an answer a limit cut short does not: the range
+/// is read whole, so a later read without the limit gets every key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_range_admitted_by_a_read_with_a_limit_is_cached_whole() {
+    let (_cluster, proxy, mut cell, mut through_proxy) = cell_and_proxy().await;
+    for i in 0..5 {
+        cell.put(format!("lim/{i}"), "v", None).await.expect("put");
+    }
+    let limited = || {
+        Some(
+            GetOptions::new()
+                .with_prefix()
+                .with_limit(2)
+                .with_serializable(),
+        )
+    };
+    for _ in 0..2 {
+        let got = through_proxy.get("lim/", limited()).await.expect("get");
+        assert_eq!((got.kvs().len(), got.count(), got.more()), (2, 5, true));
+    }
+    let hits = || async {
+        proxy
+            .metric("latchkey_proxy_cache_hits_total")
+            .await
+            .unwrap_or(0.0)
+    };
+    let all = || GetOptions::new().with_prefix();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let before = hits().await;
+        let got = through_proxy
+            .get("lim/", Some(all().with_serializable()))
+            .await
+            .expect("serializable get");
+        let truth = cell
+            .get("lim/", Some(all().with_revision(revision(&got))))
+            .await
+            .expect("the cell's read at that revision");
+        assert_eq!(
+            shape(&got),
+            shape(&truth),
+            "the whole prefix through the proxy"
+        );
+        if hits().await > before {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "after 10 s the cache still does not answer the prefix"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// P3, read-your-writes: on one connection, a serializable read after the
 /// client's own write is at or past the write's revision and shows it,
 /// whether the cache, a follower or the leader answers. Over gRPC the
