@@ -217,8 +217,13 @@ async fn a_quiet_cached_range_answers_from_the_cache_at_newer_revisions() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_range_admitted_by_a_read_with_a_limit_is_cached_whole() {
     let (_cluster, proxy, mut cell, mut through_proxy) = cell_and_proxy().await;
+    // Written through the proxy: this client's serializable reads are then
+    // answered at or after its writes, whichever member answers.
     for i in 0..5 {
-        cell.put(format!("lim/{i}"), "v", None).await.expect("put");
+        through_proxy
+            .put(format!("lim/{i}"), "v", None)
+            .await
+            .expect("put");
     }
     let limited = || {
         Some(
