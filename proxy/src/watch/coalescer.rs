@@ -422,7 +422,7 @@ impl Coalescer {
         metrics::counter!(WATCH_CATCH_UPS.name).increment(1);
         // The first revision the client has not been given.
         let mut next = start;
-        stream.progress();
+        stream.progress_of(watch_id);
         loop {
             if next >= join_at {
                 match self.join(key.clone(), next).await {
@@ -490,7 +490,7 @@ impl Coalescer {
                 Err(_) => {}
             }
             if next < join_at {
-                stream.progress();
+                stream.progress_of(watch_id);
             }
         }
     }

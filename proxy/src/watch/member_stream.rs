@@ -55,7 +55,11 @@ enum Command {
     Cancel {
         watch_id: i64,
     },
-    Progress,
+    /// A progress request; its answer goes to this watch only, or to
+    /// every watch on the stream.
+    Progress {
+        for_watch: Option<i64>,
+    },
 }
 
 /// Talks to the task that owns one member's stream.
@@ -100,7 +104,18 @@ impl MemberStreamHandle {
 
     /// Asks the member for a progress answer for every watch on the stream.
     pub fn progress(&self) {
-        let _ = self.commands.send(Command::Progress);
+        let _ = self.commands.send(Command::Progress { for_watch: None });
+    }
+
+    /// Asks the member for a progress answer and hands it to `watch_id`
+    /// only. (The answer speaks for every watch on the stream, but handing
+    /// it to each costs a message and a wake-up per watch: a proxy's read
+    /// cache keeps thousands of watches on a stream, and one lock waiter's
+    /// catch-up asks several times.)
+    pub fn progress_of(&self, watch_id: i64) {
+        let _ = self.commands.send(Command::Progress {
+            for_watch: Some(watch_id),
+        });
     }
 
     /// Whether the stream's task has ended.
@@ -155,6 +170,10 @@ async fn run(
     // answers them in that order, and refuses one with the id -1 (as etcd
     // does), so a refusal is the oldest one's.
     let mut unanswered: VecDeque<i64> = VecDeque::new();
+    // Progress requests sent and not yet answered, in the order sent (the
+    // member answers them in that order), each with whom its answer is for
+    // (`None`: every watch).
+    let mut progress_asked: VecDeque<Option<i64>> = VecDeque::new();
     let mut next_id: i64 = 1;
     metrics::gauge!(UPSTREAM_WATCH_STREAMS.name).increment(1.0);
     loop {
@@ -194,13 +213,14 @@ async fn run(
                         break;
                     }
                 }
-                Some(Command::Progress) => {
+                Some(Command::Progress { for_watch }) => {
                     let request = PbWatchRequest {
                         request_union: Some(PbWatchRequestUnion::ProgressRequest(Default::default())),
                     };
                     if requests.send(request).is_err() {
                         break;
                     }
+                    progress_asked.push_back(for_watch);
                 }
                 // Every handle is gone: nobody watches through this stream.
                 None => break,
@@ -211,7 +231,7 @@ async fn run(
                         let Some(answer) = claim(&mut unanswered, answer, &load) else {
                             continue;
                         };
-                        route(&mut watches, answer);
+                        route(&mut watches, answer, &mut progress_asked);
                     }
                 }
                 Some(Err(status)) => {
@@ -263,7 +283,15 @@ struct Watch {
     created: bool,
 }
 
-fn route(watches: &mut HashMap<i64, Watch>, answer: Answer) {
+/// Hands `answer` to its watch; a stream-wide progress answer to whom
+/// the oldest unanswered progress request asked for (every created watch
+/// when that was everyone, or when no request is known: the answer is
+/// true for each).
+fn route(
+    watches: &mut HashMap<i64, Watch>,
+    answer: Answer,
+    progress_asked: &mut VecDeque<Option<i64>>,
+) {
     let watch_id = match &answer {
         Answer::Created { watch_id, .. }
         | Answer::Revisions { watch_id, .. }
@@ -273,7 +301,12 @@ fn route(watches: &mut HashMap<i64, Watch>, answer: Answer) {
     };
     if watch_id == STREAM_WIDE {
         if let Answer::Progress { revision, .. } = answer {
-            for (id, watch) in watches.iter().filter(|(_, w)| w.created) {
+            let audience = progress_asked.pop_front().flatten();
+            let for_audience = |id: &i64| audience.is_none_or(|only| only == *id);
+            for (id, watch) in watches
+                .iter()
+                .filter(|(id, w)| w.created && for_audience(id))
+            {
                 let _ = watch.sink.send(Answer::Progress {
                     watch_id: *id,
                     revision,
@@ -347,6 +380,23 @@ mod tests {
                 Answer::Progress { revision, .. } => assert!(revision >= rev_a),
                 other => panic!("{other:?}"),
             }
+        }
+        // Progress asked for one watch reaches that watch only; the next
+        // asked for all reaches b, whose first answer since is that one.
+        stream.progress_of(a_id);
+        stream.progress();
+        match next(&mut a).await {
+            Answer::Progress { watch_id, .. } => assert_eq!(watch_id, a_id),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(next(&mut a).await, Answer::Progress { .. }));
+        assert!(matches!(next(&mut b).await, Answer::Progress { .. }));
+        let rev_c = cell.put("b").await;
+        match next(&mut b).await {
+            Answer::Revisions { revisions, .. } => {
+                assert_eq!(revisions[0].revision, rev_c, "b heard one progress answer")
+            }
+            other => panic!("{other:?}"),
         }
         // The member goes away: every watch's channel closes.
         cell.handle.shutdown().await.expect("shutdown");
