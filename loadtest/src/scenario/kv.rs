@@ -32,6 +32,34 @@ pub struct KvArgs {
     /// How gets read.
     #[arg(long, value_enum, default_value_t = Reads::Linearizable)]
     reads: Reads,
+    /// The same load first for this long, not measured: what a long-running
+    /// system answers from (a proxy's cache filled, connections warm).
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    warmup: Duration,
+}
+
+/// What one phase of the loop records.
+#[derive(Clone)]
+struct Tally {
+    all: Arc<Recorder>,
+    puts: Arc<Recorder>,
+    gets: Arc<Recorder>,
+    /// The highest revision a put was acknowledged at, and the gets that
+    /// answered from before it though they began after its acknowledgement.
+    acked: Arc<AtomicI64>,
+    behind: Arc<AtomicU64>,
+}
+
+impl Tally {
+    fn new() -> Tally {
+        Tally {
+            all: Arc::new(Recorder::new()),
+            puts: Arc::new(Recorder::new()),
+            gets: Arc::new(Recorder::new()),
+            acked: Arc::new(AtomicI64::new(0)),
+            behind: Arc::new(AtomicU64::new(0)),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -68,24 +96,92 @@ async fn run(args: &KvArgs, endpoints: &Endpoints) -> Result<Outcome, String> {
     let value = vec![b'v'; args.value_size as usize];
     preload(&clients, args.keys, &value, args.common.op_timeout).await?;
 
-    let all = Arc::new(Recorder::new());
-    let puts = Arc::new(Recorder::new());
-    let gets = Arc::new(Recorder::new());
-    // The highest revision a put was acknowledged at, and the gets that
-    // answered from before it though they began after its acknowledgement.
-    let acked = Arc::new(AtomicI64::new(0));
-    let behind = Arc::new(AtomicU64::new(0));
+    if !args.warmup.is_zero() {
+        let warmup = Common {
+            duration: args.warmup,
+            requests: 0,
+            ..args.common.clone()
+        };
+        closed_loop(args, &warmup, &clients, &value, &Tally::new()).await?;
+    }
+    let tally = Tally::new();
+    let Tally {
+        all,
+        puts,
+        gets,
+        behind,
+        ..
+    } = tally.clone();
     let cpu_cells = CpuMeter::start(&endpoints.cell_pids);
     let cpu_proxies = CpuMeter::start(&endpoints.proxy_pids);
     let progress = Progress::show("kv", all.clone(), args.common.duration);
     let started = Instant::now();
+    closed_loop(args, &args.common, &clients, &value, &tally).await?;
+    let elapsed = started.elapsed().as_secs_f64();
+    progress.finish();
+
+    let mut o = Outcome::new("kv", endpoints.target);
+    args.workers.describe(&mut o);
+    o.field("write_share", args.writes);
+    o.field("value_size", args.value_size);
+    o.field("keys", args.keys);
+    o.field("reads", format!("{:?}", args.reads).to_lowercase());
+    o.field("endpoints", front.to_vec());
+    o.figure("duration_s", elapsed, format!("{elapsed:.1} s"));
+    let rate = all.done() as f64 / elapsed;
+    o.figure("ops_per_s", rate, format!("{rate:.0}"));
+    o.figure(
+        "puts_per_s",
+        puts.done() as f64 / elapsed,
+        format!("{:.0}", puts.done() as f64 / elapsed),
+    );
+    o.figure(
+        "gets_per_s",
+        gets.done() as f64 / elapsed,
+        format!("{:.0}", gets.done() as f64 / elapsed),
+    );
+    o.latency("latency", &all.latency());
+    o.latency("put", &puts.latency());
+    o.latency("get", &gets.latency());
+    let behind = behind.load(Ordering::Relaxed);
+    match args.reads {
+        // A linearizable read that misses an acknowledged write is stale.
+        Reads::Linearizable => o.safety("stale_reads", behind),
+        // Serializable reads may lag (a member, a cache): shown, allowed.
+        Reads::Serializable => o.figure(
+            "reads_behind_acknowledged_writes",
+            behind,
+            format!("{behind} (serializable reads may lag)"),
+        ),
+    }
+    o.errors(all.errors(), all.first_error());
+    o.maybe("cell_cpu_percent", cpu_cells.percent(), "% of a core");
+    o.maybe("proxy_cpu_percent", cpu_proxies.percent(), "% of a core");
+    o.series(all.series());
+    Ok(o)
+}
+
+/// The workers' closed loop until `common` says it is over, into `tally`.
+async fn closed_loop(
+    args: &KvArgs,
+    common: &Common,
+    clients: &[Client],
+    value: &[u8],
+    tally: &Tally,
+) -> Result<(), String> {
+    let started = Instant::now();
     let workers: Vec<_> = (0..args.workers.clients as usize)
         .map(|w| {
             let mut client = clients[w % clients.len()].clone();
-            let (all, puts, gets) = (all.clone(), puts.clone(), gets.clone());
-            let (common, value) = (args.common.clone(), value.clone());
+            let Tally {
+                all,
+                puts,
+                gets,
+                acked,
+                behind,
+            } = tally.clone();
+            let (common, value) = (common.clone(), value.to_vec());
             let (writes, keys, reads) = (args.writes, args.keys, args.reads);
-            let (acked, behind) = (acked.clone(), behind.clone());
             tokio::spawn(async move {
                 let mut rng = fastrand::Rng::with_seed(w as u64 + 1);
                 while !over(&common, started, all.done() + all.errors()) {
@@ -136,48 +232,7 @@ async fn run(args: &KvArgs, endpoints: &Endpoints) -> Result<Outcome, String> {
     for w in workers {
         w.await.map_err(|e| format!("a worker failed: {e}"))?;
     }
-    let elapsed = started.elapsed().as_secs_f64();
-    progress.finish();
-
-    let mut o = Outcome::new("kv", endpoints.target);
-    args.workers.describe(&mut o);
-    o.field("write_share", args.writes);
-    o.field("value_size", args.value_size);
-    o.field("keys", args.keys);
-    o.field("reads", format!("{:?}", args.reads).to_lowercase());
-    o.field("endpoints", front.to_vec());
-    o.figure("duration_s", elapsed, format!("{elapsed:.1} s"));
-    let rate = all.done() as f64 / elapsed;
-    o.figure("ops_per_s", rate, format!("{rate:.0}"));
-    o.figure(
-        "puts_per_s",
-        puts.done() as f64 / elapsed,
-        format!("{:.0}", puts.done() as f64 / elapsed),
-    );
-    o.figure(
-        "gets_per_s",
-        gets.done() as f64 / elapsed,
-        format!("{:.0}", gets.done() as f64 / elapsed),
-    );
-    o.latency("latency", &all.latency());
-    o.latency("put", &puts.latency());
-    o.latency("get", &gets.latency());
-    let behind = behind.load(Ordering::Relaxed);
-    match args.reads {
-        // A linearizable read that misses an acknowledged write is stale.
-        Reads::Linearizable => o.safety("stale_reads", behind),
-        // Serializable reads may lag (a member, a cache): shown, allowed.
-        Reads::Serializable => o.figure(
-            "reads_behind_acknowledged_writes",
-            behind,
-            format!("{behind} (serializable reads may lag)"),
-        ),
-    }
-    o.errors(all.errors(), all.first_error());
-    o.maybe("cell_cpu_percent", cpu_cells.percent(), "% of a core");
-    o.maybe("proxy_cpu_percent", cpu_proxies.percent(), "% of a core");
-    o.series(all.series());
-    Ok(o)
+    Ok(())
 }
 
 /// Writes every key once, so gets find values.
