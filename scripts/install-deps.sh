@@ -69,6 +69,7 @@ runs make --version || need+=(make)
 # The partition tests drop a member's peer traffic with iptables.
 runs iptables --version || need+=(iptables)
 runs curl --version || need+=(curl)
+runs openssl version || need+=(openssl)
 have_libclang || need+=(libclang-dev)
 runs shellcheck --version || need+=(shellcheck)
 # The chart tools' virtualenv needs Python's venv module (Debian splits it off).

@@ -10,6 +10,7 @@
 //! with `--dev`, a test), so several cells can live in one process.
 
 mod assembly;
+mod tls;
 
 use crate::config::Resolved;
 use crate::membership::discover_identity;
@@ -158,13 +159,14 @@ impl Cell {
         let db = crate::storage::open(&cfg.data_dir)
             .with_context(|| format!("opening the log in {}", cfg.data_dir.display()))?;
         settle_identity(&mut cfg, &db).await?;
-        let listeners = Listeners::bind(addrs).await?;
+        let tls = tls::MemberTls::load(&cfg.cfg)?;
+        let listeners = Listeners::bind(addrs, &tls).await?;
         let (client_addr, peer_addr, metrics_addr) = (
             listeners.client_addr,
             listeners.peer_addr,
             listeners.metrics_addr,
         );
-        let started = start_raft(&cfg, &db, peer_addr).await?;
+        let started = start_raft(&cfg, &db, peer_addr, tls.peer_client).await?;
         let (node, raft, log) = (
             started.node.clone(),
             started.raft.clone(),

@@ -192,6 +192,12 @@ pub struct Config {
     #[arg(long, env = "LATCHKEY_AUTO_COMPACTION_RETENTION", default_value = "0")]
     pub auto_compaction_retention: String,
 
+    #[command(flatten)]
+    pub tls: latchkey_shared::tls::flags::ListenerFlags,
+
+    #[command(flatten)]
+    pub peer_tls: latchkey_shared::tls::flags::PeerFlags,
+
     /// Log filter (tracing's EnvFilter syntax), e.g. "info" or
     /// "latchkey_cell=debug". The default shows latchkey's own events and
     /// openraft's warnings; "info" adds openraft's per-vote and

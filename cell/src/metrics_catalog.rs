@@ -121,7 +121,7 @@ pub const PEER_REQUESTS_REFUSED: Metric = Metric {
     kind: Kind::Counter,
     unit: Unit::Count,
     help:
-        "Peer requests this member refused because their cell id header named another cell or none.",
+        "Peer requests this member refused because their cell id header named another cell or none, or (with peer TLS) their certificate named no member of the cell.",
 };
 
 // The applied state and snapshots (state_machine/store.rs).

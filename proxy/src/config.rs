@@ -99,6 +99,12 @@ pub struct Config {
     #[arg(long, env = "LATCHKEY_MAX_REQUEST_BYTES", default_value_t = limits::DEFAULT_MAX_REQUEST_BYTES)]
     pub max_request_bytes: usize,
 
+    #[command(flatten)]
+    pub tls: latchkey_shared::tls::flags::ListenerFlags,
+
+    #[command(flatten)]
+    pub upstream_tls: latchkey_shared::tls::flags::UpstreamFlags,
+
     /// Run a one-member cell inside this process (data in --data-dir, on
     /// free loopback ports) with this proxy in front of it; --cells is
     /// ignored.
@@ -143,6 +149,9 @@ impl Config {
         }
         for addr in &self.cells {
             latchkey_shared::client::endpoint(addr).with_context(|| format!("--cells {addr}"))?;
+        }
+        if self.dev && self.upstream_tls.files().is_some() {
+            bail!("--dev: the embedded cell speaks plain text on loopback; --cacert, --cert and --key are for cells of their own");
         }
         if self.refresh_tick < MIN_TICK {
             bail!("--refresh-tick must be at least {MIN_TICK:?}");

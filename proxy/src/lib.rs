@@ -31,8 +31,10 @@
 //! 7. The faces, side by side, which import [`ops`] and never each other:
 //!    [`grpc`] (the etcd v3 services) and [`http`] (the `/v1` JSON API, its
 //!    Server-Sent Events watch and its OpenAPI document).
-//! 8. [`proxy`]: [`proxy::Proxy::start`] binds the addresses and spawns the
-//!    servers and background jobs under one lifecycle.
+//! 8. [`tls`]: the listeners' and the cell connections' TLS, loaded from
+//!    the flags' files; [`proxy`]: [`proxy::Proxy::start`] binds the
+//!    addresses and spawns the servers and background jobs under one
+//!    lifecycle.
 //!
 //! Data flows: a request arrives on `grpc` or `http` -> a handler turns it
 //! into etcd's message and calls `ops` -> `upstream::CellClient::call`
@@ -52,5 +54,6 @@ pub mod ops;
 pub mod proxy;
 pub mod session;
 pub mod state;
+pub mod tls;
 pub mod upstream;
 pub mod watch;

@@ -7,12 +7,14 @@ use crate::cache::ReadCache;
 use crate::config::Config;
 use crate::session::{KeepAliveBatcher, SessionTable};
 use crate::state::ProxyState;
+use crate::tls::ProxyTls;
 use crate::upstream::{CellClient, LeaderTracker, Upstream};
 use crate::watch::coalescer::Coalescer;
 use crate::{admin, grpc, http};
 use anyhow::Context;
 use latchkey_shared::client::RefreshStream;
 use latchkey_shared::lifecycle::Lifecycle;
+use latchkey_shared::tls::{Incoming, RemotePeer};
 use metrics_exporter_prometheus::PrometheusHandle;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -47,15 +49,19 @@ impl Proxy {
         // HELP text and units for `/metrics` (a no-op without a recorder;
         // with `--dev`, the embedded cell's start describes the cell's).
         crate::metrics_catalog::describe();
-        let http_listener = bind("--http-addr", &cfg.http_addr).await?;
-        let grpc_listener = bind("--grpc-addr", &cfg.grpc_addr).await?;
-        let metrics_listener = bind("--metrics-addr", &cfg.metrics_addr).await?;
-        let http_addr = http_listener.local_addr()?;
-        let grpc_addr = grpc_listener.local_addr()?;
-        let metrics_addr = metrics_listener.local_addr()?;
+        let tls = ProxyTls::load(&cfg)?;
+        let http_listener = Incoming::new(bind("--http-addr", &cfg.http_addr).await?, tls.http)?;
+        let grpc_listener = Incoming::new(bind("--grpc-addr", &cfg.grpc_addr).await?, tls.grpc)?;
+        let metrics_listener = Incoming::new(
+            bind("--metrics-addr", &cfg.metrics_addr).await?,
+            tls.metrics,
+        )?;
+        let http_addr = http_listener.local_addr();
+        let grpc_addr = grpc_listener.local_addr();
+        let metrics_addr = metrics_listener.local_addr();
 
         let lifecycle = Lifecycle::new();
-        let cell = CellClient::new(&cfg.cells, cfg.request_timeout)?;
+        let cell = CellClient::new(&cfg.cells, cfg.request_timeout, tls.upstream.as_ref())?;
         let upstream = Upstream::new(vec![cell])?;
         let sessions = Arc::new(SessionTable::new());
         let coalescer = Coalescer::new(
@@ -87,7 +93,7 @@ impl Proxy {
         }
         let batcher = KeepAliveBatcher {
             table: sessions,
-            stream: RefreshStream::new(cfg.cells.iter().cloned())?,
+            stream: RefreshStream::new(cfg.cells.iter().cloned())?.with_tls(tls.upstream),
             tick: cfg.refresh_tick,
         };
         lifecycle.spawn_owned(|token| batcher.run(token));
@@ -133,15 +139,10 @@ impl Proxy {
 
 async fn serve_http(
     router: axum::Router,
-    listener: tokio::net::TcpListener,
+    listener: Incoming,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "TCP_NODELAY not set");
-        }
-    });
-    let service = router.into_make_service_with_connect_info::<SocketAddr>();
+    let service = router.into_make_service_with_connect_info::<RemotePeer>();
     axum::serve(listener, service)
         .with_graceful_shutdown(shutdown)
         .await?;

@@ -41,7 +41,9 @@
 //!   HELP text), the one `describe_all`, and the lock recipe's metrics; the
 //!   cell's and the proxy's catalogs are their own `metrics_catalog`.
 //! - [`limits`]: default limits shared by cells and proxies.
-//! - [`net`]: accepted sockets with `TCP_NODELAY`, for every server.
+//! - [`tls`]: TLS on every listener (reloaded from its files while
+//!   running) and every connection; every server takes its connections
+//!   from [`tls::Incoming`] (with `TCP_NODELAY`, plain or TLS).
 //! - [`idempotency`]: retry-safe writes (a record committed in the same
 //!   txn as the write it guards).
 //! - [`lock`]: the lock recipe (fair FIFO queue, fencing tokens) over a
@@ -61,10 +63,10 @@ pub mod limits;
 pub mod lock;
 pub mod member_id;
 pub mod metrics_catalog;
-pub mod net;
 pub mod range_select;
 pub mod revision;
 pub mod telemetry;
+pub mod tls;
 
 /// The etcd v3 protocol types and server traits.
 pub use etcd_client::proto as etcdpb;

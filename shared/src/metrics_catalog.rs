@@ -40,8 +40,27 @@ pub const LOCK_DELAYS: Metric = Metric {
     help: "Lock-delays a contender waited out before taking a lock, owed because the previous holder's session ended without releasing it.",
 };
 
+pub const TLS_RELOADS: Metric = Metric {
+    name: "latchkey_tls_reloads_total",
+    kind: Kind::Counter,
+    unit: Unit::Count,
+    help: "Certificate and key files of a listener or a client side found changed on disk and loaded, by listener and outcome (ok, or failed: the previous certificate stays in use and the log says why).",
+};
+
+pub const TLS_HANDSHAKE_FAILURES: Metric = Metric {
+    name: "latchkey_tls_handshake_failures_total",
+    kind: Kind::Counter,
+    unit: Unit::Count,
+    help: "Connections to a TLS listener closed before a TLS session was set up (plain text, a certificate the listener does not trust, none where one is required, or no handshake within its timeout), by listener.",
+};
+
 /// Every metric the shared crate records.
-pub const ALL: &[Metric] = &[LOCK_WAKEUPS, LOCK_DELAYS];
+pub const ALL: &[Metric] = &[
+    LOCK_WAKEUPS,
+    LOCK_DELAYS,
+    TLS_RELOADS,
+    TLS_HANDSHAKE_FAILURES,
+];
 
 /// Describes each metric of `catalog` to the process's recorder (a no-op
 /// without one; describing a metric again changes nothing).

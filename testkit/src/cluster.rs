@@ -5,6 +5,7 @@
 //! failing test leaves nothing behind, and a panicking test prints what
 //! each member logged last.
 
+use crate::certs::ClientIdentity;
 use crate::eventually::eventually;
 use crate::metrics::{http_get, metric_value};
 use crate::ports::free_port;
@@ -71,6 +72,9 @@ pub struct Cluster {
     extra_args: Vec<String>,
     leader_at_start: u64,
     dir: tempfile::TempDir,
+    /// Members serve their client port over TLS and this is how the
+    /// cluster's own clients dial them.
+    client_tls: Option<ClientIdentity>,
 }
 
 impl Cluster {
@@ -78,14 +82,25 @@ impl Cluster {
     /// each with `extra_args`, and waits until they agree on a leader
     /// ([`Cluster::leader_at_start`]).
     pub async fn start(bin: impl Into<PathBuf>, n: usize, extra_args: &[&str]) -> Cluster {
-        Cluster::start_on(bin, n, extra_args, |_| "127.0.0.1".to_string()).await
+        Cluster::start_on(bin, n, extra_args, |_| "127.0.0.1".to_string(), None).await
+    }
+
+    /// Like [`Cluster::start`], for members whose `extra_args` put their
+    /// client port on TLS: the cluster's clients dial with `tls`.
+    pub async fn start_tls(
+        bin: impl Into<PathBuf>,
+        n: usize,
+        extra_args: &[&str],
+        tls: ClientIdentity,
+    ) -> Cluster {
+        Cluster::start_on(bin, n, extra_args, |_| "127.0.0.1".to_string(), Some(tls)).await
     }
 
     /// Like [`Cluster::start`], but member `id` listens on (and dials its
     /// peers from) its own loopback address `127.0.0.{id + 1}`, so a
     /// firewall rule can tell members apart ([`crate::PeerBlackhole`]).
     pub async fn start_apart(bin: impl Into<PathBuf>, n: usize, extra_args: &[&str]) -> Cluster {
-        Cluster::start_on(bin, n, extra_args, |id| format!("127.0.0.{}", id + 1)).await
+        Cluster::start_on(bin, n, extra_args, |id| format!("127.0.0.{}", id + 1), None).await
     }
 
     async fn start_on(
@@ -93,6 +108,7 @@ impl Cluster {
         n: usize,
         extra_args: &[&str],
         ip_of: impl Fn(u64) -> String,
+        client_tls: Option<ClientIdentity>,
     ) -> Cluster {
         let dir = tempfile::tempdir().expect("temp dir");
         let members: Vec<MemberSpec> = (1..=n as u64)
@@ -118,6 +134,7 @@ impl Cluster {
             extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
             leader_at_start: 0,
             dir,
+            client_tls,
         };
         for id in 1..=n as u64 {
             cluster.spawn(id);
@@ -311,13 +328,32 @@ impl Cluster {
         self.procs.keys().copied().collect()
     }
 
+    /// Member `id`'s client URL (`https://` when the cluster is on TLS).
+    pub fn url(&self, id: u64) -> String {
+        let scheme = if self.client_tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        format!("{scheme}://{}", self.member(id).client)
+    }
+
+    fn options(&self, opts: ConnectOptions) -> ConnectOptions {
+        match &self.client_tls {
+            Some(tls) => opts.with_tls(tls.options()),
+            None => opts,
+        }
+    }
+
     /// An etcd client connected to member `id` only (retrying the connect
     /// for up to 15 s while the member starts listening).
     pub async fn client(&self, id: u64) -> Client {
-        let endpoint = format!("http://{}", self.member(id).client);
-        let opts = ConnectOptions::new()
-            .with_timeout(Duration::from_secs(10))
-            .with_connect_timeout(Duration::from_secs(2));
+        let endpoint = self.url(id);
+        let opts = self.options(
+            ConnectOptions::new()
+                .with_timeout(Duration::from_secs(10))
+                .with_connect_timeout(Duration::from_secs(2)),
+        );
         eventually(Duration::from_secs(15), async || {
             Client::connect([endpoint.as_str()], Some(opts.clone()))
                 .await
@@ -328,10 +364,12 @@ impl Cluster {
 
     /// The leader as seen by member `id`, if it answers and knows one.
     pub async fn leader_seen_by(&self, id: u64) -> Option<u64> {
-        let endpoint = format!("http://{}", self.member(id).client);
-        let opts = ConnectOptions::new()
-            .with_timeout(Duration::from_secs(1))
-            .with_connect_timeout(Duration::from_millis(500));
+        let endpoint = self.url(id);
+        let opts = self.options(
+            ConnectOptions::new()
+                .with_timeout(Duration::from_secs(1))
+                .with_connect_timeout(Duration::from_millis(500)),
+        );
         let mut c = Client::connect([endpoint.as_str()], Some(opts))
             .await
             .ok()?;

@@ -10,6 +10,9 @@
 //!   followers. It takes the `latchkey-cell` binary as a parameter, so any
 //!   crate's tests can start one ([`cell_binary`] finds it outside the cell
 //!   crate).
+//! - [`certs`]: test CAs and certificates ([`certs::Certs`], by
+//!   `scripts/make-certs.sh`) and the TLS identity a test client dials
+//!   with.
 //! - [`ports`]: [`free_port`], ports no other test of this process holds.
 //! - [`process`]: a process's resident memory and CPU time, from `/proc`.
 //! - [`eventually`]: [`eventually()`](eventually::eventually), the one
@@ -50,6 +53,7 @@
 pub mod background_writer;
 pub mod blackhole;
 pub mod bulk;
+pub mod certs;
 pub mod cluster;
 pub mod errors;
 pub mod etcd;

@@ -98,12 +98,13 @@ impl ProxyProcess {
         proxy
     }
 
-    /// Waits until `/readyz` answers 200 (every cell has a leader).
+    /// Waits until `/readyz` on the metrics port (plain text unless
+    /// `--metrics-tls`) answers 200 (every cell has a leader).
     pub async fn wait_ready(&self, timeout: Duration) {
         eventually(timeout, async || {
-            match http_get(&self.http, "/readyz").await {
+            match http_get(&self.metrics, "/readyz").await {
                 Some(r) if r.starts_with("HTTP/1.1 200") => Ok(()),
-                other => Err(format!("proxy at {} not ready: {other:?}", self.http)),
+                other => Err(format!("proxy at {} not ready: {other:?}", self.metrics)),
             }
         })
         .await

@@ -34,12 +34,10 @@ pub fn not_built(what: &str) -> tonic::Status {
     ApiError::unimplemented(what).into()
 }
 
-pub use latchkey_shared::net::nodelay_incoming;
-
 /// Serves the etcd API until `shutdown` resolves.
 pub async fn serve(
     node: Arc<CellNode>,
-    listener: tokio::net::TcpListener,
+    listener: latchkey_shared::tls::Incoming,
     max_request_bytes: usize,
     watch_options: WatchOptions,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
@@ -93,7 +91,7 @@ pub async fn serve(
         .add_service(sessions)
         .add_service(locks)
         .add_service(elections)
-        .serve_with_incoming_shutdown(nodelay_incoming(listener), shutdown)
+        .serve_with_incoming_shutdown(listener, shutdown)
         .await?;
     Ok(())
 }

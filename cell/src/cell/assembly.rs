@@ -4,6 +4,7 @@
 //! background jobs, serve `/metrics` and the etcd API. Each server reports
 //! an early end as a [`Stopped`] reason.
 
+use super::tls::MemberTls;
 use crate::config::Resolved;
 use crate::jobs::auto_compaction::AutoCompaction;
 use crate::jobs::publish_member::PublishMember;
@@ -28,6 +29,7 @@ use crate::watch::stream::WatchOptions;
 use anyhow::Context;
 use latchkey_shared::lifecycle::Lifecycle;
 use latchkey_shared::peer::peer_server::PeerServer;
+use latchkey_shared::tls::{ClientTls, Incoming};
 use metrics_exporter_prometheus::PrometheusHandle;
 use openraft::SnapshotPolicy;
 use std::collections::BTreeMap;
@@ -168,14 +170,14 @@ where
     })
 }
 
-/// The member's three listeners, bound before Raft starts: once Raft
-/// runs, a failure to start must stop it.
+/// The member's three listeners, bound (and their TLS loaded) before Raft
+/// starts: once Raft runs, a failure to start must stop it.
 pub(super) struct Listeners {
-    pub(super) peer: tokio::net::TcpListener,
+    pub(super) peer: Incoming,
     pub(super) peer_addr: SocketAddr,
-    pub(super) admin: tokio::net::TcpListener,
+    pub(super) admin: Incoming,
     pub(super) metrics_addr: SocketAddr,
-    pub(super) api: tokio::net::TcpListener,
+    pub(super) api: Incoming,
     pub(super) client_addr: SocketAddr,
 }
 
@@ -192,6 +194,7 @@ impl Listeners {
 
     pub(super) async fn bind(
         [client_addr, peer_addr, metrics_addr]: [SocketAddr; 3],
+        tls: &MemberTls,
     ) -> anyhow::Result<Listeners> {
         let peer = tokio::net::TcpListener::bind(peer_addr)
             .await
@@ -206,9 +209,9 @@ impl Listeners {
             peer_addr: peer.local_addr()?,
             metrics_addr: admin.local_addr()?,
             client_addr: api.local_addr()?,
-            peer,
-            admin,
-            api,
+            peer: Incoming::new(peer, tls.peer.clone())?,
+            admin: Incoming::new(admin, tls.metrics.clone())?,
+            api: Incoming::new(api, tls.client.clone())?,
         })
     }
 }
@@ -228,6 +231,7 @@ pub(super) async fn start_raft(
     cfg: &Resolved,
     db: &Arc<rocksdb::DB>,
     peer_addr: SocketAddr,
+    peer_tls: Option<ClientTls>,
 ) -> anyhow::Result<Started> {
     let lessor = Arc::new(Lessor::new());
     let hub = Arc::new(WatchHub::new());
@@ -243,7 +247,7 @@ pub(super) async fn start_raft(
     let config = Arc::new(raft_config(cfg)?);
     let log = LogStore::new(db.clone(), purger).context("starting the log store")?;
     let state = sm.shared();
-    let channels = PeerChannels::new(cfg.cluster_id, peer_addr);
+    let channels = PeerChannels::new(cfg.cluster_id, peer_addr, peer_tls.clone());
     let nudge = ElectionNudge::default();
     let raft = Raft::new(
         cfg.id,
@@ -276,7 +280,7 @@ pub(super) async fn start_raft(
         // Forwarded client requests on connections of their own: a
         // burst of them, or a large txn's answer, never holds up the
         // heartbeats and votes on Raft's connections.
-        PeerClients::new(PeerChannels::new(cfg.cluster_id, peer_addr)),
+        PeerClients::new(PeerChannels::new(cfg.cluster_id, peer_addr, peer_tls)),
     ));
     Ok(Started {
         raft,
@@ -291,16 +295,20 @@ pub(super) async fn start_raft(
 pub(super) fn serve_peers(
     cfg: &Resolved,
     started: &Started,
-    listener: tokio::net::TcpListener,
+    listener: Incoming,
     stopped_tx: &tokio::sync::watch::Sender<Option<Stopped>>,
 ) -> JoinHandle<Result<(), String>> {
     let lifecycle = &started.node.lifecycle;
+    // With peer TLS every connection has a certificate of the cell's CA;
+    // each request is also checked against the membership.
+    let names_checked = cfg.cfg.peer_tls.server_files().is_some();
     let peer_server = PeerServer::new(PeerService {
         cluster_id: cfg.cluster_id,
         raft: started.raft.clone(),
         handler: started.node.clone(),
         snapshot_receipt: SnapshotReceipt::new(started.raft.clone(), AFTER_SNAPSHOT_CHUNK),
         leader_contact: started.node.leader_contact.clone(),
+        names_checked,
     })
     .max_decoding_message_size(MAX_PEER_MESSAGE_BYTES)
     .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES);
@@ -318,10 +326,7 @@ pub(super) fn serve_peers(
             .initial_stream_window_size(PEER_STREAM_WINDOW)
             .initial_connection_window_size(PEER_CONNECTION_WINDOW)
             .add_service(peer_server)
-            .serve_with_incoming_shutdown(
-                crate::api::nodelay_incoming(listener),
-                token.cancelled_owned(),
-            )
+            .serve_with_incoming_shutdown(listener, token.cancelled_owned())
     })
 }
 
@@ -399,7 +404,7 @@ pub(super) fn spawn_jobs(
 pub(super) fn serve_admin(
     node: &Arc<CellNode>,
     prometheus: Option<PrometheusHandle>,
-    listener: tokio::net::TcpListener,
+    listener: Incoming,
     stopped_tx: &tokio::sync::watch::Sender<Option<Stopped>>,
 ) -> JoinHandle<Result<(), String>> {
     let lifecycle = &node.lifecycle;
@@ -418,7 +423,7 @@ pub(super) fn serve_admin(
 pub(super) fn serve_api(
     cfg: &Resolved,
     node: &Arc<CellNode>,
-    listener: tokio::net::TcpListener,
+    listener: Incoming,
     stopped_tx: &tokio::sync::watch::Sender<Option<Stopped>>,
 ) -> JoinHandle<Result<(), String>> {
     let lifecycle = &node.lifecycle;

@@ -14,6 +14,7 @@ use crate::raft::{NodeId, Raft, TypeConfig};
 use crate::storage::codec::{decode, encode};
 use latchkey_shared::peer::peer_server::Peer;
 use latchkey_shared::peer::Payload;
+use latchkey_shared::tls::RemotePeer;
 use latchkey_shared::ApiError;
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, VoteRequest,
@@ -37,15 +38,62 @@ pub struct PeerService<H> {
     pub snapshot_receipt: Arc<SnapshotReceipt>,
     /// Told whenever a leader's AppendEntries or snapshot chunk is taken.
     pub leader_contact: Arc<LeaderContact>,
+    /// Peer TLS is on: every connection came with a certificate of the
+    /// cell's CA, and each request must also come from a member's
+    /// (see [`PeerService::check_member`]).
+    pub names_checked: bool,
 }
 
 impl<H> PeerService<H> {
     /// The payload of `req` once it is known to come from this cell.
     fn decode_req<T: DeserializeOwned>(&self, req: Request<Payload>) -> Result<T, Status> {
         check_cell(self.cluster_id, &req)?;
+        self.check_member(&req)?;
         decode(&req.into_inner().data)
             .map_err(|e| Status::invalid_argument(format!("undecodable peer payload: {e}")))
     }
+}
+
+impl<H> PeerService<H> {
+    /// With peer TLS, refuses a request whose certificate names no member
+    /// of the cell: a member's certificate must name the host of its peer
+    /// address in the membership (a DNS name or an IP address among its
+    /// subject alternative names). A member that holds no membership yet
+    /// (one joining, before its first entries) cannot tell who its members
+    /// are, and takes any certificate of the cell's CA.
+    fn check_member(&self, req: &Request<Payload>) -> Result<(), Status> {
+        if !self.names_checked {
+            return Ok(());
+        }
+        let hosts: Vec<String> = {
+            let metrics = self.raft.metrics();
+            let m = metrics.borrow();
+            m.membership_config
+                .membership()
+                .nodes()
+                .map(|(_, member)| host_of(&member.peer_addr).to_string())
+                .collect()
+        };
+        let peer = RemotePeer::of(req);
+        if hosts.is_empty() || peer.is_some_and(|p| hosts.iter().any(|h| p.certificate_names(h))) {
+            return Ok(());
+        }
+        metrics::counter!(PEER_REQUESTS_REFUSED.name).increment(1);
+        let from = peer.map_or_else(|| "an unknown address".to_string(), |p| p.addr.to_string());
+        let message = format!(
+            "the certificate of {from} names no member of this cell (members: {}): a member's \
+             peer certificate must name the host of its peer address",
+            hosts.join(", ")
+        );
+        tracing::warn!(%message, "peer request refused");
+        Err(Status::permission_denied(message))
+    }
+}
+
+/// The host of a `host:port` address (an IPv6 address without brackets).
+fn host_of(addr: &str) -> &str {
+    let host = addr.rsplit_once(':').map_or(addr, |(host, _)| host);
+    host.trim_start_matches('[').trim_end_matches(']')
 }
 
 /// Refuses a request that does not name cell `ours`.

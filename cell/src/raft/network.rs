@@ -13,6 +13,8 @@ use crate::storage::codec::{decode, encode};
 use dashmap::DashMap;
 use latchkey_shared::peer::peer_client::PeerClient;
 use latchkey_shared::peer::Payload;
+use latchkey_shared::tls::client::lazy_channel;
+use latchkey_shared::tls::ClientTls;
 use openraft::error::{
     InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
 };
@@ -44,10 +46,14 @@ pub const PEER_STREAM_WINDOW: u32 = 16 * 1024 * 1024;
 pub const PEER_CONNECTION_WINDOW: u32 = 64 * 1024 * 1024;
 
 /// A lazily connecting channel to a peer address, dialled from `local`
-/// when given.
-pub fn peer_channel(addr: &str, local: Option<IpAddr>) -> Result<Channel, tonic::transport::Error> {
+/// when given, over TLS with `tls` when given (the peer's certificate must
+/// name the host of `addr`).
+pub fn peer_channel(
+    addr: &str,
+    local: Option<IpAddr>,
+    tls: Option<&ClientTls>,
+) -> Result<Channel, tonic::transport::Error> {
     let endpoint = Endpoint::from_shared(format!("http://{addr}"))?
-        .local_address(local)
         // A peer that does not answer a connect within this is down for
         // replication purposes; openraft backs off and retries.
         .connect_timeout(Duration::from_millis(500))
@@ -60,7 +66,7 @@ pub fn peer_channel(addr: &str, local: Option<IpAddr>) -> Result<Channel, tonic:
         // for many round trips; these let a batch through in one.
         .initial_stream_window_size(PEER_STREAM_WINDOW)
         .initial_connection_window_size(PEER_CONNECTION_WINDOW);
-    Ok(endpoint.connect_lazy())
+    Ok(lazy_channel(&endpoint, tls, local))
 }
 
 pub fn peer_client(channel: Channel) -> PeerClient<Channel> {
@@ -91,17 +97,20 @@ pub struct PeerChannels {
     /// (when it is a specific one), so a peer sees who is calling and a
     /// firewall rule can tell members apart even on one host.
     local: Option<IpAddr>,
+    /// Mutual TLS with the peers (`--peer-cert-file`), or plain text.
+    tls: Option<ClientTls>,
 }
 
 impl PeerChannels {
     /// Channels for the peers of cell `cluster_id`, dialled from the IP of
     /// `own_peer_addr` unless it is unspecified (`0.0.0.0`, `::`).
-    pub fn new(cluster_id: u64, own_peer_addr: SocketAddr) -> Self {
+    pub fn new(cluster_id: u64, own_peer_addr: SocketAddr, tls: Option<ClientTls>) -> Self {
         let ip = own_peer_addr.ip();
         PeerChannels {
             clients: Default::default(),
             cluster_id: format!("{cluster_id:x}").parse().ok(),
             local: (!ip.is_unspecified()).then_some(ip),
+            tls,
         }
     }
 
@@ -120,7 +129,7 @@ impl PeerChannels {
         if let Some(c) = self.clients.get(addr) {
             return Ok(c.clone());
         }
-        let client = peer_client(peer_channel(addr, self.local)?);
+        let client = peer_client(peer_channel(addr, self.local, self.tls.as_ref())?);
         Ok(self
             .clients
             .entry(addr.to_string())
@@ -132,7 +141,7 @@ impl PeerChannels {
     /// of the one before (whose connection stays with whoever still holds
     /// it, and closes when they let it go).
     pub fn reconnect(&self, addr: &str) -> Result<PeerClient<Channel>, tonic::transport::Error> {
-        let client = peer_client(peer_channel(addr, self.local)?);
+        let client = peer_client(peer_channel(addr, self.local, self.tls.as_ref())?);
         self.clients.insert(addr.to_string(), client.clone());
         Ok(client)
     }

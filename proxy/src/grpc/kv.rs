@@ -13,6 +13,7 @@ use latchkey_shared::etcdpb::{
     PbPutRequest, PbPutResponse, PbRangeRequest, PbRangeResponse, PbRangeStreamResponse,
     PbTxnRequest, PbTxnResponse,
 };
+use latchkey_shared::tls::RemotePeer;
 use std::pin::Pin;
 use std::sync::Arc;
 use tokio_stream::Stream;
@@ -38,7 +39,7 @@ impl PbKvService for KvService {
         &self,
         request: Request<PbRangeRequest>,
     ) -> Result<Response<PbRangeResponse>, Status> {
-        let client = request.remote_addr();
+        let client = RemotePeer::of(&request).map(|p| p.addr);
         let result = ops::kv::range(&self.state, client, request.into_inner()).await;
         answer(result)
     }
@@ -63,7 +64,7 @@ impl PbKvService for KvService {
     }
 
     async fn put(&self, request: Request<PbPutRequest>) -> Result<Response<PbPutResponse>, Status> {
-        let client = request.remote_addr();
+        let client = RemotePeer::of(&request).map(|p| p.addr);
         let result = ops::kv::put(&self.state, client, request.into_inner()).await;
         answer(result)
     }
@@ -72,13 +73,13 @@ impl PbKvService for KvService {
         &self,
         request: Request<PbDeleteRequest>,
     ) -> Result<Response<PbDeleteResponse>, Status> {
-        let client = request.remote_addr();
+        let client = RemotePeer::of(&request).map(|p| p.addr);
         let result = ops::kv::delete_range(&self.state, client, request.into_inner()).await;
         answer(result)
     }
 
     async fn txn(&self, request: Request<PbTxnRequest>) -> Result<Response<PbTxnResponse>, Status> {
-        let client = request.remote_addr();
+        let client = RemotePeer::of(&request).map(|p| p.addr);
         let result = ops::kv::txn(&self.state, client, request.into_inner()).await;
         answer(result)
     }

@@ -24,7 +24,6 @@ use latchkey_shared::client::call::MAX_FORWARDED_BYTES;
 use latchkey_shared::etcdpb::{
     PbClusterServer, PbKvServer, PbLeaseServer, PbMaintenanceServer, PbWatchServer,
 };
-use latchkey_shared::net::nodelay_incoming;
 use std::sync::Arc;
 
 /// Forwards one unary call to the cell `cell` (timed and counted by
@@ -112,7 +111,7 @@ const MAX_STREAMS_PER_CONNECTION: u32 = 10_000;
 /// Serves the etcd API until `shutdown` resolves.
 pub async fn serve(
     state: Arc<ProxyState>,
-    listener: tokio::net::TcpListener,
+    listener: latchkey_shared::tls::Incoming,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     // A client's request reaches the cell, which judges its size with
@@ -162,7 +161,7 @@ pub async fn serve(
         .add_service(PbMaintenanceServer::new(maintenance::MaintenanceService {
             state,
         }))
-        .serve_with_incoming_shutdown(nodelay_incoming(listener), shutdown)
+        .serve_with_incoming_shutdown(listener, shutdown)
         .await?;
     Ok(())
 }

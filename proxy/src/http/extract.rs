@@ -38,8 +38,8 @@ impl<S: Send + Sync> FromRequestParts<S> for Client {
         Ok(Client(
             parts
                 .extensions
-                .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
-                .map(|c| c.0),
+                .get::<axum::extract::ConnectInfo<latchkey_shared::tls::RemotePeer>>()
+                .map(|c| c.0.addr),
         ))
     }
 }

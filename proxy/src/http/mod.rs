@@ -199,7 +199,7 @@ mod tests {
         let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let addr = closed.local_addr().expect("addr").to_string();
         drop(closed);
-        let cell = CellClient::new(&[addr], Duration::from_millis(300)).expect("cell");
+        let cell = CellClient::new(&[addr], Duration::from_millis(300), None).expect("cell");
         let upstream = Upstream::new(vec![cell]).expect("upstream");
         let coalescer =
             crate::watch::coalescer::Coalescer::new(upstream.home().clone(), 8, 8, 1 << 20);

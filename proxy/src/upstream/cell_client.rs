@@ -14,6 +14,8 @@ use crate::chaos::{broken, Defect};
 use crate::metrics_catalog::{UPSTREAM_ERRORS, UPSTREAM_SECONDS};
 use latchkey_shared::client::{call, endpoint};
 use latchkey_shared::etcdpb::PbResponseHeader;
+use latchkey_shared::tls::client::lazy_channel;
+use latchkey_shared::tls::ClientTls;
 use latchkey_shared::{ApiError, ErrorCode, Retry};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -104,18 +106,22 @@ pub struct CellClient {
 }
 
 impl CellClient {
-    /// Channels to `addrs` (client addresses of one cell's members). Nothing
-    /// is connected until the first call.
-    pub fn new(addrs: &[String], request_timeout: Duration) -> Result<CellClient, ApiError> {
+    /// Channels to `addrs` (client addresses of one cell's members), over
+    /// TLS with `tls` when given. Nothing is connected until the first
+    /// call.
+    pub fn new(
+        addrs: &[String],
+        request_timeout: Duration,
+        tls: Option<&ClientTls>,
+    ) -> Result<CellClient, ApiError> {
         if addrs.is_empty() {
             return Err(ApiError::invalid("no cell member address given"));
         }
         let members = addrs
             .iter()
             .map(|addr| {
-                let channel = endpoint(addr)
-                    .map_err(|e| ApiError::invalid(e.to_string()))?
-                    .connect_lazy();
+                let endpoint = endpoint(addr).map_err(|e| ApiError::invalid(e.to_string()))?;
+                let channel = lazy_channel(&endpoint, tls, None);
                 Ok(Member {
                     addr: addr.clone(),
                     channel,

@@ -609,7 +609,8 @@ mod tests {
         let mut cluster =
             latchkey_testkit::Cluster::start(latchkey_testkit::cell_binary(), 3, &[]).await;
         let addrs: Vec<String> = cluster.members.iter().map(|m| m.client.clone()).collect();
-        let cell: Cell = Arc::new(CellClient::new(&addrs, Duration::from_secs(5)).expect("client"));
+        let cell: Cell =
+            Arc::new(CellClient::new(&addrs, Duration::from_secs(5), None).expect("client"));
         let coalescer = Coalescer::new(cell.clone(), 1024, 1024, 16 << 20);
         let mut rx = coalescer.subscribe(key("k"), 0).await.expect("subscribe");
         // The member serving the watch is the one with a watcher.

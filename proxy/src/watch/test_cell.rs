@@ -23,8 +23,12 @@ impl TestCell {
             .await
             .expect("a cell");
         let cell = Arc::new(
-            CellClient::new(&[handle.client_addr.to_string()], Duration::from_secs(5))
-                .expect("a client"),
+            CellClient::new(
+                &[handle.client_addr.to_string()],
+                Duration::from_secs(5),
+                None,
+            )
+            .expect("a client"),
         );
         TestCell {
             handle,

@@ -18,6 +18,7 @@ mod t81_fencing;
 mod t82_idempotency;
 mod t83_elections;
 mod t84_partition;
+mod t90_tls;
 
 use latchkey_shared::etcdpb::{PbWatchRequest, PbWatchResponse};
 use std::path::Path;

@@ -38,6 +38,7 @@ pub use keepalive_stream::KeepAliveStream;
 pub use refresh_stream::{RefreshReply, RefreshStream};
 pub use session::{Session, SessionOptions, SessionState};
 
+use crate::tls::ClientTls;
 use std::time::Duration;
 use tonic::transport::{Channel, Endpoint};
 
@@ -137,8 +138,13 @@ pub fn endpoint(addr: &str) -> Result<Endpoint, ClientError> {
 
 /// A connected channel to the member at `addr` (see [`endpoint`]).
 pub async fn connect(addr: &str) -> Result<Channel, ClientError> {
-    endpoint(addr)?
-        .connect()
+    connect_with(addr, None).await
+}
+
+/// A connected channel to the member at `addr`, over TLS with `tls` when
+/// given.
+pub async fn connect_with(addr: &str, tls: Option<&ClientTls>) -> Result<Channel, ClientError> {
+    crate::tls::client::connect(&endpoint(addr)?, tls)
         .await
         .map_err(|source| ClientError::Connect {
             addr: addr.to_string(),

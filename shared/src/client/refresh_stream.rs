@@ -20,10 +20,11 @@
 //! on one stream would not be answered sooner; callers that must share one
 //! put it behind a `tokio::sync::Mutex`.
 
-use super::{authority, connect, endpoint, ClientError};
+use super::{authority, connect_with, endpoint, ClientError};
 use crate::limits::{MAX_REFRESH_BATCH, MAX_REFRESH_MESSAGE_BYTES};
 use crate::sessions_pb::sessions_client::SessionsClient;
 use crate::sessions_pb::{RefreshRequest, RefreshResponse};
+use crate::tls::ClientTls;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::{timeout_at, Instant};
@@ -85,6 +86,8 @@ pub struct RefreshStream {
     leader: Option<usize>,
     /// The last batch number sent; each batch gets the next one.
     batch: u64,
+    /// TLS towards the members, or plain text.
+    tls: Option<ClientTls>,
 }
 
 impl RefreshStream {
@@ -117,7 +120,14 @@ impl RefreshStream {
             open: None,
             leader: None,
             batch: 0,
+            tls: None,
         })
+    }
+
+    /// The same client speaking TLS with `tls` (when given) to the members.
+    pub fn with_tls(mut self, tls: Option<ClientTls>) -> RefreshStream {
+        self.tls = tls;
+        self
     }
 
     /// The endpoint the next batch goes to.
@@ -183,7 +193,7 @@ impl RefreshStream {
                 .send(request)
                 .await
                 .map_err(|_| ClientError::Closed { addr: addr.clone() })?,
-            None => self.open = Some(open_stream(&addr, request).await?),
+            None => self.open = Some(open_stream(&addr, self.tls.as_ref(), request).await?),
         }
         let Some(open) = self.open.as_mut() else {
             return Err(ClientError::Closed { addr });
@@ -251,8 +261,12 @@ impl RefreshStream {
 /// Opens a `Refresh` call on `addr` with `first` already queued: a server
 /// may hold back its response headers until the first answer, so the call
 /// cannot wait for them before sending.
-async fn open_stream(addr: &str, first: RefreshRequest) -> Result<Open, ClientError> {
-    let channel = connect(addr).await?;
+async fn open_stream(
+    addr: &str,
+    tls: Option<&ClientTls>,
+    first: RefreshRequest,
+) -> Result<Open, ClientError> {
+    let channel = connect_with(addr, tls).await?;
     let (requests, queue) = mpsc::channel(REQUEST_QUEUE);
     requests.try_send(first).map_err(|_| ClientError::Closed {
         addr: addr.to_string(),
