@@ -502,6 +502,56 @@ def _():
         return f"backup endpoint {env_of(snap)['ENDPOINT']}"
 
 
+@check("TLS (production): members serve and present the cell Secret, proxies theirs, etcdctl pods use the cell Secret; off by default")
+def _():
+    tls_flags = declared_env("shared/src/tls/flags.rs")
+    d = "/etc/latchkey-tls"
+
+    def mounted(spec, c, secret):
+        mounts = {m["name"]: m for m in c.get("volumeMounts", [])}
+        vols = {v["name"]: v for v in spec.get("volumes", [])}
+        if mounts.get("tls", {}).get("mountPath") != d or not mounts["tls"].get("readOnly"):
+            return f"{c['name']}: no read-only {d}"
+        if vols.get("tls", {}).get("secret", {}).get("secretName") != secret:
+            return f"{c['name']}: the tls volume is not Secret {secret}"
+
+    cell_env = {"LATCHKEY_CERT_FILE": f"{d}/tls.crt", "LATCHKEY_KEY_FILE": f"{d}/tls.key",
+                "LATCHKEY_TRUSTED_CA_FILE": f"{d}/ca.crt", "LATCHKEY_CLIENT_CERT_AUTH": "true",
+                "LATCHKEY_PEER_CERT_FILE": f"{d}/tls.crt", "LATCHKEY_PEER_KEY_FILE": f"{d}/tls.key",
+                "LATCHKEY_PEER_TRUSTED_CA_FILE": f"{d}/ca.crt"}
+    proxy_env = {"LATCHKEY_CERT_FILE": f"{d}/tls.crt", "LATCHKEY_CACERT": f"{d}/ca.crt",
+                 "LATCHKEY_CERT": f"{d}/tls.crt", "LATCHKEY_KEY": f"{d}/tls.key"}
+    workloads = {}
+    for kind, name, want, secret in (("StatefulSet", CELL, cell_env, "cell-tls"),
+                                     ("Deployment", PROXY, proxy_env, "proxy-tls")):
+        spec = one(PROD, kind, name)["spec"]["template"]["spec"]
+        (c,) = spec["containers"]
+        got = {k: env_of(c).get(k) for k in want}
+        if got != want:
+            return f"{name}: TLS env {got}"
+        why = mounted(spec, c, f"{RELEASE}-latchkey-{secret}")
+        if why:
+            return why
+        workloads[name] = c
+    c, p = workloads[CELL], workloads[PROXY]
+    unknown = sorted(k for k in list(env_of(c)) + list(env_of(p))
+                     if re.match(r"LATCHKEY_.*(CERT|KEY|CA)", k) and k not in tls_flags)
+    if unknown:
+        return f"{unknown} are no TLS flags"
+    backup = one(PROD, "CronJob", f"{RELEASE}-latchkey-backup")["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    test = one(PROD, "Pod", f"{RELEASE}-latchkey-test")["spec"]
+    for spec in (backup, test):
+        (e,) = spec["containers"]
+        if env_of(e).get("ETCDCTL_CACERT") != f"{d}/ca.crt" or env_of(e).get("ETCDCTL_CERT") != f"{d}/tls.crt":
+            return f"{e['name']}: etcdctl without the CA and a certificate"
+        why = mounted(spec, e, f"{RELEASE}-latchkey-cell-tls")
+        if why:
+            return why
+    for owner, spec in pod_specs(DEFAULT):
+        if any(v["name"] == "tls" for v in spec.get("volumes", [])):
+            return f"default values: {owner} mounts a TLS Secret"
+
+
 @check("only core kinds and the Prometheus Operator's CRDs are rendered")
 def _():
     core = {"ServiceAccount", "ConfigMap", "Service", "StatefulSet", "Deployment", "PodDisruptionBudget",

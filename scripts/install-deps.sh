@@ -14,6 +14,7 @@
 #             --etcd` and its test, `compare`, the Go client suite.
 #   iptables  the partition tests (they need root).
 #   curl      the proxy's README test runs the README's curl examples.
+#   openssl   scripts/make-certs.sh, the TLS tests' CAs and certificates.
 #   shellcheck  scripts/test-helm.sh lints the chart's start script.
 #   helm, kubernetes-validate, hadolint, promql-parser, PyYAML
 #             the chart checks (scripts/test-helm.sh); scripts/tools.sh

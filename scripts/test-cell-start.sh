@@ -10,15 +10,22 @@
 #      a NEW IP behind its name: the cell comes back by itself, elects a
 #      leader and still holds what was written before;
 #   3. a fourth pod past the voters adds itself as a learner by its name
-#      and joins.
+#      and joins;
+#   4. with --tls only: the members' certificate (a wildcard for their
+#      names, as a cert-manager Secret holds it: tls.crt, tls.key, ca.crt)
+#      is replaced on disk, and every member serves the new one within 10 s
+#      without a restart, and still replicates.
 #
-#   scripts/test-cell-start.sh BIN_DIR     # BIN_DIR holds latchkey-cell
+#   scripts/test-cell-start.sh BIN_DIR [--tls]   # BIN_DIR holds latchkey-cell
 #
+# --tls runs it all with TLS on every port (client certificates required,
+# mutual TLS between members), as the chart's tls.enabled starts members.
 # Needs root (a private mount namespace for /etc/hosts), etcdctl and curl. Each
 # scenario prints one "ok"/"FAIL" line; exits non-zero if any failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bin_dir=${1:?usage: scripts/test-cell-start.sh BIN_DIR}
+bin_dir=${1:?usage: scripts/test-cell-start.sh BIN_DIR [--tls]}
+tls=${2:-}
 [ -x "$bin_dir/latchkey-cell" ] || { echo "no latchkey-cell in $bin_dir" >&2; exit 2; }
 bin_dir=$(cd "$bin_dir" && pwd)
 
@@ -56,11 +63,30 @@ host() {
   printf '%s\n%s lk-cell-%s.%s\n' "$rest" "$2" "$1" "$domain" >"$hosts"
 }
 
+# With --tls: a CA and the members' wildcard certificate, laid out as the
+# chart mounts a kubernetes.io/tls Secret.
+scheme=http
+tls_env=()
+ctl_tls=()
+if [ "$tls" = --tls ]; then
+  scheme=https
+  scripts/make-certs.sh "$work/ca" "member=DNS:*.$domain"
+  mkdir -p "$work/tls"
+  cp "$work/ca/member.pem" "$work/tls/tls.crt"
+  cp "$work/ca/member-key.pem" "$work/tls/tls.key"
+  cp "$work/ca/ca.pem" "$work/tls/ca.crt"
+  tls_env=(LATCHKEY_CERT_FILE="$work/tls/tls.crt" LATCHKEY_KEY_FILE="$work/tls/tls.key"
+    LATCHKEY_TRUSTED_CA_FILE="$work/tls/ca.crt" LATCHKEY_CLIENT_CERT_AUTH=true
+    LATCHKEY_PEER_CERT_FILE="$work/tls/tls.crt" LATCHKEY_PEER_KEY_FILE="$work/tls/tls.key"
+    LATCHKEY_PEER_TRUSTED_CA_FILE="$work/tls/ca.crt")
+  ctl_tls=(--cacert="$work/tls/ca.crt" --cert="$work/tls/tls.crt" --key="$work/tls/tls.key")
+fi
+
 # start ORDINAL IP PODS: runs the start script as pod ORDINAL would, its
 # ports on IP (in a pod: every interface).
 start() {
   mkdir -p "$work/pod-$1"
-  env -i PATH="$bin_dir:$PATH" POD_NAME="lk-cell-$1" POD_IP="$2" \
+  env -i PATH="$bin_dir:$PATH" POD_NAME="lk-cell-$1" POD_IP="$2" ${tls_env[@]+"${tls_env[@]}"} \
     CELL_STS=lk-cell CELL_PEER_DOMAIN="$domain" CELL_VOTERS=3 CELL_PODS="$3" \
     CELL_CLIENT_PORT="$client_port" CELL_PEER_PORT="$peer_port" CELL_METRICS_PORT="$metrics_port" \
     CELL_DATA_ROOT="$work/pod-$1" CELL_LISTEN_IP="$2" \
@@ -92,16 +118,16 @@ eventually() {
 }
 
 name() { echo "lk-cell-$1.$domain"; }
-ep() { echo "$(name "$1"):$client_port"; }
+ep() { echo "$scheme://$(name "$1"):$client_port"; }
 voters="$(ep 0),$(ep 1),$(ep 2)"
-ctl() { etcdctl --dial-timeout=2s --command-timeout=5s "$@"; }
+ctl() { etcdctl ${ctl_tls[@]+"${ctl_tls[@]}"} --dial-timeout=2s --command-timeout=5s "$@"; }
 members() { ctl --endpoints="$voters" member list; }
 # The member list line of pod ORDINAL, known by its name: id ORDINAL+1 for
 # a voter, any id for a learner (LEARNER true).
 listed() {
   local id=$(($1 + 1)) learner=${2:-false}
   [ "$learner" = false ] || id='[0-9a-f]*'
-  members | grep -qx "$id, started, lk-cell-$1, http://$(name "$1"):$peer_port, http://$(name "$1"):$client_port, $learner"
+  members | grep -qx "$id, started, lk-cell-$1, $scheme://$(name "$1"):$peer_port, $scheme://$(name "$1"):$client_port, $learner"
 }
 # reads ORDINAL KEY VALUE [--consistency=s]: the member returns VALUE.
 reads() { [ "$(ctl --endpoints="$(ep "$1")" get "$2" --print-value-only ${4:+"$4"})" = "$3" ]; }
@@ -146,5 +172,30 @@ learner() {
 }
 check "a pod past the voters adds itself as a learner by its name, joins and applies writes" learner
 
-echo "test result: $([ "$failed" -eq 0 ] && echo ok || echo FAILED). $passed passed; $failed failed; (scripts/test-cell-start.sh)"
+# 4. The Secret's certificate rotated (a new one from the same CA, the
+# files replaced as the kubelet swaps a Secret volume).
+# serial ORDINAL: the serial of the certificate pod ORDINAL's client port serves.
+serial() {
+  openssl s_client -connect "$(name "$1"):$client_port" -servername "$(name "$1")" \
+    -CAfile "$work/tls/ca.crt" -cert "$work/tls/tls.crt" -key "$work/tls/tls.key" </dev/null 2>/dev/null |
+    openssl x509 -noout -serial
+}
+# serves_other ORDINAL SERIAL: pod ORDINAL's client port serves another.
+serves_other() { local now; now=$(serial "$1") && [ -n "$now" ] && [ "$now" != "$2" ]; }
+rotation() {
+  local before i
+  before=$(serial 0)
+  [ -n "$before" ] || { echo "     no certificate served"; return 1; }
+  scripts/make-certs.sh "$work/ca" "rotated=DNS:*.$domain"
+  cp "$work/ca/rotated-key.pem" "$work/tls/tls.key.new" && mv "$work/tls/tls.key.new" "$work/tls/tls.key"
+  cp "$work/ca/rotated.pem" "$work/tls/tls.crt.new" && mv "$work/tls/tls.crt.new" "$work/tls/tls.crt"
+  for i in 0 1 2 3; do eventually 10 serves_other "$i" "$before" || return 1; done
+  ctl --endpoints="$voters" put k rotated >/dev/null &&
+    eventually 10 reads 3 k rotated --consistency=s
+}
+if [ "$tls" = --tls ]; then
+  check "the members' certificate replaced on disk: served within 10 s without a restart, replication goes on" rotation
+fi
+
+echo "test result: $([ "$failed" -eq 0 ] && echo ok || echo FAILED). $passed passed; $failed failed; (scripts/test-cell-start.sh $tls)"
 [ "$failed" -eq 0 ]

@@ -35,6 +35,7 @@ stage "install-deps checks" logged scripts/test-install-deps.sh
 # the chart's start script against real latchkey-cell processes.
 stage "helm" logged scripts/test-helm.sh
 stage "cell start script" logged scripts/test-cell-start.sh "${CARGO_TARGET_DIR:-target}/debug"
+stage "cell start script, TLS" logged scripts/test-cell-start.sh "${CARGO_TARGET_DIR:-target}/debug" --tls
 stage "cargo test (all binaries)" logged timed_cargo_test "cargo test" --workspace -- --test-threads=1
 # The official etcd Go client against a 3-member latchkey cell, and the
 # same program against Debian's etcd 3.4 as the reference it must match.

@@ -48,6 +48,32 @@ const DB_RELEASE: Duration = Duration::from_secs(5);
 /// (MemberAdd may come just after the process starts).
 const JOIN_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// How `--join` reaches the cell's client ports: plain text for `http://`
+/// URLs; for `https://` ones, TLS trusting `--trusted-ca-file` and
+/// presenting `--cert-file` (members of one cell share the client CA).
+fn join_tls(cfg: &Resolved) -> anyhow::Result<Option<etcd_client::TlsOptions>> {
+    let tls = cfg.join.iter().any(|url| url.starts_with("https://"));
+    if !tls {
+        return Ok(None);
+    }
+    if cfg.join.iter().any(|url| !url.starts_with("https://")) {
+        bail!("--join: give every URL as https:// or none");
+    }
+    let flags = &cfg.cfg.tls;
+    let read = |path: &std::path::Path| {
+        std::fs::read(path).with_context(|| format!("--join over TLS: reading {}", path.display()))
+    };
+    let Some(ca) = &flags.trusted_ca_file else {
+        bail!("--join https://...: --trusted-ca-file names the CA of the members' client ports");
+    };
+    let mut options = etcd_client::TlsOptions::new()
+        .ca_certificate(etcd_client::Certificate::from_pem(read(ca)?));
+    if let (Some(cert), Some(key)) = (&flags.cert_file, &flags.key_file) {
+        options = options.identity(etcd_client::Identity::from_pem(read(cert)?, read(key)?));
+    }
+    Ok(Some(options))
+}
+
 /// Settles which member of which cell this is: what the data directory
 /// records, else the flags, else (with `--join`) what the running cell says;
 /// and applies `--restore` to a fresh directory.
@@ -104,8 +130,13 @@ async fn settle_identity(cfg: &mut Resolved, db: &rocksdb::DB) -> anyhow::Result
             (stored, cluster_id)
         }
         None if !cfg.join.is_empty() => {
-            let (id, cluster_id) =
-                discover_identity(&cfg.join, cfg.cfg.advertised_peer_addr(), JOIN_TIMEOUT).await?;
+            let (id, cluster_id) = discover_identity(
+                &cfg.join,
+                cfg.cfg.advertised_peer_addr(),
+                join_tls(&cfg)?,
+                JOIN_TIMEOUT,
+            )
+            .await?;
             if cfg.id != 0 && cfg.id != id {
                 bail!(
                     "--id {} but the cell added this peer address as member {id}",

@@ -20,27 +20,22 @@ use tokio::time::Instant;
 /// tenth of the log, if more) behind the leader, like etcd's 90% rule.
 const PROMOTE_MAX_LAG: u64 = 100;
 
-/// Reads one peer URL ("http://host:port", or plain "host:port") as the
-/// address peers dial.
+/// Reads one peer URL ("http://host:port", "https://host:port" or plain
+/// "host:port") as the address peers dial. The scheme says nothing to the
+/// cell: whether peers speak TLS is the members' flags' business.
 pub fn parse_peer_urls(urls: &[String]) -> Result<String, ApiError> {
     let bad = |why: &str| ApiError::new(ErrorCode::MemberBadUrls, why.to_string());
     let [url] = urls else {
         return Err(bad("exactly one peer URL is supported per member"));
     };
-    let addr = url
-        .strip_prefix("http://")
-        .unwrap_or(url)
-        .trim_end_matches('/');
-    if url.starts_with("https://") {
-        return Err(bad(
-            "https peer URLs are not supported yet; use http://host:port",
-        ));
-    }
+    let addr = without_scheme(url);
     match addr.rsplit_once(':') {
         Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {
             Ok(addr.to_string())
         }
-        _ => Err(bad("a peer URL must be http://host:port")),
+        _ => Err(bad(
+            "a peer URL must be http://host:port or https://host:port",
+        )),
     }
 }
 
@@ -359,29 +354,43 @@ impl Membership<'_> {
     }
 }
 
-/// For `--join`: asks the running cell (any of `urls`) which id MemberAdd
-/// gave `peer_addr`, and the cell's id. Retries until `timeout`, since the
-/// member may be added just after this process starts.
+/// `host:port` of an `http://` or `https://` URL (or of `host:port`).
+fn without_scheme(url: &str) -> &str {
+    url.strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"))
+        .unwrap_or(url)
+        .trim_end_matches('/')
+}
+
+/// For `--join`: asks the running cell (any of `urls`, over TLS with `tls`
+/// for `https://` ones) which id MemberAdd gave `peer_addr`, and the
+/// cell's id. Retries until `timeout`, since the member may be added just
+/// after this process starts.
 pub async fn discover_identity(
     urls: &[String],
     peer_addr: &str,
+    tls: Option<etcd_client::TlsOptions>,
     timeout: Duration,
 ) -> anyhow::Result<(NodeId, u64)> {
     let deadline = Instant::now() + timeout;
     let want = format!("http://{peer_addr}");
+    let listed = |url: &String| without_scheme(url) == peer_addr;
     let mut last_error;
     loop {
         let attempt = async {
-            let options = etcd_client::ConnectOptions::new()
+            let mut options = etcd_client::ConnectOptions::new()
                 .with_connect_timeout(Duration::from_secs(2))
                 .with_timeout(Duration::from_secs(3));
+            if let Some(tls) = tls.clone() {
+                options = options.with_tls(tls);
+            }
             let mut client = etcd_client::Client::connect(urls, Some(options)).await?;
             let list = client.member_list().await?;
             let cluster_id = list.header().map_or(0, |h| h.cluster_id());
             let id = list
                 .members()
                 .iter()
-                .find(|m| m.peer_urls().iter().any(|u| u == &want))
+                .find(|m| m.peer_urls().iter().any(listed))
                 .map(|m| m.id());
             Ok::<_, etcd_client::Error>((id, cluster_id))
         };
@@ -425,17 +434,14 @@ mod tests {
     }
 
     #[test]
-    fn peer_urls_must_be_one_http_address() {
+    fn peer_urls_must_be_one_http_or_https_address() {
         let one = |u: &str| parse_peer_urls(&[u.to_string()]);
         assert_eq!(
             one("http://127.0.0.1:7904").ok().as_deref(),
             Some("127.0.0.1:7904")
         );
         assert_eq!(one("10.0.0.1:2380").ok().as_deref(), Some("10.0.0.1:2380"));
-        assert_eq!(
-            one("https://h:1").unwrap_err().code,
-            ErrorCode::MemberBadUrls
-        );
+        assert_eq!(one("https://h:1").ok().as_deref(), Some("h:1"));
         assert_eq!(
             one("http://nohost").unwrap_err().code,
             ErrorCode::MemberBadUrls

@@ -46,7 +46,11 @@ pub struct CellNode {
     pub id: NodeId,
     pub cluster_id: u64,
     pub name: String,
+    /// `https://` once the client port has TLS, as etcd advertises it.
     pub client_url: String,
+    /// `https` once the peer port has TLS: the scheme of the peer URLs
+    /// the Cluster API reports.
+    pub peer_url_scheme: &'static str,
     pub raft: Raft,
     pub state: SharedState,
     pub watch_hub: Arc<WatchHub>,
@@ -109,7 +113,12 @@ impl CellNode {
             id: cfg.id,
             cluster_id: cfg.cluster_id,
             name: cfg.name.clone(),
-            client_url: format!("http://{}", cfg.cfg.advertised_client_addr()),
+            client_url: format!(
+                "{}://{}",
+                scheme(cfg.cfg.tls.files().is_some()),
+                cfg.cfg.advertised_client_addr()
+            ),
+            peer_url_scheme: scheme(cfg.cfg.peer_tls.server_files().is_some()),
             leases: LeaderLeases {
                 id: cfg.id,
                 raft: raft.clone(),
@@ -568,3 +577,12 @@ const FORWARDS_IN_FLIGHT: usize = 8;
 
 /// Writes in one forwarded group at most.
 const MAX_FORWARDED_WRITES: usize = 512;
+
+/// A URL's scheme for a port with or without TLS.
+fn scheme(tls: bool) -> &'static str {
+    if tls {
+        "https"
+    } else {
+        "http"
+    }
+}

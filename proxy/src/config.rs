@@ -150,7 +150,19 @@ impl Config {
         for addr in &self.cells {
             latchkey_shared::client::endpoint(addr).with_context(|| format!("--cells {addr}"))?;
         }
-        if self.dev && self.upstream_tls.files().is_some() {
+        let tls = self.upstream_tls.files().is_some();
+        for addr in &self.cells {
+            match addr.split_once("://") {
+                Some(("https", _)) if !tls => {
+                    bail!("--cells {addr}: https needs --cacert, the CA that signs the members' certificates")
+                }
+                Some(("http", _)) if tls => {
+                    bail!("--cells {addr}: with --cacert the proxy speaks TLS to every member; name them https:// or host:port")
+                }
+                _ => {}
+            }
+        }
+        if self.dev && tls {
             bail!("--dev: the embedded cell speaks plain text on loopback; --cacert, --cert and --key are for cells of their own");
         }
         if self.refresh_tick < MIN_TICK {

@@ -173,7 +173,13 @@ impl Cluster {
             peer,
             metrics: format!("127.0.0.1:{}", free_port()),
             data_dir: self.dir.path().join(format!("m{id}")),
-            join: Some(self.endpoints().join(",")),
+            join: Some(
+                self.members
+                    .iter()
+                    .map(|m| self.url(m.id))
+                    .collect::<Vec<_>>()
+                    .join(","),
+            ),
         };
         self.members.push(spec.clone());
         spec

@@ -33,7 +33,10 @@ impl ClusterService {
                     PbMember {
                         id: *id,
                         name: attrs.map(|a| a.name.clone()).unwrap_or_default(),
-                        peer_ur_ls: vec![format!("http://{}", node.peer_addr)],
+                        peer_ur_ls: vec![format!(
+                            "{}://{}",
+                            self.node.peer_url_scheme, node.peer_addr
+                        )],
                         client_ur_ls: attrs.map(|a| a.client_urls.clone()).unwrap_or_default(),
                         is_learner: !voters.contains(id),
                     }

@@ -124,7 +124,7 @@ async fn tls_on_every_listener_and_peers_only_from_members_of_the_cells_ca() {
         path(&cell_ca.ca()),
     ];
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let cluster = Cluster::start_tls(CELL_BIN, 3, &args, cell_ca.client("alice")).await;
+    let mut cluster = Cluster::start_tls(CELL_BIN, 3, &args, cell_ca.client("alice")).await;
 
     // Mutual TLS among the members elected a leader; a client with the
     // cell's CA and a certificate it signed writes and reads.
@@ -200,6 +200,35 @@ async fn tls_on_every_listener_and_peers_only_from_members_of_the_cells_ca() {
         .put("k", "v2", None)
         .await
         .expect("the cell keeps serving");
+
+    // A member joins with `--join https://...`: it finds its id over the
+    // client ports' TLS, and the leader replicates to it over peer TLS.
+    let peer4 = format!("127.0.0.1:{}", latchkey_testkit::free_port());
+    let added = client
+        .member_add(
+            [format!("http://{peer4}")],
+            Some(etcd_client::MemberAddOptions::new().with_is_learner()),
+        )
+        .await
+        .expect("member add");
+    let id4 = added.member().expect("the new member").id();
+    cluster.new_joiner(id4, peer4);
+    cluster.spawn(id4);
+    let mut learner = cluster.client(id4).await;
+    eventually(Duration::from_secs(30), async || {
+        let got = learner
+            .get(
+                "k",
+                Some(etcd_client::GetOptions::new().with_serializable()),
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        match got.kvs().first().map(|kv| kv.value()) {
+            Some(b"v2") => Ok(()),
+            other => Err(format!("the joiner has {other:?}")),
+        }
+    })
+    .await;
 
     // The metrics port speaks TLS with the same certificate (asking for
     // none: probes and scrapers need only the CA).

@@ -23,7 +23,11 @@
 # CELL_PEER_PORT, CELL_METRICS_PORT; optional CELL_RESTORE_FILE,
 # CELL_DATA_ROOT (default /var/lib/latchkey), CELL_LISTEN_IP (the address
 # the three ports bind; default every interface). Arguments are passed on
-# to latchkey-cell. Other settings reach it as LATCHKEY_* variables.
+# to latchkey-cell. Other settings reach it as LATCHKEY_* variables; with
+# LATCHKEY_CERT_FILE (the chart's tls.enabled) the client ports speak
+# https and etcdctl here presents LATCHKEY_CERT_FILE/LATCHKEY_KEY_FILE and
+# trusts LATCHKEY_TRUSTED_CA_FILE; with LATCHKEY_PEER_CERT_FILE the peer
+# URLs are https:// too.
 set -eu
 
 : "${POD_IP:?}" "${POD_NAME:?}" "${CELL_STS:?}" "${CELL_PEER_DOMAIN:?}"
@@ -35,7 +39,11 @@ ordinal=${POD_NAME##*-}
 log() { echo "cell-start: $*" >&2; }
 # etcdctl refuses to run when a flag it is given is also set in its
 # environment (ETCDCTL_ENDPOINTS from extraEnv, say); the flags below win.
-unset ETCDCTL_ENDPOINTS
+unset ETCDCTL_ENDPOINTS ETCDCTL_CACERT ETCDCTL_CERT ETCDCTL_KEY
+scheme=http
+[ -z "${LATCHKEY_CERT_FILE:-}" ] || scheme=https
+peer_scheme=http
+[ -z "${LATCHKEY_PEER_CERT_FILE:-}" ] || peer_scheme=https
 
 # host:port with brackets around an IPv6 address, as the cell parses it.
 with_port() {
@@ -46,14 +54,14 @@ with_port() {
 }
 member_host() { echo "$CELL_STS-$1.$CELL_PEER_DOMAIN"; }
 me=$(member_host "$ordinal")
-peer_url="http://$me:$CELL_PEER_PORT"
+peer_url="$peer_scheme://$me:$CELL_PEER_PORT"
 
 # Client URLs of the pods, all of them or all but this one.
 client_urls() {
   urls="" i=0
   while [ "$i" -lt "$CELL_PODS" ]; do
     if [ "$1" = all ] || [ "$i" -ne "$ordinal" ]; then
-      urls="${urls:+$urls,}http://$(member_host "$i"):$CELL_CLIENT_PORT"
+      urls="${urls:+$urls,}$scheme://$(member_host "$i"):$CELL_CLIENT_PORT"
     fi
     i=$((i + 1))
   done
@@ -62,6 +70,10 @@ client_urls() {
 other_urls=$(client_urls others)
 
 ctl() {
+  if [ "$scheme" = https ]; then
+    set -- --cacert="${LATCHKEY_TRUSTED_CA_FILE:?}" --cert="$LATCHKEY_CERT_FILE" \
+      --key="${LATCHKEY_KEY_FILE:?}" "$@"
+  fi
   etcdctl --endpoints="$other_urls" --dial-timeout=2s --command-timeout=5s "$@"
 }
 

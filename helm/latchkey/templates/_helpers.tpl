@@ -110,6 +110,37 @@ pods: the proxies' --cells). Call with (dict "ctx" $ "count" N).
 {{- join "," $addrs -}}
 {{- end -}}
 
+{{/* The TLS Secrets' names (values.yaml: tls). */}}
+{{- define "latchkey.tls.cellSecret" -}}
+{{- .Values.tls.cellSecretName | default (printf "%s-cell-tls" (include "latchkey.fullname" .)) -}}
+{{- end -}}
+{{- define "latchkey.tls.proxySecret" -}}
+{{- .Values.tls.proxySecretName | default (printf "%s-proxy-tls" (include "latchkey.fullname" .)) -}}
+{{- end -}}
+
+{{/* Where a TLS Secret is mounted. */}}
+{{- define "latchkey.tls.dir" -}}/etc/latchkey-tls{{- end -}}
+
+{{/*
+etcdctl over TLS with the mounted Secret (ETCDCTL_* variables: the
+endpoints stay host:port, which etcdctl dials with TLS once a CA is given).
+*/}}
+{{- define "latchkey.tls.etcdctlEnv" -}}
+- name: ETCDCTL_CACERT
+  value: {{ include "latchkey.tls.dir" . }}/ca.crt
+- name: ETCDCTL_CERT
+  value: {{ include "latchkey.tls.dir" . }}/tls.crt
+- name: ETCDCTL_KEY
+  value: {{ include "latchkey.tls.dir" . }}/tls.key
+{{- end -}}
+
+{{/* The cell Secret as a volume named "tls". */}}
+{{- define "latchkey.tls.cellVolume" -}}
+- name: tls
+  secret:
+    secretName: {{ include "latchkey.tls.cellSecret" . }}
+{{- end -}}
+
 {{/* The proxies' gRPC Service as host:port. */}}
 {{- define "latchkey.proxy.grpcAddr" -}}
 {{- printf "%s.%s.svc.%s:%d" (include "latchkey.proxy.name" .) .Release.Namespace .Values.clusterDomain (int .Values.proxy.ports.grpc) -}}

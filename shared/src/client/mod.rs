@@ -121,6 +121,9 @@ pub fn endpoint(addr: &str) -> Result<Endpoint, ClientError> {
     let url = match addr.split_once("://") {
         None => format!("http://{addr}"),
         Some(("http", _)) => addr.to_string(),
+        // Whether a connection speaks TLS is the caller's `ClientTls`; a
+        // member's advertised https URL names the same address.
+        Some(("https", rest)) => format!("http://{rest}"),
         Some((scheme, _)) => return Err(invalid(format!("scheme {scheme} is not supported"))),
     };
     let endpoint = Endpoint::from_shared(url).map_err(|e| invalid(e.to_string()))?;
@@ -172,6 +175,7 @@ mod tests {
             "127.0.0.1:7801",
             "http://127.0.0.1:7801",
             "http://127.0.0.1:7801/",
+            "https://127.0.0.1:7801",
         ] {
             let endpoint = endpoint(addr).expect("valid");
             assert_eq!(endpoint.uri().port_u16(), Some(7801), "{addr}");
@@ -182,13 +186,7 @@ mod tests {
 
     #[test]
     fn endpoints_refuse_other_schemes_and_missing_ports() {
-        for addr in [
-            "https://127.0.0.1:7801",
-            "unix:///tmp/x",
-            "127.0.0.1",
-            "",
-            "a b:1",
-        ] {
+        for addr in ["unix:///tmp/x", "127.0.0.1", "", "a b:1"] {
             assert!(
                 matches!(endpoint(addr), Err(ClientError::InvalidEndpoint { .. })),
                 "{addr:?} was accepted"

@@ -465,7 +465,7 @@ mod tests {
             Err(ClientError::NoEndpoint)
         ));
         assert!(matches!(
-            RefreshStream::new(["127.0.0.1:1", "https://x:1"]),
+            RefreshStream::new(["127.0.0.1:1", "ftp://x:1"]),
             Err(ClientError::InvalidEndpoint { .. })
         ));
     }
