@@ -4,6 +4,10 @@
 #
 #   scripts/test-etcd-compat.sh --etcd             # a new 3-member etcd 3.4 (Debian's etcd-server)
 #   scripts/test-etcd-compat.sh --latchkey BIN     # a new 3-member cell of the latchkey-cell binary BIN
+#   scripts/test-etcd-compat.sh --latchkey BIN --tls   # the same with TLS on every port (client
+#                                                  # certificates required, mutual TLS between
+#                                                  # members and from the proxy), certificates
+#                                                  # from scripts/make-certs.sh
 #   scripts/test-etcd-compat.sh HOST:PORT,...      # a running cluster's client endpoints
 #
 # Arguments after `--` go to `go test` (e.g. `-- -run 'TestWatch|TestTxn'`).
@@ -28,10 +32,11 @@ usage() {
   exit 2
 }
 
-mode="" bin="" eps=""
+mode="" bin="" eps="" tls=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --etcd) mode=etcd; shift ;;
+    --tls) tls=1; shift ;;
     --latchkey) [ $# -ge 2 ] || usage; mode=latchkey; bin=$2; shift 2 ;;
     --) shift; break ;;
     -h|--help) usage ;;
@@ -40,6 +45,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ -n "$mode" ] || usage
+[ -z "$tls" ] || [ "$mode" = latchkey ] || { echo "--tls goes with --latchkey" >&2; usage; }
 go_args=("$@")
 
 # --- Go and the client modules ----------------------------------------------
@@ -159,6 +165,19 @@ case "$mode" in
       cports+=("$(free_port)"); pports+=("$(free_port)"); mports+=("$(free_port)")
       cluster="$cluster${cluster:+,}$i=127.0.0.1:${pports[$((i - 1))]}"
     done
+    cell_tls=() proxy_tls=()
+    if [ -n "$tls" ]; then
+      certs=$work/certs
+      scripts/make-certs.sh "$certs" member=IP:127.0.0.1 proxy=IP:127.0.0.1 client=DNS:compat-client
+      cell_tls=(--cert-file "$certs/member.pem" --key-file "$certs/member-key.pem"
+        --trusted-ca-file "$certs/ca.pem" --client-cert-auth
+        --peer-cert-file "$certs/member.pem" --peer-key-file "$certs/member-key.pem"
+        --peer-trusted-ca-file "$certs/ca.pem")
+      proxy_tls=(--cert-file "$certs/proxy.pem" --key-file "$certs/proxy-key.pem"
+        --trusted-ca-file "$certs/ca.pem" --client-cert-auth
+        --cacert "$certs/ca.pem" --cert "$certs/proxy.pem" --key "$certs/proxy-key.pem")
+      export LATCHKEY_TLS_CA=$certs/ca.pem LATCHKEY_TLS_CERT=$certs/client.pem LATCHKEY_TLS_KEY=$certs/client-key.pem
+    fi
     # etcd limits requests (1.5 MiB), not values; latchkey also limits
     # values, to 64 KiB by default (a coordination store keeps small
     # values). Here values may be as large as etcd allows.
@@ -167,7 +186,7 @@ case "$mode" in
         --client-addr "127.0.0.1:${cports[$((i - 1))]}" --peer-addr "127.0.0.1:${pports[$((i - 1))]}" \
         --metrics-addr "127.0.0.1:${mports[$((i - 1))]}" --initial-cluster "$cluster" \
         --watch-progress-notify-interval-ms 1000 --max-value-bytes 1572864 \
-        --log warn >"$work/member-$i.log" 2>&1 &
+        ${cell_tls[@]+"${cell_tls[@]}"} --log warn >"$work/member-$i.log" 2>&1 &
       pids+=($!)
     done
     ready_urls=()
@@ -178,10 +197,11 @@ case "$mode" in
     [ -x "$proxy_bin" ] || { echo "$proxy_bin is missing: build latchkey-proxy with the cell" >&2; exit 1; }
     proxy_port=$(free_port) proxy_http=$(free_port) proxy_metrics=$(free_port)
     "$proxy_bin" --grpc-addr "127.0.0.1:$proxy_port" --http-addr "127.0.0.1:$proxy_http" \
-      --metrics-addr "127.0.0.1:$proxy_metrics" \
+      --metrics-addr "127.0.0.1:$proxy_metrics" ${proxy_tls[@]+"${proxy_tls[@]}"} \
       --cells "$(printf '127.0.0.1:%s,' "${cports[@]}" | sed 's/,$//')" >"$work/proxy.log" 2>&1 &
     pids+=($!)
-    ready_urls+=("http://127.0.0.1:$proxy_http/readyz")
+    # /readyz on the metrics port: plain text with or without --tls.
+    ready_urls+=("http://127.0.0.1:$proxy_metrics/readyz")
     ;;
 esac
 # A cluster started here: wait until every member answers, then test it.
@@ -222,7 +242,7 @@ if [ "$failed" != 0 ]; then
     fi
   fi
 fi
-echo "== $mode: $((SECONDS - start)) s"
+echo "== $mode${tls:+ with TLS}: $((SECONDS - start)) s"
 if [ "$failed" = 0 ]; then
   echo "test result: ok. $passed passed; $failed failed;"
 else

@@ -40,6 +40,9 @@ stage "cargo test (all binaries)" logged timed_cargo_test "cargo test" --workspa
 # The official etcd Go client against a 3-member latchkey cell, and the
 # same program against Debian's etcd 3.4 as the reference it must match.
 stage "etcd Go client vs latchkey" logged scripts/test-etcd-compat.sh --latchkey "${CARGO_TARGET_DIR:-target}/debug/latchkey-cell"
+# The same suite over TLS with client certificates required everywhere;
+# TestTLS adds the proxy and a client without a certificate.
+stage "etcd Go client vs latchkey, TLS" logged scripts/test-etcd-compat.sh --latchkey "${CARGO_TARGET_DIR:-target}/debug/latchkey-cell" --tls
 stage "etcd Go client vs etcd" logged scripts/test-etcd-compat.sh --etcd
 # One closing line for the whole run (cargo prints one per test binary).
 awk '/^test result:/ { p += $4; f += $6 } END { printf "tests: %d passed, %d failed\n", p, f }' "$log"

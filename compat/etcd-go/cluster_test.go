@@ -78,10 +78,15 @@ func TestCluster(t *testing.T) {
 				byURL[u] = m.ID
 			}
 		}
+		// A member advertises https:// once its client port has TLS.
+		scheme := "http://"
+		if *tlsCAFlag != "" {
+			scheme = "https://"
+		}
 		for _, ep := range endpoints {
-			id, ok := byURL["http://"+ep]
+			id, ok := byURL[scheme+ep]
 			if !ok {
-				t.Fatalf("no member lists the client URL http://%s (client URLs: %v)", ep, byURL)
+				t.Fatalf("no member lists the client URL %s%s (client URLs: %v)", scheme, ep, byURL)
 			}
 			if st := statuses[ep]; st != nil {
 				if st.Header.MemberId != id {

@@ -96,6 +96,12 @@ func newClient(eps []string, opts ...func(*clientv3.Config)) (*clientv3.Client, 
 		// The client's own retry warnings would bury the test output.
 		Logger: zap.NewNop(),
 	}
+	// With -cacert every client speaks TLS, with -cert as its identity.
+	tc, err := tlsConfig(true)
+	if err != nil {
+		return nil, err
+	}
+	cfg.TLS = tc
 	for _, o := range opts {
 		o(&cfg)
 	}
