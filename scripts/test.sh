@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The one command that runs every test: installs what is missing, checks
 # formatting, then builds once (debug profile) and runs the script tests,
-# the Helm chart checks, unit tests, integration tests and the etcd Go
-# client compatibility suite (compat/etcd-go) against latchkey and against
-# etcd itself. Ends with a table of every stage's seconds (and every test
+# the Helm chart checks, schemathesis against the HTTP API, unit tests,
+# integration tests and the etcd Go client compatibility suite
+# (compat/etcd-go) against latchkey (plain and over TLS) and against etcd
+# itself. Ends with a table of every stage's seconds (and every test
 # binary's, and the slowest tests), pass or fail.
 #
 # Integration tests run one at a time: each starts real three-member cells,
@@ -36,6 +37,9 @@ stage "install-deps checks" logged scripts/test-install-deps.sh
 stage "helm" logged scripts/test-helm.sh
 stage "cell start script" logged scripts/test-cell-start.sh "${CARGO_TARGET_DIR:-target}/debug"
 stage "cell start script, TLS" logged scripts/test-cell-start.sh "${CARGO_TARGET_DIR:-target}/debug" --tls
+# schemathesis against a live `latchkey-proxy --dev`: no 5xx, no response
+# outside /v1/openapi.json.
+stage "schemathesis" logged scripts/test-schemathesis.sh "${CARGO_TARGET_DIR:-target}/debug"
 stage "cargo test (all binaries)" logged timed_cargo_test "cargo test" --workspace -- --test-threads=1
 # The official etcd Go client against a 3-member latchkey cell, and the
 # same program against Debian's etcd 3.4 as the reference it must match.

