@@ -95,6 +95,7 @@ async fn tls_on_every_listener_and_peers_only_from_members_of_the_cells_ca() {
             ("member", "IP:127.0.0.1"),
             ("alice", "DNS:alice"),
             ("stranger", "IP:127.0.0.99"),
+            ("impostor", "IP:127.0.0.77"),
         ],
     );
     let other_ca = Certs::make(&dir.path().join("other"), &[("member", "IP:127.0.0.1")]);
@@ -229,6 +230,51 @@ async fn tls_on_every_listener_and_peers_only_from_members_of_the_cells_ca() {
         }
     })
     .await;
+
+    // A member added at 127.0.0.99 that starts with a certificate of the
+    // cell's CA for another name (127.0.0.77) finds its id, but the leader
+    // never replicates to it: the certificate it serves does not name the
+    // address the leader dials, and its own requests name no member.
+    let peer5 = format!("127.0.0.99:{}", latchkey_testkit::free_port());
+    let added = client
+        .member_add(
+            [format!("https://{peer5}")],
+            Some(etcd_client::MemberAddOptions::new().with_is_learner()),
+        )
+        .await
+        .expect("member add");
+    let id5 = added.member().expect("the new member").id();
+    let impostor_args: Vec<String> = args
+        .iter()
+        .map(|a| {
+            if *a == path(&cell_ca.cert("member")) {
+                path(&cell_ca.cert("impostor"))
+            } else if *a == path(&cell_ca.key("member")) {
+                path(&cell_ca.key("impostor"))
+            } else {
+                a.to_string()
+            }
+        })
+        .collect();
+    cluster.set_extra_args(&impostor_args.iter().map(String::as_str).collect::<Vec<_>>());
+    cluster.new_joiner(id5, peer5);
+    cluster.spawn(id5);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let mut impostor = cluster.client(id5).await;
+    let got = impostor
+        .get(
+            "k",
+            Some(etcd_client::GetOptions::new().with_serializable()),
+        )
+        .await;
+    assert!(
+        got.as_ref().map_or(true, |g| g.kvs().is_empty()),
+        "a member serving a certificate for another name was replicated to: {got:?}"
+    );
+    client
+        .put("k", "v3", None)
+        .await
+        .expect("the cell keeps serving");
 
     // The metrics port speaks TLS with the same certificate (asking for
     // none: probes and scrapers need only the CA).
