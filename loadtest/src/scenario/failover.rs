@@ -134,7 +134,7 @@ async fn run(args: &FailoverArgs, endpoints: &Endpoints) -> Result<Outcome, Stri
     let far = Instant::now() + Duration::from_secs(24 * 3600);
     let period = Duration::from_secs(args.ttl as u64) / 3;
     let keepers = keep_alive_over_grpc(&held, 8, period, far, &keepalives, &expired, timeout);
-    let clients = connect_all(&front, args.writers, timeout).await?;
+    let clients = connect_all(&front, args.writers, timeout, None).await?;
     let keys = own_keys("loadtest/failover/", clients.len());
     let total =
         args.kill_after + args.pause_after + args.pause_for + args.tail + Duration::from_secs(2);

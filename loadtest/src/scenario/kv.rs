@@ -92,7 +92,10 @@ pub async fn main(args: KvArgs) -> ExitCode {
 
 async fn run(args: &KvArgs, endpoints: &Endpoints) -> Result<Outcome, String> {
     let front = endpoints.require_grpc()?;
-    let clients = args.workers.connect(front, args.common.op_timeout).await?;
+    let clients = args
+        .workers
+        .connect_tls(front, args.common.op_timeout, args.common.tls()?)
+        .await?;
     let value = vec![b'v'; args.value_size as usize];
     preload(&clients, args.keys, &value, args.common.op_timeout).await?;
 

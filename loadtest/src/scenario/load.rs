@@ -5,7 +5,7 @@
 
 use super::recorder::{counter, Progress, Recorder};
 use super::{over, url, Common};
-use etcd_client::Client;
+use etcd_client::{Client, ConnectOptions, TlsOptions};
 use futures::StreamExt;
 use std::fmt::Display;
 use std::future::Future;
@@ -46,7 +46,17 @@ impl Workers {
         front: &[String],
         timeout: Duration,
     ) -> Result<Vec<Client>, String> {
-        connect_all(front, self.connections, timeout).await
+        connect_all(front, self.connections, timeout, None).await
+    }
+
+    /// The connections, spread over `front`, over TLS with `tls` when given.
+    pub async fn connect_tls(
+        &self,
+        front: &[String],
+        timeout: Duration,
+        tls: Option<TlsOptions>,
+    ) -> Result<Vec<Client>, String> {
+        connect_all(front, self.connections, timeout, tls).await
     }
 
     /// Their settings, as fields of a result line.
@@ -61,12 +71,20 @@ pub async fn connect_all(
     front: &[String],
     n: u64,
     timeout: Duration,
+    tls: Option<TlsOptions>,
 ) -> Result<Vec<Client>, String> {
     let mut clients = Vec::new();
     for i in 0..n {
         let addr = url(&front[i as usize % front.len()]);
+        let (addr, options) = match &tls {
+            None => (addr, None),
+            Some(tls) => (
+                addr.replacen("http://", "https://", 1),
+                Some(ConnectOptions::new().with_tls(tls.clone())),
+            ),
+        };
         let what = format!("connecting to {addr}");
-        clients.push(within(timeout, &what, Client::connect([&addr], None)).await?);
+        clients.push(within(timeout, &what, Client::connect([&addr], options)).await?);
     }
     Ok(clients)
 }

@@ -112,7 +112,7 @@ async fn run(args: &LocksArgs, endpoints: &Endpoints) -> Result<Outcome, String>
     let ttl = (args.common.duration.as_secs() + 60).max(60) as i64;
     let run_id = format!("{}-{:06x}", std::process::id(), fastrand::u32(..1 << 24));
     let mut contenders = Vec::new();
-    for mut client in connect_all(front, args.contenders, timeout).await? {
+    for mut client in connect_all(front, args.contenders, timeout, None).await? {
         let lease = grant(&mut client, ttl, timeout).await?;
         contenders.push((client, lease));
     }

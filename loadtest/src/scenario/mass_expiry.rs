@@ -73,7 +73,7 @@ async fn alive(
 async fn run(args: &MassExpiryArgs, endpoints: &Endpoints) -> Result<Outcome, String> {
     let timeout = args.common.op_timeout;
     let front = endpoints.require_grpc()?.to_vec();
-    let clients = connect_all(&front, args.writers, timeout).await?;
+    let clients = connect_all(&front, args.writers, timeout, None).await?;
     let keys = own_keys("loadtest/mass-expiry/writer/", clients.len());
     let value = b"v".to_vec();
     let (baseline, _) = Writers::run(

@@ -84,6 +84,32 @@ pub struct Common {
     /// Append the JSON result line to this file too (for `report`).
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// The CA of the servers' certificates: gRPC load speaks TLS with it
+    /// (the `kv` scenario; etcdctl's and etcd grpc-proxy's name).
+    #[arg(long)]
+    pub cacert: Option<PathBuf>,
+    /// The client certificate gRPC load presents over TLS (with --key).
+    #[arg(long, requires_all = ["key", "cacert"])]
+    pub cert: Option<PathBuf>,
+    /// The key of --cert.
+    #[arg(long, requires = "cert")]
+    pub key: Option<PathBuf>,
+}
+
+impl Common {
+    /// etcd-client's TLS options from --cacert, --cert and --key.
+    pub fn tls(&self) -> Result<Option<etcd_client::TlsOptions>, String> {
+        let Some(ca) = &self.cacert else {
+            return Ok(None);
+        };
+        let read = |p: &PathBuf| std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()));
+        let mut tls = etcd_client::TlsOptions::new()
+            .ca_certificate(etcd_client::Certificate::from_pem(read(ca)?));
+        if let (Some(cert), Some(key)) = (&self.cert, &self.key) {
+            tls = tls.identity(etcd_client::Identity::from_pem(read(cert)?, read(key)?));
+        }
+        Ok(Some(tls))
+    }
 }
 
 /// The system under test.

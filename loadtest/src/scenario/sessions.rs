@@ -202,7 +202,7 @@ async fn run(args: &SessionsArgs, endpoints: &Endpoints) -> Result<Outcome, Stri
     // (`compare` runs its workloads back to back).
     let revoking = Instant::now();
     let front = endpoints.grpc_front();
-    let not_revoked = match connect_all(front, 8, timeout).await {
+    let not_revoked = match connect_all(front, 8, timeout, None).await {
         Ok(clients) => revoke(&clients, &all, timeout).await,
         Err(e) => (all.len() as u64, Some(e)),
     };
@@ -381,7 +381,7 @@ pub(super) async fn create_grpc(
     timeout: Duration,
     bar: &indicatif::ProgressBar,
 ) -> Result<Vec<Held>, String> {
-    let clients = connect_all(front, front.len() as u64, timeout).await?;
+    let clients = connect_all(front, front.len() as u64, timeout, None).await?;
     open_spread(front, n, bar, |e| {
         let (mut client, what) = (
             clients[e].clone(),

@@ -52,7 +52,7 @@ async fn run(args: &SlowWatcherArgs, endpoints: &Endpoints) -> Result<Outcome, S
         fastrand::u32(..1 << 24)
     );
     let timeout = args.common.op_timeout;
-    let clients = connect_all(&front, args.writers, timeout).await?;
+    let clients = connect_all(&front, args.writers, timeout, None).await?;
     let value = vec![b'w'; args.value_size as usize];
     let slice = args.common.duration / (2 * args.rounds as u32);
     // Every writer puts the one watched key.

@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Measures what TLS costs: the load test's `kv` scenario straight to a
+# 3-member latchkey cell and to a 3-member etcd 3.4, each plain and with
+# TLS (client certificates required, mutual TLS between members), in
+# alternating rounds on this machine; prints one table. Too slow for the
+# test suite; run by hand on release builds:
+#
+#   cargo build --release -p latchkey-cell -p latchkey-loadtest
+#   scripts/measure-tls-cost.sh [ROUNDS] [DURATION]     # default 2 rounds of 10s
+#
+# Certificates from scripts/make-certs.sh (ECDSA P-256). Loads: puts
+# (--writes 1) and linearizable gets (--writes 0), 64 clients on 8
+# connections, 1 000 keys of 256 bytes. LATCHKEY_BIN_DIR (default
+# target/release) holds latchkey-cell and latchkey-loadtest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds=${1:-2}
+duration=${2:-10s}
+bin=${LATCHKEY_BIN_DIR:-${CARGO_TARGET_DIR:-target}/release}
+for b in latchkey-cell latchkey-loadtest; do
+  [ -x "$bin/$b" ] || { echo "no $bin/$b: cargo build --release -p $b" >&2; exit 2; }
+done
+command -v etcd >/dev/null || { echo "etcd is missing: scripts/install-deps.sh installs it" >&2; exit 2; }
+work=$(mktemp -d)
+pids=()
+stop() {
+  local p
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  pids=()
+}
+trap 'stop; rm -rf "$work"' EXIT
+certs=$work/certs
+scripts/make-certs.sh "$certs" member=IP:127.0.0.1 client=DNS:loadtest >/dev/null
+C=$certs
+results=$work/results.jsonl
+
+# start SYSTEM MODE: a fresh 3-member cluster on 127.0.0.1:2510x-2530x.
+start() {
+  local system=$1 mode=$2 i s=http
+  [ "$mode" = plain ] || s=https
+  rm -rf "$work/data"
+  local cluster=""
+  for i in 1 2 3; do
+    if [ "$system" = latchkey ]; then cluster="$cluster${cluster:+,}$i=127.0.0.1:2520$i"
+    else cluster="$cluster${cluster:+,}m$i=$s://127.0.0.1:2520$i"; fi
+  done
+  for i in 1 2 3; do
+    if [ "$system" = latchkey ]; then
+      local tls=()
+      [ "$mode" = plain ] || tls=(--cert-file "$C/member.pem" --key-file "$C/member-key.pem"
+        --trusted-ca-file "$C/ca.pem" --client-cert-auth --peer-cert-file "$C/member.pem"
+        --peer-key-file "$C/member-key.pem" --peer-trusted-ca-file "$C/ca.pem")
+      "$bin/latchkey-cell" --id "$i" --data-dir "$work/data/$i" --initial-cluster "$cluster" \
+        --client-addr "127.0.0.1:2510$i" --peer-addr "127.0.0.1:2520$i" \
+        --metrics-addr "127.0.0.1:2530$i" ${tls[@]+"${tls[@]}"} --log warn >"$work/m$i.log" 2>&1 &
+    else
+      local tls=()
+      [ "$mode" = plain ] || tls=(--cert-file "$C/member.pem" --key-file "$C/member-key.pem"
+        --trusted-ca-file "$C/ca.pem" --client-cert-auth --peer-cert-file "$C/member.pem"
+        --peer-key-file "$C/member-key.pem" --peer-trusted-ca-file "$C/ca.pem" --peer-client-cert-auth)
+      etcd --name "m$i" --data-dir "$work/data/$i" \
+        --listen-client-urls "$s://127.0.0.1:2510$i" --advertise-client-urls "$s://127.0.0.1:2510$i" \
+        --listen-peer-urls "$s://127.0.0.1:2520$i" --initial-advertise-peer-urls "$s://127.0.0.1:2520$i" \
+        --initial-cluster "$cluster" --initial-cluster-state new --initial-cluster-token "tls-$$" \
+        ${tls[@]+"${tls[@]}"} --log-level warn --logger zap >"$work/m$i.log" 2>&1 &
+    fi
+    pids+=($!)
+  done
+  local ctl=(etcdctl --endpoints="$s://127.0.0.1:25101" --dial-timeout=2s --command-timeout=3s)
+  [ "$mode" = plain ] || ctl+=(--cacert "$C/ca.pem" --cert "$C/client.pem" --key "$C/client-key.pem")
+  for _ in $(seq 120); do "${ctl[@]}" put warm up >/dev/null 2>&1 && return 0; sleep 0.5; done
+  echo "$system $mode did not start" >&2; tail -5 "$work"/m*.log >&2; exit 1
+}
+
+# load SYSTEM MODE WRITES
+load() {
+  local tls=()
+  [ "$2" = plain ] || tls=(--cacert "$C/ca.pem" --cert "$C/client.pem" --key "$C/client-key.pem")
+  "$bin/latchkey-loadtest" kv --target "$1" --cells 127.0.0.1:25101,127.0.0.1:25102,127.0.0.1:25103 \
+    --writes "$3" --duration "$duration" --out "$work/one.jsonl" ${tls[@]+"${tls[@]}"} >/dev/null
+  python3 - "$1" "$2" "$3" "$work/one.jsonl" >>"$results" <<'PY'
+import json, sys
+system, mode, writes, path = sys.argv[1:]
+line = json.loads(open(path).read().splitlines()[-1])
+p99 = line["latency_p99_ms"]
+print(json.dumps({"system": system, "mode": mode, "load": "put" if writes == "1" else "get", "ops": line["ops_per_s"], "p99": p99}))
+PY
+}
+
+for r in $(seq "$rounds"); do
+  for system in latchkey etcd; do
+    for mode in plain tls; do
+      start "$system" "$mode"
+      load "$system" "$mode" 1
+      load "$system" "$mode" 0
+      stop
+      echo "round $r: $system $mode done" >&2
+    done
+  done
+done
+python3 - "$results" <<'PY'
+import json, sys, statistics
+rows = [json.loads(l) for l in open(sys.argv[1])]
+def pick(system, mode, load, key):
+    return [r[key] for r in rows if (r["system"], r["mode"], r["load"]) == (system, mode, load)]
+print("| load | system | plain ops/s | TLS ops/s | TLS/plain | plain p99 ms | TLS p99 ms |")
+print("|---|---|---|---|---|---|---|")
+for load in ("put", "get"):
+    for system in ("latchkey", "etcd"):
+        p, t = pick(system, "plain", load, "ops"), pick(system, "tls", load, "ops")
+        pp, tp = pick(system, "plain", load, "p99"), pick(system, "tls", load, "p99")
+        print(f"| {load} | {system} | {', '.join(f'{x:.0f}' for x in p)} | {', '.join(f'{x:.0f}' for x in t)} "
+              f"| {statistics.mean(t) / statistics.mean(p):.2f} | {statistics.mean(pp):.2f} | {statistics.mean(tp):.2f} |")
+PY
