@@ -43,6 +43,9 @@ for _ in $(seq 120); do
 done
 
 set +e
+# From the temporary directory: schemathesis keeps a cache (.schemathesis/)
+# in its working directory, which must not land in the work tree.
+cd "$work"
 "$SCHEMATHESIS" run "http://$http/v1/openapi.json" \
   --checks not_a_server_error,status_code_conformance,content_type_conformance,response_headers_conformance,response_schema_conformance \
   --max-examples "$examples" --request-timeout 10 --seed 1 --no-color >"$work/st.out" 2>&1
