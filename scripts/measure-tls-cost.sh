@@ -76,7 +76,7 @@ start() {
 # load SYSTEM MODE WRITES
 load() {
   local tls=()
-  [ "$2" = plain ] || tls=(--cacert "$C/ca.pem" --cert "$C/client.pem" --key "$C/client-key.pem")
+  [ "$2" = plain ] || tls=(--tls-cacert "$C/ca.pem" --tls-cert "$C/client.pem" --tls-key "$C/client-key.pem")
   "$bin/latchkey-loadtest" kv --target "$1" --cells 127.0.0.1:25101,127.0.0.1:25102,127.0.0.1:25103 \
     --writes "$3" --duration "$duration" --out "$work/one.jsonl" ${tls[@]+"${tls[@]}"} >/dev/null
   python3 - "$1" "$2" "$3" "$work/one.jsonl" >>"$results" <<'PY'

@@ -106,3 +106,18 @@ fn main() -> ExitCode {
         Command::Compare(args) => compare::main(args),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Cli;
+    use clap::CommandFactory;
+
+    /// Every subcommand's flags are well formed (unique names, existing
+    /// `requires` targets): clap checks them only when a subcommand is
+    /// parsed, so a clash in one scenario would otherwise show only when
+    /// that scenario runs (a shared `--key` once broke `watch-fanout`).
+    #[test]
+    fn every_subcommand_s_flags_are_well_formed() {
+        Cli::command().debug_assert();
+    }
+}

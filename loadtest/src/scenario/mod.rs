@@ -85,19 +85,20 @@ pub struct Common {
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// The CA of the servers' certificates: gRPC load speaks TLS with it
-    /// (the `kv` scenario; etcdctl's and etcd grpc-proxy's name).
-    #[arg(long)]
+    /// (the `kv` scenario).
+    #[arg(long = "tls-cacert")]
     pub cacert: Option<PathBuf>,
-    /// The client certificate gRPC load presents over TLS (with --key).
-    #[arg(long, requires_all = ["key", "cacert"])]
+    /// The client certificate gRPC load presents over TLS (with
+    /// --tls-key).
+    #[arg(long = "tls-cert", requires_all = ["tls_key", "cacert"])]
     pub cert: Option<PathBuf>,
-    /// The key of --cert.
-    #[arg(long, requires = "cert")]
-    pub key: Option<PathBuf>,
+    /// The key of --tls-cert.
+    #[arg(long = "tls-key", id = "tls_key", requires = "cert")]
+    pub tls_key: Option<PathBuf>,
 }
 
 impl Common {
-    /// etcd-client's TLS options from --cacert, --cert and --key.
+    /// etcd-client's TLS options from --tls-cacert, --tls-cert and --tls-key.
     pub fn tls(&self) -> Result<Option<etcd_client::TlsOptions>, String> {
         let Some(ca) = &self.cacert else {
             return Ok(None);
@@ -105,7 +106,7 @@ impl Common {
         let read = |p: &PathBuf| std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()));
         let mut tls = etcd_client::TlsOptions::new()
             .ca_certificate(etcd_client::Certificate::from_pem(read(ca)?));
-        if let (Some(cert), Some(key)) = (&self.cert, &self.key) {
+        if let (Some(cert), Some(key)) = (&self.cert, &self.tls_key) {
             tls = tls.identity(etcd_client::Identity::from_pem(read(cert)?, read(key)?));
         }
         Ok(Some(tls))
