@@ -65,19 +65,30 @@ impl<H> PeerService<H> {
         if !self.names_checked {
             return Ok(());
         }
+        // Every peer request passes here (each AppendEntries): the check
+        // reads the membership in place and parses the certificate once;
+        // the hosts are collected only for a refusal's message.
+        let peer = RemotePeer::of(req);
+        let metrics = self.raft.metrics();
         let hosts: Vec<String> = {
-            let metrics = self.raft.metrics();
             let m = metrics.borrow();
+            let mut hosts = m
+                .membership_config
+                .membership()
+                .nodes()
+                .map(|(_, member)| host_of(&member.peer_addr))
+                .peekable();
+            if hosts.peek().is_none()
+                || peer.is_some_and(|p| p.certificate_names_any(hosts.by_ref()))
+            {
+                return Ok(());
+            }
             m.membership_config
                 .membership()
                 .nodes()
                 .map(|(_, member)| host_of(&member.peer_addr).to_string())
                 .collect()
         };
-        let peer = RemotePeer::of(req);
-        if hosts.is_empty() || peer.is_some_and(|p| hosts.iter().any(|h| p.certificate_names(h))) {
-            return Ok(());
-        }
         metrics::counter!(PEER_REQUESTS_REFUSED.name).increment(1);
         let from = peer.map_or_else(|| "an unknown address".to_string(), |p| p.addr.to_string());
         let message = format!(

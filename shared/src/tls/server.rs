@@ -102,16 +102,22 @@ impl RemotePeer {
     /// The peer's certificate names `host` (a DNS name or an IP address in
     /// its subject alternative names). False without a certificate.
     pub fn certificate_names(&self, host: &str) -> bool {
+        self.certificate_names_any([host])
+    }
+
+    /// The peer's certificate names one of `hosts`; the certificate is
+    /// parsed once, however many hosts are asked about.
+    pub fn certificate_names_any<'a>(&self, hosts: impl IntoIterator<Item = &'a str>) -> bool {
         let Some(der) = &self.certificate else {
-            return false;
-        };
-        let Ok(name) = ServerName::try_from(host) else {
             return false;
         };
         let Ok(cert) = webpki::EndEntityCert::try_from(der.as_ref()) else {
             return false;
         };
-        cert.verify_is_valid_for_subject_name(&name).is_ok()
+        hosts.into_iter().any(|host| {
+            ServerName::try_from(host)
+                .is_ok_and(|name| cert.verify_is_valid_for_subject_name(&name).is_ok())
+        })
     }
 
     /// The peer of a gRPC request served from an [`Incoming`].
