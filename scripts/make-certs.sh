@@ -12,6 +12,10 @@
 # name is its identity. Keys are ECDSA P-256, certificates valid 825 days.
 #
 #   scripts/make-certs.sh certs member1=IP:127.0.0.1 proxy=IP:127.0.0.1,DNS:localhost
+#
+# `--no-cn` before some NAMEs gives those no common name (subject
+# O=latchkey, OU=NAME): etcd's `grpc-proxy` refuses a client certificate
+# towards its members that has one.
 set -euo pipefail
 if [ $# -lt 1 ]; then
   echo "usage: $0 DIR [NAME=SAN[,SAN...] ...]" >&2
@@ -27,7 +31,12 @@ if [ ! -f "$dir/ca.pem" ]; then
     -addext "basicConstraints=critical,CA:TRUE" \
     -addext "keyUsage=critical,keyCertSign,cRLSign" 2>/dev/null
 fi
+subject_of() { echo "/CN=$1"; }
 for spec in "$@"; do
+  if [ "$spec" = --no-cn ]; then
+    subject_of() { echo "/O=latchkey/OU=$1"; }
+    continue
+  fi
   name=${spec%%=*}
   sans=${spec#*=}
   if [ -z "$name" ] || [ "$name" = "$spec" ] || [ -z "$sans" ]; then
@@ -35,7 +44,7 @@ for spec in "$@"; do
     exit 2
   fi
   openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \
-    -keyout "$dir/$name-key.pem" -out "$dir/$name.csr" -subj "/CN=$name" 2>/dev/null
+    -keyout "$dir/$name-key.pem" -out "$dir/$name.csr" -subj "$(subject_of "$name")" 2>/dev/null
   openssl x509 -req -in "$dir/$name.csr" -CA "$dir/ca.pem" -CAkey "$dir/ca-key.pem" \
     -CAcreateserial -out "$dir/$name.pem" -days 825 \
     -extfile <(printf '%s\n' "subjectAltName=$sans" \

@@ -125,7 +125,15 @@ async fn run(args: &FailoverArgs, endpoints: &Endpoints) -> Result<Outcome, Stri
     let front = endpoints.require_grpc()?.to_vec();
 
     let bar = counter("creating", args.sessions);
-    let held = create_grpc(&front, args.sessions as usize, args.ttl, timeout, &bar).await?;
+    let held = create_grpc(
+        &front,
+        args.sessions as usize,
+        args.ttl,
+        timeout,
+        &bar,
+        None,
+    )
+    .await?;
     bar.finish_and_clear();
 
     // Load: keep-alives and writers until every phase is over.
@@ -133,7 +141,7 @@ async fn run(args: &FailoverArgs, endpoints: &Endpoints) -> Result<Outcome, Stri
     let expired = Arc::new(Expired::default());
     let far = Instant::now() + Duration::from_secs(24 * 3600);
     let period = Duration::from_secs(args.ttl as u64) / 3;
-    let keepers = keep_alive_over_grpc(&held, 8, period, far, &keepalives, &expired, timeout);
+    let keepers = keep_alive_over_grpc(&held, 8, period, far, &keepalives, &expired, timeout, None);
     let clients = connect_all(&front, args.writers, timeout, None).await?;
     let keys = own_keys("loadtest/failover/", clients.len());
     let total =
@@ -168,7 +176,7 @@ async fn run(args: &FailoverArgs, endpoints: &Endpoints) -> Result<Outcome, Stri
         .filter_map(|m| m.addrs.get("client").cloned())
         .collect();
     let all: Vec<i64> = held.iter().flat_map(|h| h.ids.clone()).collect();
-    let gone = gone_at(&survivor_addrs, &all, timeout).await?;
+    let gone = gone_at(&survivor_addrs, &all, timeout, None).await?;
     let (during, expired) = expired_count(&expired, &gone);
 
     let acks: Vec<Instant> = acks.into_iter().map(|(at, _)| at).collect();

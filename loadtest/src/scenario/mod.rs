@@ -17,12 +17,14 @@ pub mod slow_watcher;
 pub mod watch_fanout;
 
 use crate::cluster::{read_state, ClusterState};
+use latchkey_shared::tls::{ClientFiles, ClientTls};
 use latchkey_testkit::{http_get, metric_value};
 use recorder::{Latency, Sample};
 use serde_json::{json, Map, Value};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// What runs at the endpoints.
@@ -85,7 +87,7 @@ pub struct Common {
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// The CA of the servers' certificates: gRPC load speaks TLS with it
-    /// (the `kv` scenario).
+    /// (the `kv` and `sessions` scenarios; `sessions` over gRPC only).
     #[arg(long = "tls-cacert")]
     pub cacert: Option<PathBuf>,
     /// The client certificate gRPC load presents over TLS (with
@@ -110,6 +112,21 @@ impl Common {
             tls = tls.identity(etcd_client::Identity::from_pem(read(cert)?, read(key)?));
         }
         Ok(Some(tls))
+    }
+
+    /// The same flags as the TLS config of latchkey's own client (the
+    /// keep-alive streams of `sessions`).
+    pub fn client_tls(&self) -> Result<Option<Arc<ClientTls>>, String> {
+        let Some(ca) = &self.cacert else {
+            return Ok(None);
+        };
+        let files = ClientFiles {
+            trusted_ca: ca.clone(),
+            cert_and_key: self.cert.clone().zip(self.tls_key.clone()),
+        };
+        ClientTls::load("loadtest", &files)
+            .map(|tls| Some(Arc::new(tls)))
+            .map_err(|e| e.to_string())
     }
 }
 

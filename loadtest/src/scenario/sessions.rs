@@ -12,8 +12,10 @@
 use super::load::{connect_all, revoke, within};
 use super::recorder::{counter, Progress, Recorder};
 use super::{drive, max_rss_mib, url, Common, CpuMeter, Endpoints, Outcome, Target};
+use etcd_client::TlsOptions;
 use futures::StreamExt;
 use latchkey_shared::client::{is_gone, KeepAliveStream};
+use latchkey_shared::tls::ClientTls;
 use std::collections::HashSet;
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
@@ -100,7 +102,19 @@ async fn run(args: &SessionsArgs, endpoints: &Endpoints) -> Result<Outcome, Stri
     let timeout = args.common.op_timeout;
     let created_at = Instant::now();
     let bar = counter("creating", (grpc_n + http_n) as u64);
-    let grpc = create_grpc(endpoints.grpc_front(), grpc_n, args.ttl, timeout, &bar).await?;
+    let (tls, client_tls) = (args.common.tls()?, args.common.client_tls()?);
+    if client_tls.is_some() && http_n > 0 {
+        return Err("--tls-cacert: the HTTP sessions have no TLS yet; use --api grpc".into());
+    }
+    let grpc = create_grpc(
+        endpoints.grpc_front(),
+        grpc_n,
+        args.ttl,
+        timeout,
+        &bar,
+        tls.clone(),
+    )
+    .await?;
     let http_client = reqwest::Client::builder()
         .timeout(timeout)
         .build()
@@ -140,6 +154,7 @@ async fn run(args: &SessionsArgs, endpoints: &Endpoints) -> Result<Outcome, Stri
         &keepalives,
         &expired,
         timeout,
+        client_tls.clone(),
     );
     for held in &http {
         for share in chunks(&held.ids, args.http_clients) {
@@ -196,13 +211,13 @@ async fn run(args: &SessionsArgs, endpoints: &Endpoints) -> Result<Outcome, Stri
         .chain(&http)
         .flat_map(|h| h.ids.clone())
         .collect();
-    let gone_at_cell = gone_at(&endpoints.cells, &all, timeout).await?;
+    let gone_at_cell = gone_at(&endpoints.cells, &all, timeout, client_tls.as_deref()).await?;
     let (during, expired) = expired_count(&expired, &gone_at_cell);
     // Not timed: so that a run leaves nothing to expire under the next one
     // (`compare` runs its workloads back to back).
     let revoking = Instant::now();
     let front = endpoints.grpc_front();
-    let not_revoked = match connect_all(front, 8, timeout, None).await {
+    let not_revoked = match connect_all(front, 8, timeout, tls).await {
         Ok(clients) => revoke(&clients, &all, timeout).await,
         Err(e) => (all.len() as u64, Some(e)),
     };
@@ -285,19 +300,24 @@ pub(super) fn keep_alive_over_grpc(
     keepalives: &Arc<Recorder>,
     expired: &Arc<Expired>,
     timeout: Duration,
+    tls: Option<Arc<ClientTls>>,
 ) -> Vec<tokio::task::JoinHandle<()>> {
     let mut tasks = Vec::new();
     for held in held {
         for share in chunks(&held.ids, streams) {
-            let (endpoint, recorder, expired) =
-                (held.endpoint.clone(), keepalives.clone(), expired.clone());
+            let (endpoint, recorder, expired, tls) = (
+                held.endpoint.clone(),
+                keepalives.clone(),
+                expired.clone(),
+                tls.clone(),
+            );
             tasks.push(tokio::spawn(async move {
                 let mut stream: Option<KeepAliveStream> = None;
                 let mut slices = Slices::new(&share, period, end);
                 while let Some(slice) = slices.next().await {
                     let s = match stream.as_mut() {
                         Some(s) => s,
-                        None => match KeepAliveStream::open(&endpoint).await {
+                        None => match KeepAliveStream::open_with(&endpoint, tls.as_deref()).await {
                             Ok(s) => stream.insert(s),
                             Err(e) => {
                                 recorder.error(e);
@@ -380,8 +400,9 @@ pub(super) async fn create_grpc(
     ttl: i64,
     timeout: Duration,
     bar: &indicatif::ProgressBar,
+    tls: Option<TlsOptions>,
 ) -> Result<Vec<Held>, String> {
-    let clients = connect_all(front, front.len() as u64, timeout, None).await?;
+    let clients = connect_all(front, front.len() as u64, timeout, tls).await?;
     open_spread(front, n, bar, |e| {
         let (mut client, what) = (
             clients[e].clone(),
@@ -482,11 +503,12 @@ pub(super) async fn gone_at(
     cells: &[String],
     ids: &[i64],
     timeout: Duration,
+    tls: Option<&ClientTls>,
 ) -> Result<Vec<i64>, String> {
     let Some(member) = cells.first() else {
         return Ok(Vec::new());
     };
-    let mut stream = KeepAliveStream::open(member)
+    let mut stream = KeepAliveStream::open_with(member, tls)
         .await
         .map_err(|e| format!("checking the sessions at {member}: {e}"))?;
     let mut gone = Vec::new();

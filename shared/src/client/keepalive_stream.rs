@@ -12,9 +12,10 @@
 //! answer to the next. A round that did not finish therefore makes the next
 //! one start on a fresh stream to the same address.
 
-use super::{connect, ClientError};
+use super::{connect_with, ClientError};
 use crate::etcd_methods::lease;
 use crate::etcdpb::{PbLeaseKeepAliveRequest, PbLeaseKeepAliveResponse};
+use crate::tls::ClientTls;
 use futures::StreamExt;
 use std::collections::{BTreeMap, HashSet};
 use std::future::Future;
@@ -59,7 +60,15 @@ impl KeepAliveStream {
     /// Connects to the etcd v3 server at `addr` (`host:port` or
     /// `http://host:port`). The stream itself starts with the first round.
     pub async fn open(addr: &str) -> Result<KeepAliveStream, ClientError> {
-        let channel = connect(addr).await?;
+        KeepAliveStream::open_with(addr, None).await
+    }
+
+    /// As [`open`](KeepAliveStream::open), over TLS with `tls` when given.
+    pub async fn open_with(
+        addr: &str,
+        tls: Option<&ClientTls>,
+    ) -> Result<KeepAliveStream, ClientError> {
+        let channel = connect_with(addr, tls).await?;
         Ok(KeepAliveStream::on(addr, channel))
     }
 
