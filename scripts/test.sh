@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The one command that runs every test: installs what is missing, checks
 # formatting, then builds once (debug profile) and runs the script tests,
-# the Helm chart checks, schemathesis against the HTTP API, unit tests,
-# integration tests and the etcd Go client compatibility suite
+# the Helm chart checks, schemathesis against the HTTP API, short runs of
+# the fuzz targets (fuzz/, built on their own), unit tests, integration
+# tests and the etcd Go client compatibility suite
 # (compat/etcd-go) against latchkey (plain and over TLS) and against etcd
 # itself. Ends with a table of every stage's seconds (and every test
 # binary's, and the slowest tests), pass or fail.
@@ -25,7 +26,9 @@ logged() { "$@" 2>&1 | tee -a "$log"; }
 
 stage "install-deps" scripts/install-deps.sh
 compile_cache_on
+# The fuzz targets are a workspace of their own (fuzz/).
 stage "format check" cargo fmt --all -- --check
+stage "format check, fuzz/" cargo fmt --manifest-path fuzz/Cargo.toml -- --check
 stage "build" cargo build --workspace --all-targets
 # Read now: sccache's server stops itself after 10 idle minutes, and its
 # counts with it.
@@ -40,6 +43,9 @@ stage "cell start script, TLS" logged scripts/test-cell-start.sh "${CARGO_TARGET
 # schemathesis against a live `latchkey-proxy --dev`: no 5xx, no response
 # outside /v1/openapi.json.
 stage "schemathesis" logged scripts/test-schemathesis.sh "${CARGO_TARGET_DIR:-target}/debug"
+# Each fuzz target of fuzz/ for 20 s (the 10-minute runs are in
+# docs/security.md): no panic, no hang, no 500.
+stage "fuzz targets, 20 s each" logged scripts/fuzz.sh 20
 stage "cargo test (all binaries)" logged timed_cargo_test "cargo test" --workspace -- --test-threads=1
 # The official etcd Go client against a 3-member latchkey cell, and the
 # same program against Debian's etcd 3.4 as the reference it must match.

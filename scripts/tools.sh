@@ -78,3 +78,13 @@ SCHEMATHESIS=$LATCHKEY_TOOLS_VENV/bin/st
 schemathesis_is_pinned() {
   [ "$("$SCHEMATHESIS" --version 2>/dev/null)" = "st, version $SCHEMATHESIS_VERSION" ]
 }
+
+# The fuzz targets' driver (scripts/fuzz.sh): cargo-fuzz, built from
+# crates.io by `cargo install` into cargo's bin directory.
+CARGO_FUZZ_VERSION=0.13.2
+CARGO_FUZZ=${CARGO_HOME:-$HOME/.cargo}/bin/cargo-fuzz
+
+# True when $CARGO_FUZZ runs and is the pinned release.
+cargo_fuzz_is_pinned() {
+  [ "$("$CARGO_FUZZ" fuzz --version 2>/dev/null)" = "cargo-fuzz $CARGO_FUZZ_VERSION" ]
+}
