@@ -44,6 +44,8 @@
 //! - [`tls`]: TLS on every listener (reloaded from its files while
 //!   running) and every connection; every server takes its connections
 //!   from [`tls::Incoming`] (with `TCP_NODELAY`, plain or TLS).
+//! - [`reserved`]: the keys latchkey keeps for itself, which clients may
+//!   read and never write.
 //! - [`idempotency`]: retry-safe writes (a record committed in the same
 //!   txn as the write it guards).
 //! - [`lock`]: the lock recipe (fair FIFO queue, fencing tokens) over a
@@ -64,6 +66,7 @@ pub mod lock;
 pub mod member_id;
 pub mod metrics_catalog;
 pub mod range_select;
+pub mod reserved;
 pub mod revision;
 pub mod telemetry;
 pub mod tls;

@@ -111,7 +111,9 @@ pub async fn get_kv(
     answer(RangeAnswer::from_pb(&resp, keys_only))
 }
 
-/// Write a key: the body is its value, stored as sent.
+/// Write a key: the body is its value, stored as sent. Keys under
+/// `\0latchkey/` (`%00latchkey/`) are latchkey's own records: clients may
+/// read them, and a write or delete there is refused (`invalid_argument`).
 #[utoipa::path(put, path = "/v1/kv/{*key}", tag = "kv",
     params(("key" = String, Path, description = "The key (the rest of the path)"), PutParams,
         ("Idempotency-Key" = Option<String>, Header, description = "Makes a retry safe: a retry with the same key and request gets the first answer and writes nothing; a different request under it is precondition_failed")),

@@ -79,8 +79,9 @@ pub enum Committed {
 }
 
 /// Runs `txn` from `client` on `cell`'s leader, guarded when the request
-/// named an idempotency key. The revision it committed at (now or before)
-/// becomes the client's floor, as any write's does ([`super::kv::wrote`]).
+/// named an idempotency key; refused if it writes a reserved key. The
+/// revision it committed at (now or before) becomes the client's floor, as
+/// any write's does ([`super::kv::wrote`]).
 pub async fn txn(
     state: &ProxyState,
     client: Option<SocketAddr>,
@@ -88,6 +89,8 @@ pub async fn txn(
     guard: Option<&Guard>,
     txn: PbTxnRequest,
 ) -> Result<Committed, ApiError> {
+    // The client's own operations; the guard's record is ours to write.
+    latchkey_shared::reserved::check_txn(&txn)?;
     let committed = match guard {
         None => Committed::Now(cell.call(Route::Leader, Kind::Write, TXN, txn).await?),
         Some(guard) => {

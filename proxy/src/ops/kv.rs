@@ -5,7 +5,7 @@
 //! member, or by the leader, linearizably, when that member is behind
 //! either); writes go to the
 //! leader of the cell that holds the key, never resent once their outcome
-//! is unknown.
+//! is unknown, and never to a reserved key ([`latchkey_shared::reserved`]).
 
 use crate::chaos::{broken, Defect};
 use crate::metrics_catalog::{CACHE_HITS, CACHE_MISSES};
@@ -17,7 +17,7 @@ use latchkey_shared::etcdpb::{
     PbCompactionRequest, PbCompactionResponse, PbDeleteRequest, PbDeleteResponse, PbPutRequest,
     PbPutResponse, PbRangeRequest, PbRangeResponse, PbTxnRequest, PbTxnResponse,
 };
-use latchkey_shared::ApiError;
+use latchkey_shared::{reserved, ApiError};
 use std::net::SocketAddr;
 
 pub fn revision_of(resp: &PbRangeResponse) -> i64 {
@@ -72,6 +72,7 @@ pub async fn put(
     client: Option<SocketAddr>,
     req: PbPutRequest,
 ) -> Result<PbPutResponse, ApiError> {
+    reserved::check_put(&req)?;
     let cell = state.upstream.cell_for(&req.key);
     let resp: PbPutResponse = cell.call(Route::Leader, Kind::Write, PUT, req).await?;
     wrote(
@@ -87,6 +88,7 @@ pub async fn delete_range(
     client: Option<SocketAddr>,
     req: PbDeleteRequest,
 ) -> Result<PbDeleteResponse, ApiError> {
+    reserved::check_delete(&req)?;
     let cell = state.upstream.cell_for(&req.key);
     let resp: PbDeleteResponse = cell
         .call(Route::Leader, Kind::Write, DELETE_RANGE, req)
@@ -105,6 +107,7 @@ pub async fn txn(
     client: Option<SocketAddr>,
     req: PbTxnRequest,
 ) -> Result<PbTxnResponse, ApiError> {
+    reserved::check_txn(&req)?;
     let key = req
         .compare
         .first()

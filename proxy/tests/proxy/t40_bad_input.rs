@@ -1,6 +1,7 @@
 //! Bad input over HTTP gets the right status and error code and changes
 //! nothing: one table, walked against a `--dev` proxy, with the cell's
-//! revision and a key's value checked after every row.
+//! revision and a key's value checked after every row. Then the reserved
+//! prefix over gRPC: no client writes, deletes or queues there.
 
 use crate::proxy_bin;
 use latchkey_testkit::ProxyProcess;
@@ -347,6 +348,46 @@ async fn bad_input_gets_its_error_and_changes_nothing() {
             "invalid_argument",
         ),
         case(
+            "a put under the reserved prefix",
+            "PUT",
+            "/v1/kv/%00latchkey/audit/forged",
+            "x",
+            400,
+            "invalid_argument",
+        ),
+        case(
+            "a guarded put under the reserved prefix",
+            "PUT",
+            "/v1/kv/%00latchkey/idem/forged?if_absent",
+            "x",
+            400,
+            "invalid_argument",
+        ),
+        case(
+            "a delete of the reserved prefix",
+            "DELETE",
+            "/v1/kv/%00latchkey/?prefix",
+            "",
+            400,
+            "invalid_argument",
+        ),
+        case(
+            "a txn that writes a reserved key in its failure branch",
+            "POST",
+            "/v1/txn",
+            r#"{"success": [{"get": {"key": "keep"}}], "failure": [{"put": {"key": "\u0000latchkey/audit/forged", "value": "x"}}]}"#,
+            400,
+            "invalid_argument",
+        ),
+        case(
+            "a lock whose queue would be reserved",
+            "POST",
+            "/v1/locks/%00latchkey/acquire",
+            format!(r#"{{"session_id": "{live}", "timeout_ms": 100}}"#),
+            400,
+            "invalid_argument",
+        ),
+        case(
             "a watch from a negative revision",
             "GET",
             "/v1/watch/keep?from_revision=-5",
@@ -385,4 +426,72 @@ async fn bad_input_gets_its_error_and_changes_nothing() {
     )
     .await;
     assert_eq!(status, 200, "{body}");
+}
+
+/// The error of an etcd call that must fail, or a panic naming `what`.
+fn refused<T: std::fmt::Debug>(what: &str, r: Result<T, etcd_client::Error>) -> tonic::Status {
+    match r {
+        Err(etcd_client::Error::GRpcStatus(status)) => status,
+        other => panic!("{what}: expected a refusal, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_client_writes_deletes_or_queues_under_the_reserved_prefix_over_grpc() {
+    use etcd_client::{Client, DeleteOptions, GetOptions, LockOptions, Txn, TxnOp};
+    let proxy = ProxyProcess::dev(proxy_bin()).await;
+    let mut c = Client::connect([proxy.grpc.as_str()], None)
+        .await
+        .expect("connect");
+    let lease = c.lease_grant(60, None).await.expect("a lease").id();
+    c.put("keep", "precious", None).await.expect("a put");
+    let reserved = || GetOptions::new().with_prefix();
+    let before = c
+        .get("\0latchkey/", Some(reserved()))
+        .await
+        .expect("a read");
+    let revision = |r: &etcd_client::GetResponse| r.header().map_or(0, |h| h.revision());
+
+    let status = refused("a put", c.put("\0latchkey/audit/forged", "x", None).await);
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert!(
+        status.message().contains("latchkey's own records"),
+        "{status:?}"
+    );
+    let status = refused(
+        "a delete",
+        c.delete("\0latchkey/", Some(DeleteOptions::new().with_prefix()))
+            .await,
+    );
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    let nested = Txn::new().and_then([TxnOp::put("\0latchkey/idem/forged", "x", None)]);
+    let status = refused(
+        "a nested txn",
+        c.txn(Txn::new().and_then([TxnOp::put("a", "b", None), TxnOp::txn(nested)]))
+            .await,
+    );
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    let status = refused(
+        "a lock",
+        c.lock("\0latchkey", Some(LockOptions::new().with_lease(lease)))
+            .await,
+    );
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    let status = refused(
+        "a campaign",
+        c.campaign("\0latchkey/audit", "me", lease).await,
+    );
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+
+    // Nothing changed: the same reserved keys at the same revision.
+    let after = c
+        .get("\0latchkey/", Some(reserved()))
+        .await
+        .expect("a read");
+    assert_eq!(revision(&after), revision(&before));
+    assert_eq!(after.kvs().len(), before.kvs().len());
+    // Reads stay allowed, and so do writes that only look alike.
+    c.put("latchkey/audit/x", "fine", None)
+        .await
+        .expect("a key that only looks reserved");
 }

@@ -227,6 +227,7 @@ pub(super) async fn join<B: LockBackend>(
         ));
     }
     let key = queue_key(name, lease);
+    crate::reserved::check_recipe_key(&key)?;
     let [first, record] = lineup(name);
     let join = PbTxnRequest {
         compare: vec![created_at(&key, 0)],
