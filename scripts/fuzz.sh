@@ -41,20 +41,29 @@ compile_cache_stats
 bin=fuzz/target/x86_64-unknown-linux-gnu/release
 
 failed=()
+scratch=""
+trap '[ -z "$scratch" ] || rm -rf "$scratch"' EXIT
 for target in "${targets[@]}"; do
   corpus=$corpus_root/$target
   mkdir -p "$corpus"
   seeds=()
   [ -d "fuzz/seeds/$target" ] && seeds=("fuzz/seeds/$target")
   log=$(mktemp)
+  # The target's temp files (the live targets' cell data, snapshot files)
+  # go to a scratch directory, on tmpfs where there is one, removed after
+  # the run: the process itself never removes them (they live for the
+  # whole process, which a crash aborts).
+  scratch=$(mktemp -d -p /dev/shm latchkey-fuzz.XXXXXX 2>/dev/null || mktemp -d)
   set +e
   # -timeout: one input taking 60 s is a hang (the live targets' longest
   # wait is a second). -rss_limit_mb: a leak or an allocation a hostile
   # length asked for.
-  "$bin/$target" "$corpus" "${seeds[@]}" -max_total_time="$seconds" -timeout=60 \
+  TMPDIR=$scratch "$bin/$target" "$corpus" "${seeds[@]}" -max_total_time="$seconds" -timeout=60 \
     -rss_limit_mb=4096 -artifact_prefix="$artifacts/$target-" -print_final_stats=1 >"$log" 2>&1
   rc=$?
   set -e
+  rm -rf "$scratch"
+  scratch=""
   runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")
   cov=$(grep -E '^#[0-9]+' "$log" | tail -1 | grep -oE 'cov: [0-9]+' || true)
   size=$(find "$corpus" -type f | wc -l)

@@ -27,17 +27,12 @@ use libfuzzer_sys::fuzz_target;
 use std::path::Path;
 use std::sync::OnceLock;
 
-/// The directory the file is written to, one per process.
+/// The directory the file is written to, one per process, under $TMPDIR
+/// (scripts/fuzz.sh gives each run a scratch directory and removes it).
 fn dir() -> &'static Path {
     static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
-    DIR.get_or_init(|| {
-        match Path::new("/dev/shm").is_dir() {
-            true => tempfile::tempdir_in("/dev/shm"),
-            false => tempfile::tempdir(),
-        }
-        .expect("a temp dir")
-    })
-    .path()
+    DIR.get_or_init(|| tempfile::tempdir().expect("a temp dir"))
+        .path()
 }
 
 /// A well-formed `snapshot.bin` of a state built from `input`'s steps,
