@@ -23,40 +23,35 @@ use crate::etcdpb::{PbDeleteRequest, PbPutRequest, PbTxnOpRequest, PbTxnRequest}
 use crate::key_range::{is_reserved, RESERVED_PREFIX};
 use crate::ApiError;
 
-fn refused(what: &str, key: &[u8]) -> ApiError {
-    ApiError::invalid(format!(
+/// Refuses `key` if it is reserved; `what` names the write in the error.
+fn check(what: &str, key: &[u8]) -> Result<(), ApiError> {
+    if !is_reserved(key) {
+        return Ok(());
+    }
+    Err(ApiError::invalid(format!(
         "{what} {:?}: keys under {:?} are latchkey's own records; clients may read them, \
          never write or delete them",
         key.escape_ascii().to_string(),
         RESERVED_PREFIX.escape_ascii().to_string(),
-    ))
+    )))
 }
 
 /// Refuses a client's put of a reserved key.
 pub fn check_put(req: &PbPutRequest) -> Result<(), ApiError> {
-    match is_reserved(&req.key) {
-        true => Err(refused("put", &req.key)),
-        false => Ok(()),
-    }
+    check("put", &req.key)
 }
 
 /// Refuses a client's delete of a range that starts inside the reserved
 /// prefix (one that starts outside never selects a reserved key).
 pub fn check_delete(req: &PbDeleteRequest) -> Result<(), ApiError> {
-    match is_reserved(&req.key) {
-        true => Err(refused("delete", &req.key)),
-        false => Ok(()),
-    }
+    check("delete", &req.key)
 }
 
 /// Refuses a lock or election whose queue key (its name, `/`, the lease)
 /// would be reserved: the recipe writes it for the client, on the cell and
 /// on the proxy alike.
 pub fn check_recipe_key(key: &[u8]) -> Result<(), ApiError> {
-    match is_reserved(key) {
-        true => Err(refused("a lock or election at", key)),
-        false => Ok(()),
-    }
+    check("a lock or election at", key)
 }
 
 /// Refuses a client's txn with any such put or delete, in either branch,

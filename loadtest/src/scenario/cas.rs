@@ -137,7 +137,7 @@ async fn increment(
 async fn run(args: &CasArgs, endpoints: &Endpoints) -> Result<Outcome, String> {
     let timeout = args.common.op_timeout;
     let front = endpoints.require_grpc()?;
-    let clients = args.workers.connect(front, timeout).await?;
+    let clients = args.workers.connect(front, timeout, None).await?;
     let counters = Arc::new(Counters::new(args.counters));
     let mut first = clients[0].clone();
     for i in 0..counters.n {

@@ -94,7 +94,7 @@ async fn run(args: &KvArgs, endpoints: &Endpoints) -> Result<Outcome, String> {
     let front = endpoints.require_grpc()?;
     let clients = args
         .workers
-        .connect_tls(front, args.common.op_timeout, args.common.tls()?)
+        .connect(front, args.common.op_timeout, args.common.tls()?)
         .await?;
     let value = vec![b'v'; args.value_size as usize];
     preload(&clients, args.keys, &value, args.common.op_timeout).await?;

@@ -39,7 +39,7 @@ pub async fn main(args: LeaseGrantsArgs) -> ExitCode {
 async fn run(args: &LeaseGrantsArgs, endpoints: &Endpoints) -> Result<Outcome, String> {
     let timeout = args.common.op_timeout;
     let front = endpoints.require_grpc()?;
-    let clients = args.workers.connect(front, timeout).await?;
+    let clients = args.workers.connect(front, timeout, None).await?;
 
     let grants = Arc::new(Recorder::new());
     let cpu_cells = CpuMeter::start(&endpoints.cell_pids);

@@ -40,17 +40,8 @@ pub struct Workers {
 }
 
 impl Workers {
-    /// The connections, spread over `front`.
-    pub async fn connect(
-        &self,
-        front: &[String],
-        timeout: Duration,
-    ) -> Result<Vec<Client>, String> {
-        connect_all(front, self.connections, timeout, None).await
-    }
-
     /// The connections, spread over `front`, over TLS with `tls` when given.
-    pub async fn connect_tls(
+    pub async fn connect(
         &self,
         front: &[String],
         timeout: Duration,
