@@ -15,6 +15,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 "proto/sessions.proto",
                 "proto/v3lock.proto",
                 "proto/v3election.proto",
+                "proto/auth.proto",
             ],
             &["proto"],
         )?;

@@ -105,7 +105,7 @@ impl KeyRange {
 
 /// The smallest key greater than every key starting with `prefix`, or
 /// `[0]` ("no end") when there is none.
-fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     match prefix.iter().rposition(|&b| b < 0xff) {
         Some(i) => {
             let mut end = prefix[..=i].to_vec();

@@ -45,7 +45,10 @@
 //!   running) and every connection; every server takes its connections
 //!   from [`tls::Incoming`] (with `TCP_NODELAY`, plain or TLS).
 //! - [`reserved`]: the keys latchkey keeps for itself, which clients may
-//!   read and never write.
+//!   read and never write (except the auth records, which they do not
+//!   read either).
+//! - [`auth`]: users, roles and permissions (etcd's model), signed
+//!   tokens, password hashes, and the check each operation makes.
 //! - [`idempotency`]: retry-safe writes (a record committed in the same
 //!   txn as the write it guards).
 //! - [`lock`]: the lock recipe (fair FIFO queue, fencing tokens) over a
@@ -53,6 +56,7 @@
 //! - [`range_select`]: which key-values an etcd Range returns (filters,
 //!   sort, limit, count), for the cell's keyspace and the proxy's cache.
 
+pub mod auth;
 pub mod client;
 pub mod error;
 pub mod etcd_enums;
@@ -88,6 +92,17 @@ pub mod v3lockpb {
 /// own proto.
 pub mod v3electionpb {
     tonic::include_proto!("v3electionpb");
+}
+
+/// etcd's v3 Auth service (`etcdserverpb.Auth`) and its authpb messages,
+/// from latchkey's own proto.
+pub mod auth_pb {
+    tonic::include_proto!("etcdserverpb");
+}
+
+/// etcd's `authpb` messages the Auth service carries.
+pub mod authpb {
+    tonic::include_proto!("authpb");
 }
 
 /// latchkey's session extension service (batched lease refresh).

@@ -196,6 +196,49 @@ error_table! {
     LeaderTransferTimeout => "leader_transfer_timeout", 504, Unknown,
         Some("etcdserver: request timed out, leader transfer took too long"), OutcomeUnknown;
 
+    // --- identities and permissions ---
+    /// An Auth API call that needs authentication on (Authenticate).
+    AuthNotEnabled => "auth_not_enabled", 409, FailedPrecondition,
+        Some("etcdserver: authentication is not enabled"), Never;
+    /// A wrong user name and a wrong password answer alike.
+    AuthFailed => "auth_failed", 401, InvalidArgument,
+        Some("etcdserver: authentication failed, invalid user ID or password"), Never;
+    /// The token is unsigned, forged, expired or names a user that is
+    /// gone: authenticate again (etcd's clients do so on this text).
+    InvalidAuthToken => "invalid_auth_token", 401, Unauthenticated,
+        Some("etcdserver: invalid auth token"), Never;
+    /// Authentication is on and the request carries no identity.
+    UserEmpty => "user_empty", 401, InvalidArgument,
+        Some("etcdserver: user name is empty"), Never;
+    /// The caller is known and its roles do not allow the operation.
+    PermissionDenied => "permission_denied", 403, PermissionDenied,
+        Some("etcdserver: permission denied"), Never;
+    UserExists => "user_exists", 409, FailedPrecondition,
+        Some("etcdserver: user name already exists"), Never;
+    UserNotFound => "user_not_found", 404, FailedPrecondition,
+        Some("etcdserver: user name not found"), Never;
+    RoleExists => "role_exists", 409, FailedPrecondition,
+        Some("etcdserver: role name already exists"), Never;
+    RoleNotFound => "role_not_found", 404, FailedPrecondition,
+        Some("etcdserver: role name not found"), Never;
+    RoleEmpty => "role_empty", 400, InvalidArgument,
+        Some("etcdserver: role name is empty"), Never;
+    RoleNotGranted => "role_not_granted", 409, FailedPrecondition,
+        Some("etcdserver: role is not granted to the user"), Never;
+    PermissionNotGranted => "permission_not_granted", 409, FailedPrecondition,
+        Some("etcdserver: permission is not granted to the role"), Never;
+    /// Authentication cannot be turned on without a root user.
+    RootUserNotExist => "root_user_not_exist", 409, FailedPrecondition,
+        Some("etcdserver: root user does not exist"), Never;
+    /// ... nor with a root user that lacks the root role (etcdctl then
+    /// adds the role and grants it).
+    RootRoleNotExist => "root_role_not_exist", 409, FailedPrecondition,
+        Some("etcdserver: root user does not have root role"), Never;
+    /// A change that would lock every admin out while authentication is
+    /// on (deleting root, revoking its root role).
+    InvalidAuthMgmt => "invalid_auth_mgmt", 400, InvalidArgument,
+        Some("etcdserver: invalid auth management"), Never;
+
     // --- availability ---
     /// Not servable now, and nothing was sent or proposed.
     Unavailable => "unavailable", 503, Unavailable, None, Safe;
@@ -339,6 +382,11 @@ mod tests {
             (ErrorCode::KeyNotFound, Code::InvalidArgument),
             (ErrorCode::BadLeaderTransferee, Code::FailedPrecondition),
             (ErrorCode::QuotaExceeded, Code::ResourceExhausted),
+            (ErrorCode::InvalidAuthToken, Code::Unauthenticated),
+            (ErrorCode::PermissionDenied, Code::PermissionDenied),
+            (ErrorCode::UserEmpty, Code::InvalidArgument),
+            (ErrorCode::AuthFailed, Code::InvalidArgument),
+            (ErrorCode::RootRoleNotExist, Code::FailedPrecondition),
         ];
         for (code, grpc) in cases {
             assert_eq!(code.grpc_code(), grpc, "{code}");

@@ -335,6 +335,83 @@ impl ApiError {
         ApiError::new(ErrorCode::InvalidArgument, message)
     }
 
+    pub fn auth_not_enabled() -> Self {
+        ApiError::etcd(ErrorCode::AuthNotEnabled)
+    }
+
+    /// The same answer for an unknown user and a wrong password.
+    pub fn auth_failed() -> Self {
+        ApiError::etcd(ErrorCode::AuthFailed)
+    }
+
+    /// `why` is for logs and the HTTP body; gRPC clients see etcd's text.
+    pub fn invalid_auth_token(why: impl Into<String>) -> Self {
+        ApiError::new(ErrorCode::InvalidAuthToken, why)
+    }
+
+    pub fn user_empty() -> Self {
+        ApiError::new(
+            ErrorCode::UserEmpty,
+            "authentication is on and the request carries no token: authenticate first",
+        )
+    }
+
+    pub fn permission_denied(message: impl Into<String>) -> Self {
+        ApiError::new(ErrorCode::PermissionDenied, message)
+    }
+
+    pub fn user_exists(name: &str) -> Self {
+        ApiError::new(
+            ErrorCode::UserExists,
+            format!("user {name:?} already exists"),
+        )
+    }
+
+    pub fn user_not_found(name: &str) -> Self {
+        ApiError::new(ErrorCode::UserNotFound, format!("user {name:?} not found"))
+    }
+
+    pub fn role_exists(name: &str) -> Self {
+        ApiError::new(
+            ErrorCode::RoleExists,
+            format!("role {name:?} already exists"),
+        )
+    }
+
+    pub fn role_not_found(name: &str) -> Self {
+        ApiError::new(ErrorCode::RoleNotFound, format!("role {name:?} not found"))
+    }
+
+    pub fn role_empty() -> Self {
+        ApiError::etcd(ErrorCode::RoleEmpty)
+    }
+
+    pub fn role_not_granted(user: &str, role: &str) -> Self {
+        ApiError::new(
+            ErrorCode::RoleNotGranted,
+            format!("role {role:?} is not granted to user {user:?}"),
+        )
+    }
+
+    pub fn permission_not_granted(role: &str) -> Self {
+        ApiError::new(
+            ErrorCode::PermissionNotGranted,
+            format!("role {role:?} has no such permission"),
+        )
+    }
+
+    pub fn root_user_not_exist() -> Self {
+        ApiError::etcd(ErrorCode::RootUserNotExist)
+    }
+
+    pub fn root_role_not_exist() -> Self {
+        ApiError::etcd(ErrorCode::RootRoleNotExist)
+    }
+
+    pub fn invalid_auth_mgmt(why: impl Into<String>) -> Self {
+        ApiError::new(ErrorCode::InvalidAuthMgmt, why)
+    }
+
     pub fn member_not_found(id: MemberId) -> Self {
         ApiError::new(ErrorCode::MemberNotFound, format!("member {id} not found"))
     }
@@ -492,6 +569,21 @@ mod tests {
                 ErrorCode::InvalidArgument => ApiError::invalid("limit must not be negative"),
                 ErrorCode::WatchTooSlow => ApiError::watch_too_slow(12),
                 ErrorCode::TooManyWatches => ApiError::too_many_watches("one stream", 10),
+                ErrorCode::AuthNotEnabled => ApiError::auth_not_enabled(),
+                ErrorCode::AuthFailed => ApiError::auth_failed(),
+                ErrorCode::InvalidAuthToken => ApiError::invalid_auth_token("expired"),
+                ErrorCode::UserEmpty => ApiError::user_empty(),
+                ErrorCode::PermissionDenied => ApiError::permission_denied("read config/"),
+                ErrorCode::UserExists => ApiError::user_exists("alice"),
+                ErrorCode::UserNotFound => ApiError::user_not_found("alice"),
+                ErrorCode::RoleExists => ApiError::role_exists("ops"),
+                ErrorCode::RoleNotFound => ApiError::role_not_found("ops"),
+                ErrorCode::RoleEmpty => ApiError::role_empty(),
+                ErrorCode::RoleNotGranted => ApiError::role_not_granted("alice", "ops"),
+                ErrorCode::PermissionNotGranted => ApiError::permission_not_granted("ops"),
+                ErrorCode::RootUserNotExist => ApiError::root_user_not_exist(),
+                ErrorCode::RootRoleNotExist => ApiError::root_role_not_exist(),
+                ErrorCode::InvalidAuthMgmt => ApiError::invalid_auth_mgmt("root stays"),
                 ErrorCode::MemberNotFound => ApiError::member_not_found(MemberId(0xa)),
                 ErrorCode::MemberExists => ApiError::member_exists(MemberId(0xa)),
                 ErrorCode::PeerUrlExists => ApiError::peer_url_exists("http://a:7901"),
