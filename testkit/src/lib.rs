@@ -28,6 +28,8 @@
 //! - [`background_writer`]: [`BackgroundWriter`], one key at a time until
 //!   stopped, recording what was acknowledged (for membership changes and
 //!   failover under load).
+//! - [`auth_matrix`]: the permission matrix (four users, every kind of
+//!   operation), configured and checked through any etcd endpoint.
 //! - [`errors`]: [`err_text`], an etcd-client error as `"Code: message"`.
 //! - [`linearizability`]: the checker of recorded key-value histories
 //!   (Wing-Gong search with Lowe's memo, per key; unknown outcomes may
@@ -50,6 +52,7 @@
 //! [`eventually()`](eventually::eventually) for what must happen. Raw gRPC
 //! stream clients are not here: they belong to the shared client crate.
 
+pub mod auth_matrix;
 pub mod background_writer;
 pub mod blackhole;
 pub mod bulk;

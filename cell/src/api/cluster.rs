@@ -5,6 +5,7 @@
 use crate::ids::new_member_id;
 use crate::membership::parse_peer_urls;
 use crate::node::CellNode;
+use crate::ops::auth_gate::AuthGate;
 use crate::peer::protocol::MembershipChange;
 use latchkey_shared::etcdpb::{
     PbClusterService, PbMember, PbMemberAddRequest, PbMemberAddResponse, PbMemberListRequest,
@@ -16,6 +17,8 @@ use tonic::{Request, Response, Status};
 
 pub struct ClusterService {
     pub node: Arc<CellNode>,
+    /// Admin only once authentication is on (etcd's rule).
+    pub gate: Arc<AuthGate>,
 }
 
 impl ClusterService {
@@ -60,6 +63,9 @@ impl PbClusterService for ClusterService {
         &self,
         request: Request<PbMemberAddRequest>,
     ) -> Result<Response<PbMemberAddResponse>, Status> {
+        self.gate
+            .caller(request.metadata())?
+            .require_admin("adding a member")?;
         let req = request.into_inner();
         let peer_addr = parse_peer_urls(&req.peer_ur_ls)?;
         let taken: Vec<u64> = self.members().iter().map(|m| m.id).collect();
@@ -84,6 +90,9 @@ impl PbClusterService for ClusterService {
         &self,
         request: Request<PbMemberRemoveRequest>,
     ) -> Result<Response<PbMemberRemoveResponse>, Status> {
+        self.gate
+            .caller(request.metadata())?
+            .require_admin("removing a member")?;
         let id = request.into_inner().id;
         self.node
             .change_membership(MembershipChange::Remove { id })
@@ -98,6 +107,9 @@ impl PbClusterService for ClusterService {
         &self,
         request: Request<PbMemberUpdateRequest>,
     ) -> Result<Response<PbMemberUpdateResponse>, Status> {
+        self.gate
+            .caller(request.metadata())?
+            .require_admin("updating a member")?;
         let req = request.into_inner();
         let peer_addr = parse_peer_urls(&req.peer_ur_ls)?;
         self.node
@@ -129,6 +141,9 @@ impl PbClusterService for ClusterService {
         &self,
         request: Request<PbMemberPromoteRequest>,
     ) -> Result<Response<PbMemberPromoteResponse>, Status> {
+        self.gate
+            .caller(request.metadata())?
+            .require_admin("promoting a member")?;
         let id = request.into_inner().id;
         self.node
             .change_membership(MembershipChange::Promote { id })

@@ -1,5 +1,6 @@
 //! etcd v3 `KV` service: the gRPC face of [`ops::kv`](crate::ops::kv).
 
+use crate::ops::auth_gate::AuthGate;
 use crate::ops::kv::Kv;
 use latchkey_shared::etcdpb::{
     PbCompactionRequest, PbCompactionResponse, PbDeleteRequest, PbDeleteResponse, PbKvService,
@@ -7,11 +8,14 @@ use latchkey_shared::etcdpb::{
     PbTxnRequest, PbTxnResponse,
 };
 use std::pin::Pin;
+use std::sync::Arc;
 use tokio_stream::Stream;
 use tonic::{Request as GrpcRequest, Response as GrpcResponse, Status};
 
 pub struct KvService {
     pub kv: Kv,
+    /// Who may read and write what: checked before every operation.
+    pub gate: Arc<AuthGate>,
 }
 
 /// How many key-values one RangeStream message carries.
@@ -23,6 +27,9 @@ impl PbKvService for KvService {
         &self,
         request: GrpcRequest<PbRangeRequest>,
     ) -> Result<GrpcResponse<PbRangeResponse>, Status> {
+        self.gate
+            .caller(request.metadata())?
+            .check_range(request.get_ref())?;
         Ok(GrpcResponse::new(self.kv.range(request.get_ref()).await?))
     }
 
@@ -33,6 +40,9 @@ impl PbKvService for KvService {
         &self,
         request: GrpcRequest<PbRangeRequest>,
     ) -> Result<GrpcResponse<Self::RangeStreamStream>, Status> {
+        self.gate
+            .caller(request.metadata())?
+            .check_range(request.get_ref())?;
         let resp = self.kv.range(request.get_ref()).await?;
         let header = resp.header;
         let (count, more) = (resp.count, resp.more);
@@ -67,6 +77,9 @@ impl PbKvService for KvService {
         &self,
         request: GrpcRequest<PbPutRequest>,
     ) -> Result<GrpcResponse<PbPutResponse>, Status> {
+        self.gate
+            .caller(request.metadata())?
+            .check_put(request.get_ref())?;
         Ok(GrpcResponse::new(self.kv.put(request.into_inner()).await?))
     }
 
@@ -74,6 +87,9 @@ impl PbKvService for KvService {
         &self,
         request: GrpcRequest<PbDeleteRequest>,
     ) -> Result<GrpcResponse<PbDeleteResponse>, Status> {
+        self.gate
+            .caller(request.metadata())?
+            .check_delete(request.get_ref())?;
         Ok(GrpcResponse::new(
             self.kv.delete_range(request.into_inner()).await?,
         ))
@@ -83,6 +99,9 @@ impl PbKvService for KvService {
         &self,
         request: GrpcRequest<PbTxnRequest>,
     ) -> Result<GrpcResponse<PbTxnResponse>, Status> {
+        self.gate
+            .caller(request.metadata())?
+            .check_txn(request.get_ref())?;
         Ok(GrpcResponse::new(self.kv.txn(request.into_inner()).await?))
     }
 
@@ -90,6 +109,9 @@ impl PbKvService for KvService {
         &self,
         request: GrpcRequest<PbCompactionRequest>,
     ) -> Result<GrpcResponse<PbCompactionResponse>, Status> {
+        self.gate
+            .caller(request.metadata())?
+            .require_admin("compaction")?;
         Ok(GrpcResponse::new(
             self.kv.compact(request.into_inner()).await?,
         ))

@@ -1,13 +1,16 @@
 //! etcd v3 `Lease` service: the gRPC face of [`ops::lease`](crate::ops::lease).
 
 use crate::node::CellNode;
+use crate::ops::auth_gate::AuthGate;
 use crate::ops::lease::Leases;
 use futures::{Stream, StreamExt};
+use latchkey_shared::auth::Need;
 use latchkey_shared::etcdpb::{
     PbLeaseGrantRequest, PbLeaseGrantResponse, PbLeaseKeepAliveRequest, PbLeaseKeepAliveResponse,
     PbLeaseLeasesRequest, PbLeaseLeasesResponse, PbLeaseRevokeRequest, PbLeaseRevokeResponse,
     PbLeaseService, PbLeaseTimeToLiveRequest, PbLeaseTimeToLiveResponse,
 };
+use latchkey_shared::KeyRange;
 use std::pin::Pin;
 use std::sync::Arc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -17,6 +20,9 @@ pub struct LeaseService {
     pub leases: Leases,
     /// Runs each keep-alive stream's task under the member's lifecycle.
     pub node: Arc<CellNode>,
+    /// Every lease call needs an authenticated caller once authentication
+    /// is on; a revoke, write on every key the lease holds (etcd's rule).
+    pub gate: Arc<AuthGate>,
 }
 
 /// Keep-alive replies buffered per stream. A client that stops reading its
@@ -32,6 +38,7 @@ impl PbLeaseService for LeaseService {
         &self,
         request: GrpcRequest<PbLeaseGrantRequest>,
     ) -> Result<GrpcResponse<PbLeaseGrantResponse>, Status> {
+        self.gate.caller(request.metadata())?;
         Ok(GrpcResponse::new(
             self.leases.grant(request.into_inner()).await?,
         ))
@@ -41,6 +48,19 @@ impl PbLeaseService for LeaseService {
         &self,
         request: GrpcRequest<PbLeaseRevokeRequest>,
     ) -> Result<GrpcResponse<PbLeaseRevokeResponse>, Status> {
+        let caller = self.gate.caller(request.metadata())?;
+        if !caller.is_admin() {
+            let id = request.get_ref().id;
+            let keys: Vec<Vec<u8>> = self.node.state.read(|s| {
+                s.leases
+                    .get(id)
+                    .map(|l| l.keys.iter().cloned().collect())
+                    .unwrap_or_default()
+            });
+            for key in keys {
+                caller.require(Need::Write, &KeyRange::single(key))?;
+            }
+        }
         Ok(GrpcResponse::new(
             self.leases.revoke(request.get_ref().id).await?,
         ))
@@ -53,6 +73,7 @@ impl PbLeaseService for LeaseService {
         &self,
         request: GrpcRequest<Streaming<PbLeaseKeepAliveRequest>>,
     ) -> Result<GrpcResponse<Self::LeaseKeepAliveStream>, Status> {
+        self.gate.caller(request.metadata())?;
         let inbound = request.into_inner();
         let (tx, rx) = tokio::sync::mpsc::channel(KEEPALIVE_BUFFER);
         let leases = self.leases.clone();
@@ -84,6 +105,7 @@ impl PbLeaseService for LeaseService {
         &self,
         request: GrpcRequest<PbLeaseTimeToLiveRequest>,
     ) -> Result<GrpcResponse<PbLeaseTimeToLiveResponse>, Status> {
+        self.gate.caller(request.metadata())?;
         Ok(GrpcResponse::new(
             self.leases.time_to_live(request.into_inner()).await?,
         ))
@@ -91,8 +113,9 @@ impl PbLeaseService for LeaseService {
 
     async fn lease_leases(
         &self,
-        _request: GrpcRequest<PbLeaseLeasesRequest>,
+        request: GrpcRequest<PbLeaseLeasesRequest>,
     ) -> Result<GrpcResponse<PbLeaseLeasesResponse>, Status> {
+        self.gate.caller(request.metadata())?;
         Ok(GrpcResponse::new(self.leases.leases().await?))
     }
 }

@@ -6,6 +6,7 @@
 use super::not_built;
 use crate::mvcc::keyspace::KeySpace;
 use crate::node::CellNode;
+use crate::ops::auth_gate::AuthGate;
 use crate::state_machine::backup::encode_state_file;
 use latchkey_shared::etcdpb::{
     PbAlarmRequest, PbAlarmResponse, PbDefragmentRequest, PbDefragmentResponse, PbDowngradeRequest,
@@ -27,14 +28,19 @@ pub const ETCD_API_VERSION: &str = "3.5.0";
 
 pub struct MaintenanceService {
     pub node: Arc<CellNode>,
+    /// Admin only once authentication is on (etcd's rule).
+    pub gate: Arc<AuthGate>,
 }
 
 #[tonic::async_trait]
 impl PbMaintenanceService for MaintenanceService {
     async fn alarm(
         &self,
-        _request: Request<PbAlarmRequest>,
+        request: Request<PbAlarmRequest>,
     ) -> Result<Response<PbAlarmResponse>, Status> {
+        self.gate
+            .caller(request.metadata())?
+            .require_admin("alarms")?;
         // latchkey raises no alarms: quota is enforced per request instead
         // of by a sticky NOSPACE alarm.
         Ok(Response::new(PbAlarmResponse {
@@ -80,8 +86,11 @@ impl PbMaintenanceService for MaintenanceService {
 
     async fn defragment(
         &self,
-        _request: Request<PbDefragmentRequest>,
+        request: Request<PbDefragmentRequest>,
     ) -> Result<Response<PbDefragmentResponse>, Status> {
+        self.gate
+            .caller(request.metadata())?
+            .require_admin("defragment")?;
         // The keyspace lives in memory and is rebuilt compactly by every
         // snapshot; what can fragment is the log store, so take a snapshot
         // (which purges the log behind it) and compact RocksDB.
@@ -99,8 +108,11 @@ impl PbMaintenanceService for MaintenanceService {
     /// it (not linearizable, as in etcd: operators ask each member).
     async fn hash(
         &self,
-        _request: Request<PbHashRequest>,
+        request: Request<PbHashRequest>,
     ) -> Result<Response<PbHashResponse>, Status> {
+        self.gate
+            .caller(request.metadata())?
+            .require_admin("hash")?;
         let keys = self.node.state.read(|s| s.keys.clone());
         let revision = keys.revision();
         let hash = hash_until(keys, revision).await?;
@@ -116,6 +128,9 @@ impl PbMaintenanceService for MaintenanceService {
         &self,
         request: Request<PbHashKvRequest>,
     ) -> Result<Response<PbHashKvResponse>, Status> {
+        self.gate
+            .caller(request.metadata())?
+            .require_admin("hash_kv")?;
         let keys = self.node.state.read(|s| s.keys.clone());
         let revision = keys.check_readable(request.get_ref().revision)?;
         let current = keys.revision();
@@ -134,8 +149,11 @@ impl PbMaintenanceService for MaintenanceService {
 
     async fn snapshot(
         &self,
-        _request: Request<PbSnapshotRequest>,
+        request: Request<PbSnapshotRequest>,
     ) -> Result<Response<Self::SnapshotStream>, Status> {
+        self.gate
+            .caller(request.metadata())?
+            .require_admin("a snapshot")?;
         // A consistent point: one clone of this member's applied state
         // (O(1)), encoded off the async threads.
         let state = self.node.state.read(|s| s.clone());
@@ -167,6 +185,9 @@ impl PbMaintenanceService for MaintenanceService {
         &self,
         request: Request<PbMoveLeaderRequest>,
     ) -> Result<Response<PbMoveLeaderResponse>, Status> {
+        self.gate
+            .caller(request.metadata())?
+            .require_admin("move-leader")?;
         self.node
             .move_leader(request.into_inner().target_id)
             .await?;
@@ -177,8 +198,11 @@ impl PbMaintenanceService for MaintenanceService {
 
     async fn downgrade(
         &self,
-        _request: Request<PbDowngradeRequest>,
+        request: Request<PbDowngradeRequest>,
     ) -> Result<Response<PbDowngradeResponse>, Status> {
+        self.gate
+            .caller(request.metadata())?
+            .require_admin("downgrade")?;
         Err(not_built("Downgrade"))
     }
 }

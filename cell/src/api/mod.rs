@@ -6,14 +6,18 @@
 //! `latchkey_shared::error`. `v3lockpb.Lock` and `v3electionpb.Election`
 //! are the shared recipes' services over [`LocalLocks`].
 
+pub mod auth;
 pub mod cluster;
 pub mod kv;
 pub mod lease;
+pub mod locks;
 pub mod maintenance;
 pub mod sessions;
 pub mod watch;
 
 use crate::node::CellNode;
+use crate::ops::auth::AuthOps;
+use crate::ops::auth_gate::AuthGate;
 use crate::ops::kv::Kv;
 use crate::ops::lease::Leases;
 use crate::ops::locks::LocalLocks;
@@ -50,20 +54,26 @@ pub async fn serve(
     // allowance still gets grpc-go's answer from `check_request_size`;
     // beyond it tonic refuses it unread with its own.
     let max_message = (max_request_bytes + GRPC_OVERHEAD_BYTES) * 2;
+    let gate = Arc::new(AuthGate::new(node.state.clone()));
     let kv = PbKvServer::new(kv::KvService {
         kv: Kv::new(node.clone()),
+        gate: gate.clone(),
     })
     .max_decoding_message_size(max_message);
     let lease = PbLeaseServer::new(lease::LeaseService {
         leases: Leases::new(node.clone()),
         node: node.clone(),
+        gate: gate.clone(),
     })
     .max_decoding_message_size(max_message);
-    let maintenance =
-        PbMaintenanceServer::new(maintenance::MaintenanceService { node: node.clone() });
+    let maintenance = PbMaintenanceServer::new(maintenance::MaintenanceService {
+        node: node.clone(),
+        gate: gate.clone(),
+    });
     let watch = PbWatchServer::new(watch::WatchService {
         node: node.clone(),
         options: watch_options,
+        gate: gate.clone(),
     })
     .max_decoding_message_size(max_message);
     // A full refresh batch is larger than the request limit, which does not
@@ -71,17 +81,25 @@ pub async fn serve(
     let sessions = SessionsServer::new(sessions::SessionsService {
         node: node.clone(),
         max_batch: MAX_REFRESH_BATCH,
+        gate: gate.clone(),
     })
     .max_decoding_message_size(MAX_REFRESH_MESSAGE_BYTES)
     .max_encoding_message_size(MAX_REFRESH_MESSAGE_BYTES);
     let local_locks = Arc::new(LocalLocks::new(node.clone()));
-    let locks = latchkey_shared::v3lockpb::lock_server::LockServer::new(
-        latchkey_shared::lock::LockService::new(local_locks.clone()),
-    );
+    let locks = latchkey_shared::v3lockpb::lock_server::LockServer::new(locks::GuardedLocks {
+        inner: latchkey_shared::lock::LockService::new(local_locks.clone()),
+        gate: gate.clone(),
+    });
     let elections = latchkey_shared::v3electionpb::election_server::ElectionServer::new(
-        latchkey_shared::lock::ElectionService::new(local_locks),
+        locks::GuardedElections {
+            inner: latchkey_shared::lock::ElectionService::new(local_locks),
+            gate: gate.clone(),
+        },
     );
-    let cluster = PbClusterServer::new(cluster::ClusterService { node });
+    let auth = latchkey_shared::auth_pb::auth_server::AuthServer::new(auth::AuthService {
+        ops: Arc::new(AuthOps::new(node.clone(), gate.clone())),
+    });
+    let cluster = PbClusterServer::new(cluster::ClusterService { node, gate });
     tonic::transport::Server::builder()
         .add_service(kv)
         .add_service(lease)
@@ -91,6 +109,7 @@ pub async fn serve(
         .add_service(sessions)
         .add_service(locks)
         .add_service(elections)
+        .add_service(auth)
         .serve_with_incoming_shutdown(listener, shutdown)
         .await?;
     Ok(())

@@ -3,6 +3,7 @@
 //! forwards each batch to the leader in one peer call.
 
 use crate::node::CellNode;
+use crate::ops::auth_gate::AuthGate;
 use latchkey_shared::sessions_pb::sessions_server::Sessions;
 use latchkey_shared::sessions_pb::{RefreshRequest, RefreshResponse};
 use latchkey_shared::ApiError;
@@ -28,6 +29,8 @@ pub struct SessionsService {
     pub node: Arc<CellNode>,
     /// Most lease ids one batch may name.
     pub max_batch: usize,
+    /// A proxy's path: admin only once authentication is on.
+    pub gate: Arc<AuthGate>,
 }
 
 #[tonic::async_trait]
@@ -39,6 +42,9 @@ impl Sessions for SessionsService {
         &self,
         request: Request<Streaming<RefreshRequest>>,
     ) -> Result<Response<Self::RefreshStream>, Status> {
+        self.gate
+            .caller(request.metadata())?
+            .require_admin("batched lease refresh")?;
         let mut inbound = request.into_inner();
         let (tx, rx) = tokio::sync::mpsc::channel(OUTBOUND_QUEUE);
         let node = self.node.clone();

@@ -4,6 +4,7 @@
 
 use crate::metrics_catalog::WATCH_STREAMS_ENDED_NO_LEADER;
 use crate::node::CellNode;
+use crate::ops::auth_gate::AuthGate;
 use crate::watch::outbound;
 use crate::watch::stream::{WatchOptions, WatchStream};
 use latchkey_shared::etcd_methods::REQUIRE_LEADER;
@@ -15,6 +16,9 @@ use tonic::{Request, Response, Status, Streaming};
 pub struct WatchService {
     pub node: Arc<CellNode>,
     pub options: WatchOptions,
+    /// Each watch needs read on its range; the stream checks again every
+    /// second, so a revoked permission ends the watches it allowed.
+    pub gate: Arc<AuthGate>,
 }
 
 #[tonic::async_trait]
@@ -36,9 +40,16 @@ impl PbWatchService for WatchService {
             metrics::counter!(WATCH_STREAMS_ENDED_NO_LEADER.name).increment(1);
             return Err(ApiError::no_leader().into());
         }
+        let caller = self.gate.caller(request.metadata())?;
         let inbound = request.into_inner();
         let (out, responses) = outbound::channel();
-        let stream = WatchStream::new(self.node.clone(), self.options.clone(), out, require_leader);
+        let stream = WatchStream::new(
+            self.node.clone(),
+            self.options.clone(),
+            out,
+            require_leader,
+            (self.gate.clone(), caller),
+        );
         self.node.lifecycle.spawn(stream.run(inbound));
         Ok(Response::new(responses))
     }

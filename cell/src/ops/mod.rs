@@ -8,6 +8,8 @@
 //! [`CellNode`] (which decides where it is served) and fills the response
 //! header; failures are [`ApiError`]s.
 
+pub mod auth;
+pub mod auth_gate;
 pub mod kv;
 pub mod lease;
 pub mod locks;

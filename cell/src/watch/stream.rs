@@ -27,7 +27,9 @@ use crate::mvcc::history::History;
 use crate::mvcc::keyspace::{Event, EventKind, KeyRange};
 use crate::mvcc::range::to_pb;
 use crate::node::CellNode;
+use crate::ops::auth_gate::AuthGate;
 use crate::state_machine::watch_hub::{Changes, Notice};
+use latchkey_shared::auth::{Caller, Need};
 use latchkey_shared::etcd_enums::{EventType, FilterType};
 use latchkey_shared::etcdpb::{PbEvent, PbWatchRequest, PbWatchRequestUnion, PbWatchResponse};
 use latchkey_shared::ApiError;
@@ -81,7 +83,14 @@ pub struct WatchStream {
     /// The client asked for require-leader: the stream ends with
     /// `no_leader` once the member has lost its leader.
     require_leader: bool,
+    /// Who opened the stream, checked again every [`AUTH_RECHECK`].
+    gate: Arc<AuthGate>,
+    caller: Caller,
 }
+
+/// How often a stream checks its caller's permissions again: a revoked
+/// permission ends its watches within this, a deleted user its stream.
+const AUTH_RECHECK: Duration = Duration::from_secs(1);
 
 fn to_pb_event(event: &Event, with_prev: bool) -> PbEvent {
     PbEvent {
@@ -106,6 +115,7 @@ impl WatchStream {
         options: WatchOptions,
         out: Outbound,
         require_leader: bool,
+        (gate, caller): (Arc<AuthGate>, Caller),
     ) -> Self {
         let rx = node.watch_hub.subscribe();
         let seen = node.state.read(|s| s.keys.revision());
@@ -120,6 +130,8 @@ impl WatchStream {
             out,
             last_sent: tokio::time::Instant::now() - LINGER,
             require_leader,
+            gate,
+            caller,
         }
     }
 
@@ -133,6 +145,8 @@ impl WatchStream {
         tick.tick().await;
         let mut leader_check = tokio::time::interval(self.node.require_leader_after / 4);
         leader_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut auth_check = tokio::time::interval(AUTH_RECHECK);
+        auth_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let step = tokio::select! {
                 request = inbound.next() => match request {
@@ -143,6 +157,7 @@ impl WatchStream {
                 notice = self.rx.recv() => self.on_notice(notice).await,
                 _ = tick.tick() => self.progress().await,
                 _ = leader_check.tick(), if self.require_leader => self.check_leader().await,
+                _ = auth_check.tick() => self.check_auth().await,
             };
             if step.is_err() {
                 return;
@@ -161,6 +176,41 @@ impl WatchStream {
         let ended = self.out.send(Err(ApiError::no_leader().into()));
         let _ = tokio::time::timeout(self.node.request_timeout, ended).await;
         Err(Gone)
+    }
+
+    /// Checks the caller against the auth records as they are now: a
+    /// caller that is no longer valid (user deleted, authentication turned
+    /// on under an anonymous stream) ends the stream with the error; a
+    /// watch whose range is no longer readable is cancelled, saying why.
+    async fn check_auth(&mut self) -> Result<(), Gone> {
+        match self.gate.recheck(&self.caller) {
+            Err(e) => {
+                let ended = self.out.send(Err(e.into()));
+                let _ = tokio::time::timeout(self.node.request_timeout, ended).await;
+                Err(Gone)
+            }
+            Ok(caller) => {
+                self.caller = caller;
+                let revoked: Vec<(i64, String)> = self
+                    .watches
+                    .iter()
+                    .filter_map(|(id, w)| {
+                        let refused = self.caller.require(Need::Read, &w.range).err()?;
+                        Some((id, refused.grpc_message().to_string()))
+                    })
+                    .collect();
+                for (id, reason) in revoked {
+                    if self.watches.remove(id).is_some() {
+                        metrics::gauge!(WATCHERS.name).decrement(1.0);
+                    }
+                    let mut resp = self.response(id, self.seen);
+                    resp.canceled = true;
+                    resp.cancel_reason = reason;
+                    self.send(resp).await?;
+                }
+                Ok(())
+            }
+        }
     }
 
     async fn send(&self, response: PbWatchResponse) -> Result<(), Gone> {
@@ -222,6 +272,9 @@ impl WatchStream {
     }
 
     async fn create(&mut self, requested_id: i64, mut watch: Watch) -> Result<(), Gone> {
+        if let Err(refused) = self.caller.require(Need::Read, &watch.range) {
+            return self.refuse(refused.grpc_message().to_string()).await;
+        }
         if self.watches.len() >= self.options.max_watches {
             let refused = ApiError::too_many_watches("one stream", self.options.max_watches);
             return self.refuse(refused.message).await;

@@ -1,0 +1,99 @@
+//! Who sends a request: the [`AuthView`] of this member's applied state
+//! (decoded again only when the auth version changes) and the token a
+//! request carries, as a [`Caller`] whose checks the faces apply before
+//! any operation.
+//!
+//! A member checks against what it has applied, as etcd's members do: a
+//! change reaches a follower within its apply lag. Tokens need no cell
+//! round trip: the signing keys are in the view.
+
+use crate::state_machine::store::SharedState;
+use latchkey_shared::auth::records::{AUTH_PREFIX, VERSION_KEY};
+use latchkey_shared::auth::token::now_unix_ms;
+use latchkey_shared::auth::{AuthView, Caller};
+use latchkey_shared::{ApiError, KeyRange};
+use std::sync::{Arc, Mutex};
+use tonic::metadata::MetadataMap;
+
+/// gRPC metadata that carries the token, as etcd's clients send it.
+pub const TOKEN_METADATA: &str = "token";
+/// What newer etcd clients also send.
+pub const AUTHORIZATION_METADATA: &str = "authorization";
+
+pub struct AuthGate {
+    state: SharedState,
+    cached: Mutex<Arc<AuthView>>,
+}
+
+impl AuthGate {
+    pub fn new(state: SharedState) -> AuthGate {
+        AuthGate {
+            state,
+            cached: Mutex::new(Arc::new(AuthView::default())),
+        }
+    }
+
+    /// The auth records as this member has applied them. One key lookup
+    /// when nothing changed; a scan of the auth records when it did.
+    pub fn view(&self) -> Arc<AuthView> {
+        let version = self
+            .state
+            .read(|s| s.keys.get(VERSION_KEY).map_or(0, |kv| kv.mod_revision));
+        {
+            let cached = self.cached.lock().unwrap_or_else(|e| e.into_inner());
+            if cached.version == version {
+                return cached.clone();
+            }
+        }
+        let (version, records) = self.state.read(|s| {
+            let version = s.keys.get(VERSION_KEY).map_or(0, |kv| kv.mod_revision);
+            let mut records = Vec::new();
+            s.keys
+                .scan(&KeyRange::prefix(AUTH_PREFIX), s.keys.revision(), |kv| {
+                    records.push((kv.key.to_vec(), kv.value.to_vec()));
+                    true
+                });
+            (version, records)
+        });
+        let view = Arc::new(AuthView::from_records(
+            version,
+            records.iter().map(|(k, v)| (k.as_slice(), v.as_slice())),
+        ));
+        *self.cached.lock().unwrap_or_else(|e| e.into_inner()) = view.clone();
+        view
+    }
+
+    /// Who sent a gRPC request with this metadata.
+    pub fn caller(&self, metadata: &MetadataMap) -> Result<Caller, ApiError> {
+        let token = metadata
+            .get(TOKEN_METADATA)
+            .or_else(|| metadata.get(AUTHORIZATION_METADATA))
+            .and_then(|v| v.to_str().ok());
+        self.view().caller(token, now_unix_ms())
+    }
+
+    /// The caller again, against the records as they are now: a stream
+    /// checks its caller this way so that a revoked permission or a
+    /// deleted user ends what it allowed.
+    pub fn recheck(&self, caller: &Caller) -> Result<Caller, ApiError> {
+        match caller {
+            // Authentication turned on under a stream opened without it.
+            Caller::Anyone => self.view().caller(None, now_unix_ms()),
+            Caller::User { name, .. } => {
+                let view = self.view();
+                if !view.enabled {
+                    return Ok(Caller::Anyone);
+                }
+                if !view.users.contains_key(name) {
+                    return Err(ApiError::invalid_auth_token(
+                        "invalid auth token: the user is gone",
+                    ));
+                }
+                Ok(Caller::User {
+                    view,
+                    name: name.clone(),
+                })
+            }
+        }
+    }
+}

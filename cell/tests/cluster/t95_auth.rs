@@ -1,0 +1,327 @@
+//! Identities and permissions on a cell: the permission matrix against a
+//! follower and the leader, etcdctl's auth commands and `--user`, a watch
+//! ended by a revoked permission, tokens that stop working, and the auth
+//! records out of every client's reach.
+
+use crate::CELL_BIN;
+use etcd_client::{GetOptions, WatchOptions};
+use latchkey_shared::auth_pb::auth_client::AuthClient;
+use latchkey_shared::auth_pb::{AuthUserGetRequest, AuthenticateRequest};
+use latchkey_testkit::auth_matrix::{self, code, connect_anonymous, connect_as, ROOT, WORKER};
+use latchkey_testkit::etcdctl::{etcdctl, try_etcdctl};
+use latchkey_testkit::Cluster;
+use std::time::{Duration, Instant};
+use tonic::Code;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permission_matrix_on_a_follower_and_the_leader() {
+    let cluster = Cluster::start(CELL_BIN, 3, &[]).await;
+    let leader = cluster.wait_leader(Duration::from_secs(10)).await;
+    let follower = cluster.follower_of(leader);
+    // Configured through the leader, checked on a follower (which applies
+    // the auth records from the log) and on the leader.
+    auth_matrix::configure(&cluster.url(leader)).await;
+    auth_matrix::check(&cluster.url(follower)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcdctl_auth_commands_and_user_flag() {
+    let cluster = Cluster::start(CELL_BIN, 1, &[]).await;
+    let ep = cluster.member(1).client.clone();
+    let run = |args: &'static [&'static str]| {
+        let ep = ep.clone();
+        async move { etcdctl(&ep, args, None).await }
+    };
+    assert_eq!(
+        run(&["--interactive=false", "user", "add", "root:rootpw"]).await,
+        "User root created\n"
+    );
+    assert_eq!(
+        run(&["--interactive=false", "user", "add", "alice:alicepw"]).await,
+        "User alice created\n"
+    );
+    assert_eq!(run(&["role", "add", "jobs"]).await, "Role jobs created\n");
+    assert_eq!(
+        run(&[
+            "role",
+            "grant-permission",
+            "jobs",
+            "--prefix",
+            "readwrite",
+            "jobs/"
+        ])
+        .await,
+        "Role jobs updated\n"
+    );
+    assert_eq!(
+        run(&["user", "grant-role", "alice", "jobs"]).await,
+        "Role jobs is granted to user alice\n"
+    );
+    // etcdctl adds the root role and grants it to root when the cell
+    // answers that root lacks it, as etcd does.
+    assert_eq!(run(&["auth", "enable"]).await, "Authentication Enabled\n");
+
+    let e = try_etcdctl(&ep, &["put", "jobs/1", "x"], None)
+        .await
+        .expect_err("anonymous");
+    assert!(e.contains("user name is empty"), "{e}");
+    assert_eq!(
+        run(&["--user", "alice:alicepw", "put", "jobs/1", "x"]).await,
+        "OK\n"
+    );
+    assert_eq!(
+        run(&["--user", "alice:alicepw", "get", "jobs/1"]).await,
+        "jobs/1\nx\n"
+    );
+    let e = try_etcdctl(&ep, &["--user", "alice:alicepw", "put", "other", "x"], None)
+        .await
+        .expect_err("no permission on other");
+    assert!(e.contains("permission denied"), "{e}");
+    for wrong in ["alice:nope", "mallory:alicepw"] {
+        let e = try_etcdctl(&ep, &["--user", wrong, "get", "jobs/1"], None)
+            .await
+            .expect_err("wrong credentials");
+        assert!(
+            e.contains("authentication failed, invalid user ID or password"),
+            "{e}"
+        );
+    }
+    assert_eq!(
+        run(&["--user", "root:rootpw", "role", "get", "jobs"]).await,
+        "Role jobs\nKV Read:\n\t[jobs/, jobs0) (prefix jobs/)\nKV Write:\n\t[jobs/, jobs0) (prefix jobs/)\n"
+    );
+    assert_eq!(
+        run(&["--user", "root:rootpw", "user", "list"]).await,
+        "alice\nroot\n"
+    );
+    assert_eq!(
+        run(&["--user", "root:rootpw", "user", "get", "alice"]).await,
+        "User: alice\nRoles: jobs\n"
+    );
+    let e = try_etcdctl(
+        &ep,
+        &["--user", "root:rootpw", "user", "delete", "root"],
+        None,
+    )
+    .await
+    .expect_err("root stays while auth is on");
+    assert!(e.contains("invalid auth management"), "{e}");
+    let e = try_etcdctl(&ep, &["--user", "alice:alicepw", "auth", "disable"], None)
+        .await
+        .expect_err("alice is no admin");
+    assert!(e.contains("permission denied"), "{e}");
+    assert_eq!(
+        run(&[
+            "--user",
+            "root:rootpw",
+            "role",
+            "revoke-permission",
+            "jobs",
+            "jobs/",
+            "--prefix"
+        ])
+        .await,
+        "Permission of range [jobs/, jobs0) is revoked from role jobs\n"
+    );
+    let e = try_etcdctl(&ep, &["--user", "alice:alicepw", "get", "jobs/1"], None)
+        .await
+        .expect_err("revoked");
+    assert!(e.contains("permission denied"), "{e}");
+    assert_eq!(
+        run(&["--user", "root:rootpw", "auth", "disable"]).await,
+        "Authentication Disabled\n"
+    );
+    assert_eq!(run(&["get", "jobs/1"]).await, "jobs/1\nx\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_ends_when_its_permission_is_revoked() {
+    let cluster = Cluster::start(CELL_BIN, 1, &[]).await;
+    let ep = cluster.url(1);
+    auth_matrix::configure(&ep).await;
+    let mut worker = connect_as(&ep, WORKER).await;
+    let mut root = connect_as(&ep, ROOT).await;
+    let mut events = worker
+        .watch("jobs/", Some(WatchOptions::new().with_prefix()))
+        .await
+        .expect("watch");
+    let created = events.message().await.expect("created").expect("message");
+    assert!(created.created() && !created.canceled());
+    root.put("jobs/seen", "1", None).await.expect("put");
+    let seen = events.message().await.expect("event").expect("message");
+    assert_eq!(seen.events().len(), 1);
+
+    let revoked_at = Instant::now();
+    root.role_revoke_permission(
+        "jobs-rw",
+        "jobs/",
+        Some(etcd_client::RoleRevokePermissionOptions::new().with_prefix()),
+    )
+    .await
+    .expect("revoke");
+    let ended = tokio::time::timeout(Duration::from_secs(10), events.message())
+        .await
+        .expect("the watch ends within 10 s")
+        .expect("a message")
+        .expect("not the end of the stream");
+    assert!(ended.canceled(), "{ended:?}");
+    assert!(
+        ended.cancel_reason().contains("permission denied"),
+        "{}",
+        ended.cancel_reason()
+    );
+    // The stream checks every second; a loaded machine may add to it, so
+    // the bound here is loose and the note gives the interval.
+    assert!(revoked_at.elapsed() < Duration::from_secs(10));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_end_with_their_user_or_password_and_cannot_be_forged() {
+    let cluster = Cluster::start(CELL_BIN, 1, &[]).await;
+    let ep = cluster.url(1);
+    auth_matrix::configure(&ep).await;
+    let mut auth = AuthClient::connect(ep.clone()).await.expect("connect");
+    let authenticate = |name: &str, password: &str| AuthenticateRequest {
+        name: name.into(),
+        password: password.into(),
+    };
+    let worker_token = auth
+        .authenticate(authenticate(WORKER.0, WORKER.1))
+        .await
+        .expect("authenticate")
+        .into_inner()
+        .token;
+    // UserGet on oneself needs only a valid token.
+    let asker = auth.clone();
+    let who_am_i = async |token: &str| {
+        let mut auth = asker.clone();
+        let mut request = tonic::Request::new(AuthUserGetRequest {
+            name: WORKER.0.into(),
+        });
+        request
+            .metadata_mut()
+            .insert("token", token.parse().expect("ascii token"));
+        auth.user_get(request).await.map(|r| r.into_inner().roles)
+    };
+    assert_eq!(who_am_i(&worker_token).await.expect("valid"), ["jobs-rw"]);
+
+    // A changed payload under the same signature.
+    let (payload, mac) = worker_token.split_once('.').expect("payload.mac");
+    let mut forged: Vec<u8> = payload.bytes().collect();
+    forged[3] ^= 1;
+    let forged = format!("{}.{mac}", String::from_utf8(forged).expect("ascii"));
+    let e = who_am_i(&forged).await.expect_err("forged");
+    assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
+    assert_eq!(e.message(), "etcdserver: invalid auth token");
+
+    // A password change ends the tokens issued under the old password.
+    let mut root = connect_as(&ep, ROOT).await;
+    root.user_change_password(WORKER.0, "changed")
+        .await
+        .expect("change");
+    let e = who_am_i(&worker_token)
+        .await
+        .expect_err("old password's token");
+    assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
+    let new_token = auth
+        .authenticate(authenticate(WORKER.0, "changed"))
+        .await
+        .expect("authenticate")
+        .into_inner()
+        .token;
+    assert!(who_am_i(&new_token).await.is_ok());
+
+    // A deleted user's token is refused.
+    root.user_delete(WORKER.0).await.expect("delete");
+    let e = who_am_i(&new_token).await.expect_err("deleted user");
+    assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
+
+    // A wrong password and an unknown user answer alike.
+    let wrong = auth
+        .authenticate(authenticate(ROOT.0, "wrong"))
+        .await
+        .expect_err("wrong password");
+    let unknown = auth
+        .authenticate(authenticate("mallory", "wrong"))
+        .await
+        .expect_err("unknown user");
+    assert_eq!(
+        (wrong.code(), wrong.message()),
+        (unknown.code(), unknown.message())
+    );
+    assert_eq!(wrong.code(), Code::InvalidArgument);
+}
+
+/// The auth records (password hashes, token keys) under
+/// `\0latchkey/auth/`: no client reads, watches or writes them, root
+/// included, whether authentication is on or off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_client_reaches_the_auth_records() {
+    let cluster = Cluster::start(CELL_BIN, 1, &[]).await;
+    let ep = cluster.url(1);
+    let mut anonymous = connect_anonymous(&ep).await;
+    anonymous
+        .user_add("someone", "pw", None)
+        .await
+        .expect("user add");
+    let records = b"\0latchkey/auth/".to_vec();
+    let user_record = b"\0latchkey/auth/user/someone".to_vec();
+    let check = async |c: &mut etcd_client::Client| {
+        let e = c
+            .get(records.clone(), Some(GetOptions::new().with_prefix()))
+            .await
+            .expect_err("range");
+        assert_eq!(code(&e), Code::PermissionDenied, "{e}");
+        let e = c
+            .get(
+                b"\0latchkey/".to_vec(),
+                Some(GetOptions::new().with_from_key()),
+            )
+            .await
+            .expect_err("a range that covers them");
+        assert_eq!(code(&e), Code::PermissionDenied, "{e}");
+        let e = c
+            .put(user_record.clone(), "forged", None)
+            .await
+            .expect_err("put");
+        assert_eq!(code(&e), Code::PermissionDenied, "{e}");
+        let e = c
+            .delete(user_record.clone(), None)
+            .await
+            .expect_err("delete");
+        assert_eq!(code(&e), Code::PermissionDenied, "{e}");
+        let mut events = c
+            .watch(records.clone(), Some(WatchOptions::new().with_prefix()))
+            .await
+            .expect("watch stream");
+        let refused = events.message().await.expect("answer").expect("message");
+        assert!(refused.canceled(), "{refused:?}");
+        // Everything else is still there: the whole keyspace as clients
+        // see it does not include the reserved prefix.
+        c.get("", Some(GetOptions::new().with_all_keys()))
+            .await
+            .expect("range all");
+    };
+    check(&mut anonymous).await;
+    anonymous
+        .user_add(ROOT.0, ROOT.1, None)
+        .await
+        .expect("root");
+    anonymous.role_add("root").await.expect("root role");
+    anonymous
+        .user_grant_role(ROOT.0, "root")
+        .await
+        .expect("grant");
+    anonymous.auth_enable().await.expect("enable");
+    let mut root = connect_as(&ep, ROOT).await;
+    check(&mut root).await;
+    assert_eq!(
+        root.user_get("someone")
+            .await
+            .expect("user get")
+            .roles()
+            .len(),
+        0,
+        "the forged put changed nothing"
+    );
+}

@@ -1,0 +1,348 @@
+//! The permission matrix: four users (root; `reader` with read on
+//! `config/`; `worker` with readwrite on `jobs/`; `nobody` without roles),
+//! every kind of operation, and whether each user may do it, checked
+//! against any endpoint that speaks etcd's gRPC API (a member, a proxy).
+//! A refused write must change nothing: the keys it named are read back
+//! as root afterwards.
+
+use crate::eventually::eventually;
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, LockOptions, Permission, PutOptions,
+    Txn, TxnOp, WatchOptions,
+};
+use std::time::Duration;
+use tonic::Code;
+
+pub const ROOT: (&str, &str) = ("root", "root-secret");
+pub const READER: (&str, &str) = ("reader", "reader-secret");
+pub const WORKER: (&str, &str) = ("worker", "worker-secret");
+pub const NOBODY: (&str, &str) = ("nobody", "nobody-secret");
+
+/// Users, roles and permissions of the matrix, then authentication on,
+/// through `endpoint` (authentication must be off).
+pub async fn configure(endpoint: &str) {
+    let client = &mut connect_anonymous(endpoint).await;
+    for (name, password) in [ROOT, READER, WORKER, NOBODY] {
+        client
+            .user_add(name, password, None)
+            .await
+            .unwrap_or_else(|e| panic!("user add {name}: {e}"));
+    }
+    for role in ["root", "config-read", "jobs-rw"] {
+        client.role_add(role).await.expect("role add");
+    }
+    client
+        .role_grant_permission("config-read", Permission::read("config/").with_prefix())
+        .await
+        .expect("grant read config/");
+    client
+        .role_grant_permission("jobs-rw", Permission::read_write("jobs/").with_prefix())
+        .await
+        .expect("grant readwrite jobs/");
+    for (user, role) in [
+        ("root", "root"),
+        ("reader", "config-read"),
+        ("worker", "jobs-rw"),
+    ] {
+        client
+            .user_grant_role(user, role)
+            .await
+            .expect("grant role");
+    }
+    client.auth_enable().await.expect("auth enable");
+    // Keys the reads find, written as root.
+    let mut root = connect_as(endpoint, ROOT).await;
+    root.put("config/a", "root-config", None)
+        .await
+        .expect("put");
+    root.put("jobs/a", "root-job", None).await.expect("put");
+}
+
+/// An etcd client at `endpoint` (`http://host:port`) as `user`
+/// (authenticating on connect; retried for up to 15 s).
+pub async fn connect_as(endpoint: &str, (user, password): (&str, &str)) -> Client {
+    let opts = ConnectOptions::new()
+        .with_user(user, password)
+        .with_timeout(Duration::from_secs(10))
+        .with_connect_timeout(Duration::from_secs(2));
+    eventually(Duration::from_secs(15), async || {
+        Client::connect([endpoint], Some(opts.clone()))
+            .await
+            .map_err(|e| format!("cannot connect to {endpoint} as {user}: {e}"))
+    })
+    .await
+}
+
+/// An anonymous etcd client at `endpoint`.
+pub async fn connect_anonymous(endpoint: &str) -> Client {
+    let opts = ConnectOptions::new()
+        .with_timeout(Duration::from_secs(10))
+        .with_connect_timeout(Duration::from_secs(2));
+    eventually(Duration::from_secs(15), async || {
+        Client::connect([endpoint], Some(opts.clone()))
+            .await
+            .map_err(|e| format!("cannot connect to {endpoint}: {e}"))
+    })
+    .await
+}
+
+/// The gRPC code of an etcd-client error (Unknown for one that is not a
+/// status).
+pub fn code(e: &etcd_client::Error) -> Code {
+    match e {
+        etcd_client::Error::GRpcStatus(s) => s.code(),
+        _ => Code::Unknown,
+    }
+}
+
+/// What one operation did: allowed, or refused with a code.
+type Outcome = Result<(), (Code, String)>;
+
+fn outcome<T>(r: Result<T, etcd_client::Error>) -> Outcome {
+    r.map(|_| ()).map_err(|e| (code(&e), e.to_string()))
+}
+
+/// The operations of the matrix, in order.
+pub const OPERATIONS: [&str; 17] = [
+    "range config/",
+    "range jobs/",
+    "put config/",
+    "put jobs/",
+    "delete jobs/",
+    "txn on jobs/",
+    "txn writing config/",
+    "watch config/",
+    "lease grant, keep-alive, time-to-live",
+    "lease revoke with a jobs/ key",
+    "lock jobs/",
+    "election jobs/",
+    "member list",
+    "member add",
+    "snapshot",
+    "auth change (user add)",
+    "compaction",
+];
+
+/// Who may do what: one row per operation, columns root, reader, worker,
+/// nobody.
+pub const ALLOWED: [[bool; 4]; 17] = [
+    [true, true, false, false],  // range config/
+    [true, false, true, false],  // range jobs/
+    [true, false, false, false], // put config/
+    [true, false, true, false],  // put jobs/
+    [true, false, true, false],  // delete jobs/
+    [true, false, true, false],  // txn on jobs/
+    [true, false, false, false], // txn writing config/
+    [true, true, false, false],  // watch config/
+    [true, true, true, true],    // lease grant, keep-alive, time-to-live
+    [true, false, true, false],  // lease revoke with a jobs/ key
+    [true, false, true, false],  // lock jobs/
+    [true, false, true, false],  // election jobs/
+    [true, true, true, true],    // member list
+    [true, false, false, false], // member add
+    [true, false, false, false], // snapshot
+    [true, false, false, false], // auth change (user add)
+    [true, false, false, false], // compaction
+];
+
+/// Runs operation `op` as `user` (whose client is `c`); `root` sets up
+/// what an operation needs that the user may not create.
+async fn run(op: usize, user: &str, c: &mut Client, root: &mut Client) -> Outcome {
+    match op {
+        0 => outcome(c.get("config/a", None).await),
+        1 => outcome(c.get("jobs/", Some(GetOptions::new().with_prefix())).await),
+        2 => outcome(c.put("config/a", format!("by {user}"), None).await),
+        3 => outcome(c.put(format!("jobs/{user}"), "v", None).await),
+        4 => outcome(c.delete(format!("jobs/gone-{user}"), None).await),
+        5 => {
+            let txn = Txn::new()
+                .when([Compare::version("jobs/a", CompareOp::Greater, 0)])
+                .and_then([TxnOp::put(format!("jobs/txn-{user}"), "v", None)]);
+            outcome(c.txn(txn).await)
+        }
+        6 => {
+            let txn = Txn::new()
+                .when([Compare::version("jobs/a", CompareOp::Equal, 0)])
+                .or_else([TxnOp::put("config/a", format!("txn by {user}"), None)]);
+            outcome(c.txn(txn).await)
+        }
+        7 => {
+            let mut stream = match c
+                .watch("config/", Some(WatchOptions::new().with_prefix()))
+                .await
+            {
+                Ok(w) => w,
+                Err(e) => return outcome::<()>(Err(e)),
+            };
+            match tokio::time::timeout(Duration::from_secs(10), stream.message()).await {
+                Ok(Ok(Some(resp))) if resp.canceled() => Err((
+                    Code::PermissionDenied,
+                    format!("watch cancelled: {}", resp.cancel_reason()),
+                )),
+                Ok(Ok(Some(_))) => Ok(()),
+                Ok(Ok(None)) => Err((Code::Unknown, "watch stream ended".into())),
+                Ok(Err(e)) => outcome::<()>(Err(e)),
+                Err(_) => Err((Code::DeadlineExceeded, "no watch answer in 10 s".into())),
+            }
+        }
+        8 => {
+            let lease = match c.lease_grant(30, None).await {
+                Ok(l) => l.id(),
+                Err(e) => return outcome::<()>(Err(e)),
+            };
+            let (mut keeper, mut replies) = match c.lease_keep_alive(lease).await {
+                Ok(k) => k,
+                Err(e) => return outcome::<()>(Err(e)),
+            };
+            if let Err(e) = keeper.keep_alive().await {
+                return outcome::<()>(Err(e));
+            }
+            if let Err(e) = replies.message().await {
+                return outcome::<()>(Err(e));
+            }
+            outcome(c.lease_time_to_live(lease, None).await)
+        }
+        9 => {
+            let lease = root.lease_grant(30, None).await.expect("root grants").id();
+            root.put(
+                format!("jobs/leased-{user}"),
+                "v",
+                Some(PutOptions::new().with_lease(lease)),
+            )
+            .await
+            .expect("root puts");
+            let refused = outcome(c.lease_revoke(lease).await);
+            if refused.is_err() {
+                root.lease_revoke(lease).await.expect("root revokes");
+            }
+            refused
+        }
+        10 => {
+            let lease = c.lease_grant(30, None).await.expect("grant").id();
+            let held = c
+                .lock("jobs/lock", Some(LockOptions::new().with_lease(lease)))
+                .await;
+            let out = match held {
+                Ok(held) => outcome(c.unlock(held.key()).await),
+                Err(e) => outcome::<()>(Err(e)),
+            };
+            let _ = c.lease_revoke(lease).await;
+            out
+        }
+        11 => {
+            let lease = c.lease_grant(30, None).await.expect("grant").id();
+            let out = match c.campaign("jobs/election", user, lease).await {
+                Ok(resp) => match resp.leader() {
+                    Some(leader) => outcome(
+                        c.resign(Some(
+                            etcd_client::ResignOptions::new().with_leader(leader.clone()),
+                        ))
+                        .await,
+                    ),
+                    None => Err((Code::Unknown, "campaign gave no leader key".into())),
+                },
+                Err(e) => outcome::<()>(Err(e)),
+            };
+            let _ = c.lease_revoke(lease).await;
+            out
+        }
+        12 => outcome(c.member_list().await),
+        13 => match c.member_add(["not a url"], None).await {
+            // Past the permission check, the URL is refused: nothing added.
+            Err(e) if code(&e) != Code::PermissionDenied => Ok(()),
+            other => outcome(other),
+        },
+        14 => match c.snapshot().await {
+            Ok(mut stream) => outcome(stream.message().await),
+            Err(e) => outcome::<()>(Err(e)),
+        },
+        15 => outcome(c.user_add(format!("made-by-{user}"), "pw", None).await),
+        16 => outcome(c.compact(1, None).await),
+        _ => unreachable!("no operation {op}"),
+    }
+}
+
+/// Runs every operation as every user at `endpoint` and checks each
+/// against [`ALLOWED`]: allowed ones succeed, refused ones fail with
+/// PermissionDenied. Then checks that no refused write changed anything,
+/// and that an anonymous request is refused as etcd refuses it.
+pub async fn check(endpoint: &str) {
+    let mut root = connect_as(endpoint, ROOT).await;
+    let mut failures = Vec::new();
+    for (column, who) in [ROOT, READER, WORKER, NOBODY].into_iter().enumerate() {
+        let mut client = connect_as(endpoint, who).await;
+        for (op, name) in OPERATIONS.iter().enumerate() {
+            let got = run(op, who.0, &mut client, &mut root).await;
+            let allowed = ALLOWED[op][column];
+            match (&got, allowed) {
+                (Ok(()), true) => {}
+                (Err((Code::PermissionDenied, _)), false) => {}
+                _ => failures.push(format!(
+                    "{name} as {}: expected {}, got {got:?}",
+                    who.0,
+                    if allowed {
+                        "allowed"
+                    } else {
+                        "PermissionDenied"
+                    }
+                )),
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "permission matrix:\n{}",
+        failures.join("\n")
+    );
+
+    // Refused writes changed nothing.
+    let config = root.get("config/a", None).await.expect("get");
+    // Root's own put and txn are the last that may have written it.
+    assert_eq!(
+        config.kvs()[0].value_str().expect("utf8"),
+        "txn by root",
+        "only root wrote config/a"
+    );
+    let jobs = root
+        .get(
+            "jobs/",
+            Some(GetOptions::new().with_prefix().with_keys_only()),
+        )
+        .await
+        .expect("get");
+    let mut keys: Vec<&str> = jobs
+        .kvs()
+        .iter()
+        .map(|kv| kv.key_str().expect("utf8"))
+        .collect();
+    keys.sort();
+    assert_eq!(
+        keys,
+        [
+            "jobs/a",
+            "jobs/root",
+            "jobs/txn-root",
+            "jobs/txn-worker",
+            "jobs/worker"
+        ],
+        "jobs/ holds what root and worker wrote, nothing from reader or nobody"
+    );
+    let users = root.user_list().await.expect("user list");
+    assert!(
+        users
+            .users()
+            .iter()
+            .all(|u| !u.starts_with("made-by-") || u == "made-by-root"),
+        "only root added users: {:?}",
+        users.users()
+    );
+
+    // No token at all: etcd's "user name is empty".
+    let mut anonymous = connect_anonymous(endpoint).await;
+    let e = anonymous
+        .get("config/a", None)
+        .await
+        .expect_err("anonymous read");
+    assert_eq!(code(&e), Code::InvalidArgument, "{e}");
+    assert!(e.to_string().contains("user name is empty"), "{e}");
+}
