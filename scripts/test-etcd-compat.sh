@@ -8,6 +8,9 @@
 #                                                  # certificates required, mutual TLS between
 #                                                  # members and from the proxy), certificates
 #                                                  # from scripts/make-certs.sh
+#   scripts/test-etcd-compat.sh --latchkey BIN --auth  # authentication on (etcdctl adds root and
+#                                                  # enables it), every client authenticates as
+#                                                  # root; no proxy (it does not carry identities)
 #   scripts/test-etcd-compat.sh HOST:PORT,...      # a running cluster's client endpoints
 #
 # Arguments after `--` go to `go test` (e.g. `-- -run 'TestWatch|TestTxn'`).
@@ -32,11 +35,12 @@ usage() {
   exit 2
 }
 
-mode="" bin="" eps="" tls=""
+mode="" bin="" eps="" tls="" auth=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --etcd) mode=etcd; shift ;;
     --tls) tls=1; shift ;;
+    --auth) auth=1; shift ;;
     --latchkey) [ $# -ge 2 ] || usage; mode=latchkey; bin=$2; shift 2 ;;
     --) shift; break ;;
     -h|--help) usage ;;
@@ -46,6 +50,7 @@ while [ $# -gt 0 ]; do
 done
 [ -n "$mode" ] || usage
 [ -z "$tls" ] || [ "$mode" = latchkey ] || { echo "--tls goes with --latchkey" >&2; usage; }
+[ -z "$auth" ] || [ "$mode" = latchkey ] || { echo "--auth goes with --latchkey" >&2; usage; }
 go_args=("$@")
 
 # --- Go and the client modules ----------------------------------------------
@@ -209,7 +214,19 @@ if [ -n "${ready_urls+set}" ]; then
   wait_ready "${ready_urls[@]}"
   eps=$(printf '127.0.0.1:%s,' "${cports[@]}"); eps=${eps%,}
   export LATCHKEY_FRESH=1 LATCHKEY_PROGRESS_NOTIFY_INTERVAL=1s
-  [ -z "${proxy_port:-}" ] || export LATCHKEY_PROXY_ENDPOINT=127.0.0.1:$proxy_port
+  [ -z "${proxy_port:-}" ] || [ -n "$auth" ] || export LATCHKEY_PROXY_ENDPOINT=127.0.0.1:$proxy_port
+fi
+if [ -n "$auth" ]; then
+  # etcdctl as an operator would: root, then authentication on (etcdctl
+  # adds the root role and grants it).
+  ctl=(etcdctl --endpoints="$eps" --command-timeout=20s)
+  [ -z "$tls" ] || ctl+=(--cacert "$LATCHKEY_TLS_CA" --cert "$LATCHKEY_TLS_CERT" --key "$LATCHKEY_TLS_KEY")
+  ETCDCTL_API=3 "${ctl[@]}" --interactive=false user add "root:compat-root-$$" >/dev/null
+  ETCDCTL_API=3 "${ctl[@]}" auth enable
+  export LATCHKEY_USER=root LATCHKEY_PASSWORD=compat-root-$$
+  # Auth changes are txns of the keyspace in latchkey (etcd keeps them
+  # apart): the cell's revision has moved on.
+  export LATCHKEY_FRESH=0
 fi
 
 # --- Tests -----------------------------------------------------------------------

@@ -53,6 +53,9 @@ stage "etcd Go client vs latchkey" logged scripts/test-etcd-compat.sh --latchkey
 # The same suite over TLS with client certificates required everywhere;
 # TestTLS adds the proxy and a client without a certificate.
 stage "etcd Go client vs latchkey, TLS" logged scripts/test-etcd-compat.sh --latchkey "${CARGO_TARGET_DIR:-target}/debug/latchkey-cell" --tls
+# The same suite with authentication on, every client as root; TestAuth
+# adds a user limited to one prefix and etcd's typed auth errors.
+stage "etcd Go client vs latchkey, auth" logged scripts/test-etcd-compat.sh --latchkey "${CARGO_TARGET_DIR:-target}/debug/latchkey-cell" --auth
 stage "etcd Go client vs etcd" logged scripts/test-etcd-compat.sh --etcd
 # One closing line for the whole run (cargo prints one per test binary).
 awk '/^test result:/ { p += $4; f += $6 } END { printf "tests: %d passed, %d failed\n", p, f }' "$log"

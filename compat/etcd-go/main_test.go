@@ -21,6 +21,10 @@ var (
 		"client endpoints, comma separated (host:port); LATCHKEY_ENDPOINTS if empty")
 	freshFlag = flag.Bool("fresh", os.Getenv("LATCHKEY_FRESH") == "1",
 		"the cluster was started just for this run and nothing has written to it yet (LATCHKEY_FRESH=1)")
+	userFlag = flag.String("user", os.Getenv("LATCHKEY_USER"),
+		"authenticate every client as this user, whose password is -password (LATCHKEY_USER)")
+	passwordFlag = flag.String("password", os.Getenv("LATCHKEY_PASSWORD"),
+		"the password of -user (LATCHKEY_PASSWORD)")
 	progressFlag = flag.Duration("progress-interval", envDuration("LATCHKEY_PROGRESS_NOTIFY_INTERVAL"),
 		"the servers' watch progress-notify interval (etcd --experimental-watch-progress-notify-interval, "+
 			"latchkey --watch-progress-notify-interval-ms); 0 = unknown, which skips the periodic progress test "+
@@ -102,6 +106,9 @@ func newClient(eps []string, opts ...func(*clientv3.Config)) (*clientv3.Client, 
 		return nil, err
 	}
 	cfg.TLS = tc
+	if *userFlag != "" {
+		cfg.Username, cfg.Password = *userFlag, *passwordFlag
+	}
 	for _, o := range opts {
 		o(&cfg)
 	}
