@@ -105,6 +105,20 @@ pub struct Config {
     #[command(flatten)]
     pub upstream_tls: latchkey_shared::tls::flags::UpstreamFlags,
 
+    /// The user this proxy authenticates as to its cells once they have
+    /// authentication on (it needs the root role: it writes latchkey's
+    /// records, refreshes every session and watches any range for its
+    /// clients, after checking each client's own permission with the
+    /// client's token). Without it, a cell with authentication on refuses
+    /// the proxy's own calls.
+    #[arg(long, env = "LATCHKEY_CELL_USER", requires = "cell_password_file")]
+    pub cell_user: Option<String>,
+
+    /// A file holding --cell-user's password (its first line), so that it
+    /// is in no process listing.
+    #[arg(long, env = "LATCHKEY_CELL_PASSWORD_FILE", requires = "cell_user")]
+    pub cell_password_file: Option<PathBuf>,
+
     /// Run a one-member cell inside this process (data in --data-dir, on
     /// free loopback ports) with this proxy in front of it; --cells is
     /// ignored.

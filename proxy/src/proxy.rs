@@ -8,7 +8,8 @@ use crate::config::Config;
 use crate::session::{KeepAliveBatcher, SessionTable};
 use crate::state::ProxyState;
 use crate::tls::ProxyTls;
-use crate::upstream::{CellClient, LeaderTracker, Upstream};
+use crate::upstream::identity::Credentials;
+use crate::upstream::{CellClient, CellIdentity, LeaderTracker, Upstream};
 use crate::watch::coalescer::Coalescer;
 use crate::{admin, grpc, http};
 use anyhow::Context;
@@ -87,13 +88,21 @@ impl Proxy {
             max_request_bytes: cfg.max_request_bytes,
             lifecycle: lifecycle.clone(),
         });
+        let credentials = read_credentials(&cfg)?;
         for cell in state.upstream.cells() {
             let tracker = LeaderTracker { cell: cell.clone() };
             lifecycle.spawn_owned(|token| tracker.run(token));
+            let identity = CellIdentity {
+                cell: cell.clone(),
+                credentials: credentials.clone(),
+            };
+            lifecycle.spawn_owned(|token| identity.run(token));
         }
         let batcher = KeepAliveBatcher {
             table: sessions,
-            stream: RefreshStream::new(cfg.cells.iter().cloned())?.with_tls(tls.upstream),
+            stream: RefreshStream::new(cfg.cells.iter().cloned())?
+                .with_tls(tls.upstream)
+                .with_own_token(state.upstream.home().own_token.clone()),
             tick: cfg.refresh_tick,
         };
         lifecycle.spawn_owned(|token| batcher.run(token));
@@ -135,6 +144,26 @@ impl Proxy {
             servers,
         })
     }
+}
+
+/// `--cell-user` and the first line of `--cell-password-file`.
+fn read_credentials(cfg: &Config) -> anyhow::Result<Option<Credentials>> {
+    let (Some(user), Some(file)) = (&cfg.cell_user, &cfg.cell_password_file) else {
+        return Ok(None);
+    };
+    let text = std::fs::read_to_string(file)
+        .with_context(|| format!("--cell-password-file {}", file.display()))?;
+    let password = text.lines().next().unwrap_or_default().to_string();
+    if password.is_empty() {
+        anyhow::bail!(
+            "--cell-password-file {}: the first line is empty",
+            file.display()
+        );
+    }
+    Ok(Some(Credentials {
+        user: user.clone(),
+        password,
+    }))
 }
 
 async fn serve_http(

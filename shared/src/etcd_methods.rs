@@ -57,6 +57,27 @@ pub mod maintenance {
     pub const DOWNGRADE: &str = "/etcdserverpb.Maintenance/Downgrade";
 }
 
+/// `etcdserverpb.Auth`.
+pub mod auth {
+    pub const AUTH_ENABLE: &str = "/etcdserverpb.Auth/AuthEnable";
+    pub const AUTH_DISABLE: &str = "/etcdserverpb.Auth/AuthDisable";
+    pub const AUTH_STATUS: &str = "/etcdserverpb.Auth/AuthStatus";
+    pub const AUTHENTICATE: &str = "/etcdserverpb.Auth/Authenticate";
+    pub const USER_ADD: &str = "/etcdserverpb.Auth/UserAdd";
+    pub const USER_GET: &str = "/etcdserverpb.Auth/UserGet";
+    pub const USER_LIST: &str = "/etcdserverpb.Auth/UserList";
+    pub const USER_DELETE: &str = "/etcdserverpb.Auth/UserDelete";
+    pub const USER_CHANGE_PASSWORD: &str = "/etcdserverpb.Auth/UserChangePassword";
+    pub const USER_GRANT_ROLE: &str = "/etcdserverpb.Auth/UserGrantRole";
+    pub const USER_REVOKE_ROLE: &str = "/etcdserverpb.Auth/UserRevokeRole";
+    pub const ROLE_ADD: &str = "/etcdserverpb.Auth/RoleAdd";
+    pub const ROLE_GET: &str = "/etcdserverpb.Auth/RoleGet";
+    pub const ROLE_LIST: &str = "/etcdserverpb.Auth/RoleList";
+    pub const ROLE_DELETE: &str = "/etcdserverpb.Auth/RoleDelete";
+    pub const ROLE_GRANT_PERMISSION: &str = "/etcdserverpb.Auth/RoleGrantPermission";
+    pub const ROLE_REVOKE_PERMISSION: &str = "/etcdserverpb.Auth/RoleRevokePermission";
+}
+
 /// `v3lockpb.Lock` (etcd's lock service).
 pub mod lock {
     pub const LOCK: &str = "/v3lockpb.Lock/Lock";

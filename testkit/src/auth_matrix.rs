@@ -5,6 +5,7 @@
 //! A refused write must change nothing: the keys it named are read back
 //! as root afterwards.
 
+use crate::etcdctl::{etcdctl, try_etcdctl};
 use crate::eventually::eventually;
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, GetOptions, LockOptions, Permission, PutOptions,
@@ -82,6 +83,38 @@ pub async fn connect_anonymous(endpoint: &str) -> Client {
         Client::connect([endpoint], Some(opts.clone()))
             .await
             .map_err(|e| format!("cannot connect to {endpoint}: {e}"))
+    })
+    .await
+}
+
+/// Whether `client` may watch `prefix`: its first answer is a created
+/// watch, not a cancelled one.
+async fn may_watch(client: &mut Client, prefix: &str) -> Result<bool, String> {
+    let mut stream = client
+        .watch(prefix, Some(WatchOptions::new().with_prefix()))
+        .await
+        .map_err(|e| e.to_string())?;
+    match tokio::time::timeout(Duration::from_secs(5), stream.message()).await {
+        Ok(Ok(Some(resp))) => Ok(!resp.canceled()),
+        other => Err(format!("no watch answer: {other:?}")),
+    }
+}
+
+/// Waits (up to 15 s) until the proxy at `endpoint` acts on the cell's
+/// authentication being on, as it learns within a second: it refuses a
+/// shared watch to `nobody` and serves one to root (so its own identity
+/// works too).
+pub async fn wait_until_proxy_enforces(endpoint: &str) {
+    let mut nobody = connect_as(endpoint, NOBODY).await;
+    let mut root = connect_as(endpoint, ROOT).await;
+    eventually(Duration::from_secs(15), async || {
+        let refused = !may_watch(&mut nobody, "config/").await?;
+        let served = may_watch(&mut root, "config/").await?;
+        if refused && served {
+            Ok(())
+        } else {
+            Err(format!("nobody refused: {refused}, root served: {served}"))
+        }
     })
     .await
 }
@@ -345,4 +378,116 @@ pub async fn check(endpoint: &str) {
         .expect_err("anonymous read");
     assert_eq!(code(&e), Code::InvalidArgument, "{e}");
     assert!(e.to_string().contains("user name is empty"), "{e}");
+}
+
+/// etcdctl's auth commands and `--user` at `ep` (`host:port`, a member
+/// or a proxy; authentication off): users, a role with a prefix, auth on,
+/// allowed and refused requests, wrong credentials, a revoked permission,
+/// auth off again.
+pub async fn etcdctl_session(ep: &str) {
+    let ep = ep.to_string();
+    let run = |args: &'static [&'static str]| {
+        let ep = ep.clone();
+        async move { etcdctl(&ep, args, None).await }
+    };
+    assert_eq!(
+        run(&["--interactive=false", "user", "add", "root:rootpw"]).await,
+        "User root created\n"
+    );
+    assert_eq!(
+        run(&["--interactive=false", "user", "add", "alice:alicepw"]).await,
+        "User alice created\n"
+    );
+    assert_eq!(run(&["role", "add", "jobs"]).await, "Role jobs created\n");
+    assert_eq!(
+        run(&[
+            "role",
+            "grant-permission",
+            "jobs",
+            "--prefix",
+            "readwrite",
+            "jobs/"
+        ])
+        .await,
+        "Role jobs updated\n"
+    );
+    assert_eq!(
+        run(&["user", "grant-role", "alice", "jobs"]).await,
+        "Role jobs is granted to user alice\n"
+    );
+    // etcdctl adds the root role and grants it to root when the cell
+    // answers that root lacks it, as etcd does.
+    assert_eq!(run(&["auth", "enable"]).await, "Authentication Enabled\n");
+
+    let e = try_etcdctl(&ep, &["put", "jobs/1", "x"], None)
+        .await
+        .expect_err("anonymous");
+    assert!(e.contains("user name is empty"), "{e}");
+    assert_eq!(
+        run(&["--user", "alice:alicepw", "put", "jobs/1", "x"]).await,
+        "OK\n"
+    );
+    assert_eq!(
+        run(&["--user", "alice:alicepw", "get", "jobs/1"]).await,
+        "jobs/1\nx\n"
+    );
+    let e = try_etcdctl(&ep, &["--user", "alice:alicepw", "put", "other", "x"], None)
+        .await
+        .expect_err("no permission on other");
+    assert!(e.contains("permission denied"), "{e}");
+    for wrong in ["alice:nope", "mallory:alicepw"] {
+        let e = try_etcdctl(&ep, &["--user", wrong, "get", "jobs/1"], None)
+            .await
+            .expect_err("wrong credentials");
+        assert!(
+            e.contains("authentication failed, invalid user ID or password"),
+            "{e}"
+        );
+    }
+    assert_eq!(
+        run(&["--user", "root:rootpw", "role", "get", "jobs"]).await,
+        "Role jobs\nKV Read:\n\t[jobs/, jobs0) (prefix jobs/)\nKV Write:\n\t[jobs/, jobs0) (prefix jobs/)\n"
+    );
+    assert_eq!(
+        run(&["--user", "root:rootpw", "user", "list"]).await,
+        "alice\nroot\n"
+    );
+    assert_eq!(
+        run(&["--user", "root:rootpw", "user", "get", "alice"]).await,
+        "User: alice\nRoles: jobs\n"
+    );
+    let e = try_etcdctl(
+        &ep,
+        &["--user", "root:rootpw", "user", "delete", "root"],
+        None,
+    )
+    .await
+    .expect_err("root stays while auth is on");
+    assert!(e.contains("invalid auth management"), "{e}");
+    let e = try_etcdctl(&ep, &["--user", "alice:alicepw", "auth", "disable"], None)
+        .await
+        .expect_err("alice is no admin");
+    assert!(e.contains("permission denied"), "{e}");
+    assert_eq!(
+        run(&[
+            "--user",
+            "root:rootpw",
+            "role",
+            "revoke-permission",
+            "jobs",
+            "jobs/",
+            "--prefix"
+        ])
+        .await,
+        "Permission of range [jobs/, jobs0) is revoked from role jobs\n"
+    );
+    let e = try_etcdctl(&ep, &["--user", "alice:alicepw", "get", "jobs/1"], None)
+        .await
+        .expect_err("revoked");
+    assert!(e.contains("permission denied"), "{e}");
+    assert_eq!(
+        run(&["--user", "root:rootpw", "auth", "disable"]).await,
+        "Authentication Disabled\n"
+    );
+    assert_eq!(run(&["get", "jobs/1"]).await, "jobs/1\nx\n");
 }

@@ -10,7 +10,6 @@ pub mod auth;
 pub mod cluster;
 pub mod kv;
 pub mod lease;
-pub mod locks;
 pub mod maintenance;
 pub mod sessions;
 pub mod watch;
@@ -85,16 +84,12 @@ pub async fn serve(
     })
     .max_decoding_message_size(MAX_REFRESH_MESSAGE_BYTES)
     .max_encoding_message_size(MAX_REFRESH_MESSAGE_BYTES);
-    let local_locks = Arc::new(LocalLocks::new(node.clone()));
-    let locks = latchkey_shared::v3lockpb::lock_server::LockServer::new(locks::GuardedLocks {
-        inner: latchkey_shared::lock::LockService::new(local_locks.clone()),
-        gate: gate.clone(),
-    });
+    let local_locks = Arc::new(LocalLocks::new(node.clone()).guarded_by(gate.clone()));
+    let locks = latchkey_shared::v3lockpb::lock_server::LockServer::new(
+        latchkey_shared::lock::LockService::new(local_locks.clone()),
+    );
     let elections = latchkey_shared::v3electionpb::election_server::ElectionServer::new(
-        locks::GuardedElections {
-            inner: latchkey_shared::lock::ElectionService::new(local_locks),
-            gate: gate.clone(),
-        },
+        latchkey_shared::lock::ElectionService::new(local_locks),
     );
     let auth = latchkey_shared::auth_pb::auth_server::AuthServer::new(auth::AuthService {
         ops: Arc::new(AuthOps::new(node.clone(), gate.clone())),

@@ -3,6 +3,7 @@
 //! to the leader through this member; ranges are linearizable); its waits
 //! for a change read this member's history and then its watch hub.
 
+use super::auth_gate::AuthGate;
 use super::kv::Kv;
 use super::lease::Leases;
 use crate::mvcc::history::History;
@@ -10,11 +11,13 @@ use crate::mvcc::keyspace::{Event, EventKind, KeyRange};
 use crate::node::CellNode;
 use crate::state_machine::watch_hub::Notice;
 use futures::future::BoxFuture;
+use latchkey_shared::auth::Need;
 use latchkey_shared::etcdpb::{
     PbDeleteRequest, PbDeleteResponse, PbLeaseGrantRequest, PbRangeRequest, PbRangeResponse,
     PbTxnRequest, PbTxnResponse,
 };
 use latchkey_shared::idempotency::{Guard, RetentionLease};
+use latchkey_shared::lock::Access;
 use latchkey_shared::lock::LockBackend;
 use latchkey_shared::ApiError;
 use std::sync::Arc;
@@ -27,6 +30,9 @@ pub struct LocalLocks {
     leases: Leases,
     /// The lease idempotency records of Lock and Unlock are written with.
     retention: RetentionLease,
+    /// Checks each gRPC caller of the lock and election services; none
+    /// for the recipes' other users.
+    gate: Option<Arc<AuthGate>>,
 }
 
 /// How long a Lock or Unlock idempotency key is remembered by a member.
@@ -39,7 +45,14 @@ impl LocalLocks {
             leases: Leases::new(node.clone()),
             node,
             retention: RetentionLease::new(IDEMPOTENCY_RETENTION),
+            gate: None,
         }
+    }
+
+    /// The same backend checking every Lock and Election caller at `gate`.
+    pub fn guarded_by(mut self, gate: Arc<AuthGate>) -> LocalLocks {
+        self.gate = Some(gate);
+        self
     }
 
     /// The revision of the first change in `range` in `from..` (only
@@ -73,6 +86,24 @@ fn counts(event: &Event, deletes_only: bool) -> bool {
 }
 
 impl LockBackend for LocalLocks {
+    fn permit<'a>(
+        &'a self,
+        metadata: &'a tonic::metadata::MetadataMap,
+        access: Access,
+        range: &'a KeyRange,
+    ) -> BoxFuture<'a, Result<(), ApiError>> {
+        Box::pin(async move {
+            let Some(gate) = &self.gate else {
+                return Ok(());
+            };
+            let caller = gate.caller(metadata)?;
+            if access == Access::ReadWrite {
+                caller.require(Need::Write, range)?;
+            }
+            caller.require(Need::Read, range)
+        })
+    }
+
     fn txn(&self, req: PbTxnRequest) -> BoxFuture<'_, Result<PbTxnResponse, ApiError>> {
         Box::pin(self.kv.txn(req))
     }

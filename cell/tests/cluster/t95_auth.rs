@@ -8,7 +8,6 @@ use etcd_client::{GetOptions, WatchOptions};
 use latchkey_shared::auth_pb::auth_client::AuthClient;
 use latchkey_shared::auth_pb::{AuthUserGetRequest, AuthenticateRequest};
 use latchkey_testkit::auth_matrix::{self, code, connect_anonymous, connect_as, ROOT, WORKER};
-use latchkey_testkit::etcdctl::{etcdctl, try_etcdctl};
 use latchkey_testkit::Cluster;
 use std::time::{Duration, Instant};
 use tonic::Code;
@@ -27,111 +26,7 @@ async fn permission_matrix_on_a_follower_and_the_leader() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcdctl_auth_commands_and_user_flag() {
     let cluster = Cluster::start(CELL_BIN, 1, &[]).await;
-    let ep = cluster.member(1).client.clone();
-    let run = |args: &'static [&'static str]| {
-        let ep = ep.clone();
-        async move { etcdctl(&ep, args, None).await }
-    };
-    assert_eq!(
-        run(&["--interactive=false", "user", "add", "root:rootpw"]).await,
-        "User root created\n"
-    );
-    assert_eq!(
-        run(&["--interactive=false", "user", "add", "alice:alicepw"]).await,
-        "User alice created\n"
-    );
-    assert_eq!(run(&["role", "add", "jobs"]).await, "Role jobs created\n");
-    assert_eq!(
-        run(&[
-            "role",
-            "grant-permission",
-            "jobs",
-            "--prefix",
-            "readwrite",
-            "jobs/"
-        ])
-        .await,
-        "Role jobs updated\n"
-    );
-    assert_eq!(
-        run(&["user", "grant-role", "alice", "jobs"]).await,
-        "Role jobs is granted to user alice\n"
-    );
-    // etcdctl adds the root role and grants it to root when the cell
-    // answers that root lacks it, as etcd does.
-    assert_eq!(run(&["auth", "enable"]).await, "Authentication Enabled\n");
-
-    let e = try_etcdctl(&ep, &["put", "jobs/1", "x"], None)
-        .await
-        .expect_err("anonymous");
-    assert!(e.contains("user name is empty"), "{e}");
-    assert_eq!(
-        run(&["--user", "alice:alicepw", "put", "jobs/1", "x"]).await,
-        "OK\n"
-    );
-    assert_eq!(
-        run(&["--user", "alice:alicepw", "get", "jobs/1"]).await,
-        "jobs/1\nx\n"
-    );
-    let e = try_etcdctl(&ep, &["--user", "alice:alicepw", "put", "other", "x"], None)
-        .await
-        .expect_err("no permission on other");
-    assert!(e.contains("permission denied"), "{e}");
-    for wrong in ["alice:nope", "mallory:alicepw"] {
-        let e = try_etcdctl(&ep, &["--user", wrong, "get", "jobs/1"], None)
-            .await
-            .expect_err("wrong credentials");
-        assert!(
-            e.contains("authentication failed, invalid user ID or password"),
-            "{e}"
-        );
-    }
-    assert_eq!(
-        run(&["--user", "root:rootpw", "role", "get", "jobs"]).await,
-        "Role jobs\nKV Read:\n\t[jobs/, jobs0) (prefix jobs/)\nKV Write:\n\t[jobs/, jobs0) (prefix jobs/)\n"
-    );
-    assert_eq!(
-        run(&["--user", "root:rootpw", "user", "list"]).await,
-        "alice\nroot\n"
-    );
-    assert_eq!(
-        run(&["--user", "root:rootpw", "user", "get", "alice"]).await,
-        "User: alice\nRoles: jobs\n"
-    );
-    let e = try_etcdctl(
-        &ep,
-        &["--user", "root:rootpw", "user", "delete", "root"],
-        None,
-    )
-    .await
-    .expect_err("root stays while auth is on");
-    assert!(e.contains("invalid auth management"), "{e}");
-    let e = try_etcdctl(&ep, &["--user", "alice:alicepw", "auth", "disable"], None)
-        .await
-        .expect_err("alice is no admin");
-    assert!(e.contains("permission denied"), "{e}");
-    assert_eq!(
-        run(&[
-            "--user",
-            "root:rootpw",
-            "role",
-            "revoke-permission",
-            "jobs",
-            "jobs/",
-            "--prefix"
-        ])
-        .await,
-        "Permission of range [jobs/, jobs0) is revoked from role jobs\n"
-    );
-    let e = try_etcdctl(&ep, &["--user", "alice:alicepw", "get", "jobs/1"], None)
-        .await
-        .expect_err("revoked");
-    assert!(e.contains("permission denied"), "{e}");
-    assert_eq!(
-        run(&["--user", "root:rootpw", "auth", "disable"]).await,
-        "Authentication Disabled\n"
-    );
-    assert_eq!(run(&["get", "jobs/1"]).await, "jobs/1\nx\n");
+    auth_matrix::etcdctl_session(&cluster.member(1).client).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

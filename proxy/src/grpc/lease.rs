@@ -64,6 +64,9 @@ impl PbLeaseService for LeaseService {
         &self,
         request: Request<Streaming<PbLeaseKeepAliveRequest>>,
     ) -> Result<Response<Self::LeaseKeepAliveStream>, Status> {
+        // Keep-alives go out in the proxy's refresh batches: the cell
+        // first says this client is someone (all a keep-alive needs).
+        crate::ops::auth::require_authenticated(self.state.upstream.home()).await?;
         let inbound = request.into_inner();
         let (tx, rx) = tokio::sync::mpsc::channel(OUTBOUND_QUEUE);
         let state = self.state.clone();

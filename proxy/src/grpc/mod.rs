@@ -9,6 +9,8 @@
 //! cache (`kv.rs`, through `ops::kv::range`), and watches, coalesced into
 //! one upstream watch per distinct watch (`watch.rs`).
 
+pub mod auth;
+pub mod client_token;
 pub mod cluster;
 pub mod kv;
 pub mod lease;
@@ -39,7 +41,13 @@ where
     Req: prost::Message + Clone + Send + Sync + 'static,
     Resp: prost::Message + Default + Send + Sync + HasHeader + 'static,
 {
-    answer(cell.call(route, kind, path, request.into_inner()).await)
+    // Passed through as the client: the cell checks its token.
+    let token = crate::ops::auth::client_token();
+    let who = crate::upstream::Who::Client(token.as_deref());
+    answer(
+        cell.call_as(who, route, kind, path, request.into_inner())
+            .await,
+    )
 }
 
 /// A service impl whose listed methods pass through to the home cell's
@@ -117,11 +125,12 @@ pub async fn serve(
     // A client's request reaches the cell, which judges its size with
     // etcd's errors; the proxy only bounds what it decodes at all.
     let max = MAX_FORWARDED_BYTES;
-    let locks = Arc::new(UpstreamLocks {
+    let upstream_locks = Arc::new(UpstreamLocks {
         state: state.clone(),
     });
     tonic::transport::Server::builder()
         .layer(request_metrics::RequestMetricsLayer)
+        .layer(client_token::ClientTokenLayer)
         // A client that vanished without closing its connection (a
         // crashed host, a partition) is noticed and its streams (and their
         // upstream streams) end, as etcd's server does with its keepalive.
@@ -148,19 +157,22 @@ pub async fn serve(
             .max_decoding_message_size(max),
         )
         .add_service(latchkey_shared::v3lockpb::lock_server::LockServer::new(
-            latchkey_shared::lock::LockService::new(locks.clone()),
+            latchkey_shared::lock::LockService::new(upstream_locks.clone()),
         ))
         .add_service(
             latchkey_shared::v3electionpb::election_server::ElectionServer::new(
-                latchkey_shared::lock::ElectionService::new(locks),
+                latchkey_shared::lock::ElectionService::new(upstream_locks),
             ),
         )
         .add_service(PbClusterServer::new(cluster::ClusterService {
             state: state.clone(),
         }))
         .add_service(PbMaintenanceServer::new(maintenance::MaintenanceService {
-            state,
+            state: state.clone(),
         }))
+        .add_service(latchkey_shared::auth_pb::auth_server::AuthServer::new(
+            auth::AuthService { state },
+        ))
         .serve_with_incoming_shutdown(listener, shutdown)
         .await?;
     Ok(())

@@ -59,7 +59,11 @@ impl PbWatchService for WatchService {
             next_id: 0,
         };
         metrics::gauge!(WATCH_STREAMS.name).increment(1.0);
-        self.state.lifecycle.spawn(client.run(inbound));
+        // The stream's task serves the client whose token opened it.
+        let token = crate::ops::auth::client_token();
+        self.state
+            .lifecycle
+            .spawn(crate::ops::auth::as_client(token, client.run(inbound)));
         Ok(Response::new(Box::pin(
             tokio_stream::wrappers::ReceiverStream::new(rx),
         )))
@@ -173,6 +177,13 @@ impl ClientStream {
                 };
                 // etcd reads an empty key as "\0".
                 let key = if c.key.is_empty() { vec![0] } else { c.key };
+                // The shared watch reads as the proxy: the cell first says
+                // this client may read the range.
+                let range = latchkey_shared::KeyRange::new(key.clone(), c.range_end.clone());
+                let cell = self.state.upstream.home().clone();
+                if let Err(e) = crate::ops::auth::require_read(&cell, &range).await {
+                    return self.send(refuse(e.grpc_message().to_string())).await;
+                }
                 let watch_key = match WatchKey::new(key, c.range_end, &c.filters, c.prev_kv) {
                     Ok(k) => k,
                     Err(e) => return self.send(refuse(e.message)).await,

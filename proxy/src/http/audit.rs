@@ -57,6 +57,7 @@ pub async fn force_release(
     Client(client): Client,
     KeyedJson(req, keyed): KeyedJson<ForceRelease>,
 ) -> Answer<ForceReleased> {
+    crate::ops::auth::require_admin(state.upstream.home()).await?;
     let operator = req
         .operator
         .filter(|o| !o.trim().is_empty())
@@ -115,6 +116,7 @@ pub async fn records(
     Query(params): Query<AuditParams>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
+    crate::ops::auth::require_admin(state.upstream.home()).await?;
     let start = start_revision(&headers, params.from_revision)?;
     let range = audit::range();
     let key = WatchKey::new(range.start, range.end, &[], false)?;

@@ -10,6 +10,7 @@ use super::locks::{backend, wait_deadline};
 use super::model::{parse_session, session_gone, session_id, ErrorBody, KeyValue};
 use super::watch_sse::event_of;
 use super::{answer, Answer};
+use crate::ops::auth::{require_read, require_read_write};
 use crate::state::ProxyState;
 use axum::extract::State;
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -20,6 +21,7 @@ use latchkey_shared::lock::election;
 use latchkey_shared::lock::queue::queue_key;
 use latchkey_shared::v3electionpb::LeaderKey;
 use latchkey_shared::ApiError;
+use latchkey_shared::KeyRange;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use utoipa::ToSchema;
@@ -139,6 +141,7 @@ pub async fn campaign(
     Path(name): Path<String>,
     Json(req): Json<Campaign>,
 ) -> Answer<Leading> {
+    require_read_write(state.upstream.home(), &KeyRange::prefix(name.as_bytes())).await?;
     let lease = parse_session(&req.session_id)?;
     let (leader, header) = election::campaign(
         backend(&state),
@@ -167,6 +170,7 @@ pub async fn proclaim(
     Path(name): Path<String>,
     Json(req): Json<Proclaim>,
 ) -> Answer<Done> {
+    require_read_write(state.upstream.home(), &KeyRange::prefix(name.as_bytes())).await?;
     let leader = leader_key(&state, &name, &req.session_id, req.leader_revision).await?;
     let header =
         election::proclaim(backend(&state).as_ref(), &leader, req.value.into_bytes()).await?;
@@ -186,6 +190,7 @@ pub async fn resign(
     Path(name): Path<String>,
     Json(req): Json<Resign>,
 ) -> Answer<Done> {
+    require_read_write(state.upstream.home(), &KeyRange::prefix(name.as_bytes())).await?;
     let leader = match leader_key(&state, &name, &req.session_id, req.leader_revision).await {
         Ok(leader) => leader,
         // No candidacy: nothing to resign.
@@ -209,6 +214,7 @@ pub async fn leader(
     State(state): State<Arc<ProxyState>>,
     Path(name): Path<String>,
 ) -> Answer<Leader> {
+    require_read(state.upstream.home(), &KeyRange::prefix(name.as_bytes())).await?;
     match election::leader(backend(&state).as_ref(), name.as_bytes()).await? {
         (Some(kv), header) => answer(leader_of(&kv, header.revision)),
         (None, _) => Err(ApiError::election_no_leader(name.as_bytes())),
@@ -227,6 +233,7 @@ pub async fn observe(
     State(state): State<Arc<ProxyState>>,
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
+    require_read(state.upstream.home(), &KeyRange::prefix(name.as_bytes())).await?;
     if name.is_empty() {
         return Err(ApiError::invalid("an election needs a name"));
     }

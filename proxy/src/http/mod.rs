@@ -18,6 +18,7 @@
 //! same declarations, so neither has a route the other lacks.
 
 pub mod audit;
+pub mod auth;
 pub mod cluster;
 pub mod elections;
 pub mod extract;
@@ -65,6 +66,7 @@ pub fn answer<T>(value: T) -> Answer<T> {
         (name = "locks", description = "Locks with fencing tokens, held by sessions"),
         (name = "elections", description = "Leader elections held by sessions: campaign, proclaim, resign, observe"),
         (name = "cluster", description = "The cell behind the proxy"),
+        (name = "auth", description = "Tokens: a user name and password for a token sent as Authorization: Bearer"),
         (name = "service", description = "The API document and health")
     )
 )]
@@ -91,6 +93,7 @@ pub fn routes() -> (Router<Arc<ProxyState>>, serde_json::Value) {
         .routes(routes!(audit::force_release))
         .routes(routes!(audit::records))
         .routes(routes!(cluster::status))
+        .routes(routes!(auth::token))
         .routes(routes!(openapi_json))
         .routes(routes!(healthz))
         .routes(routes!(readyz))
@@ -118,6 +121,7 @@ pub fn router(state: Arc<ProxyState>) -> Router {
     routes
         .fallback(no_route)
         .method_not_allowed_fallback(wrong_method)
+        .layer(axum::middleware::from_fn(auth::as_caller))
         .layer(axum::middleware::from_fn(track))
         .layer(DefaultBodyLimit::max(state.max_request_bytes))
         .layer(Extension(Arc::new(doc)))

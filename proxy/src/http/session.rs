@@ -108,6 +108,9 @@ pub async fn keep_alive(
     Path(id): Path<String>,
 ) -> Answer<SessionAnswer> {
     let id = parse_session(&id)?;
+    // Kept alive by the proxy's batches: the cell first says the client
+    // is someone.
+    crate::ops::auth::require_authenticated(state.upstream.home()).await?;
     metrics::counter!(KEEPALIVES.name, "api" => "http").increment(1);
     let ttl = session::keep_alive(&state.sessions, id, state.request_timeout).await?;
     answer(SessionAnswer {

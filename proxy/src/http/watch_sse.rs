@@ -94,6 +94,9 @@ pub async fn watch(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let range = key_range(key.as_bytes(), on(params.prefix))?;
+    // The shared watch reads as the proxy: the cell first says this client
+    // may read the range.
+    crate::ops::auth::require_read(state.upstream.home(), &range).await?;
     let start_revision = start_revision(&headers, params.from_revision)?;
     let with_prev = on(params.prev_kv);
     let watch_key = WatchKey::new(range.start, range.end, &[], with_prev)?;

@@ -92,8 +92,18 @@ pub async fn txn(
     // The client's own operations; the guard's record is ours to write.
     latchkey_shared::reserved::check_txn(&txn)?;
     let committed = match guard {
-        None => Committed::Now(cell.call(Route::Leader, Kind::Write, TXN, txn).await?),
+        None => {
+            let token = super::auth::client_token();
+            let who = crate::upstream::Who::Client(token.as_deref());
+            Committed::Now(
+                cell.call_as(who, Route::Leader, Kind::Write, TXN, txn)
+                    .await?,
+            )
+        }
         Some(guard) => {
+            // Guarded, it runs with the proxy's identity (the record is
+            // ours): the cell first says the client may run it.
+            super::auth::require_txn(cell, &txn).await?;
             let resp = cell
                 .call(Route::Leader, Kind::Write, TXN, guard.guard(txn))
                 .await;

@@ -9,8 +9,9 @@
 
 use crate::chaos::{broken, Defect};
 use crate::metrics_catalog::{CACHE_HITS, CACHE_MISSES};
+use crate::ops::auth::client_token;
 use crate::state::ProxyState;
-use crate::upstream::{Kind, Route};
+use crate::upstream::{Kind, Route, Who};
 use latchkey_shared::etcd_methods::kv::RANGE;
 use latchkey_shared::etcd_methods::kv::{COMPACT, DELETE_RANGE, PUT, TXN};
 use latchkey_shared::etcdpb::{
@@ -31,8 +32,17 @@ pub async fn range(
     req: PbRangeRequest,
 ) -> Result<PbRangeResponse, ApiError> {
     let cell = state.upstream.cell_for(&req.key);
-    if !req.serializable {
-        let resp: PbRangeResponse = cell.call(Route::Leader, Kind::Read, RANGE, req).await?;
+    let token = client_token();
+    let who = Who::Client(token.as_deref());
+    // With authentication on, a read goes to the cell as the client, which
+    // checks it: the cache holds what the proxy may read, not the client.
+    if !req.serializable || cell.auth_may_be_on() {
+        let route = if req.serializable {
+            Route::Any
+        } else {
+            Route::Leader
+        };
+        let resp: PbRangeResponse = cell.call_as(who, route, Kind::Read, RANGE, req).await?;
         state.floors.raise(client, revision_of(&resp));
         return Ok(resp);
     }
@@ -46,7 +56,7 @@ pub async fn range(
         metrics::counter!(CACHE_MISSES.name).increment(1);
     }
     let mut resp: PbRangeResponse = cell
-        .call(Route::Any, Kind::Read, RANGE, req.clone())
+        .call_as(who, Route::Any, Kind::Read, RANGE, req.clone())
         .await?;
     // A member behind what this client has seen, or behind the cell (cut
     // off from its peers: review P2): ask the leader, whose linearizable
@@ -57,7 +67,7 @@ pub async fn range(
             ..req.clone()
         };
         resp = cell
-            .call(Route::Leader, Kind::Read, RANGE, linearizable)
+            .call_as(who, Route::Leader, Kind::Read, RANGE, linearizable)
             .await?;
     }
     state.cache.missed(&req, &resp);
@@ -74,7 +84,11 @@ pub async fn put(
 ) -> Result<PbPutResponse, ApiError> {
     reserved::check_put(&req)?;
     let cell = state.upstream.cell_for(&req.key);
-    let resp: PbPutResponse = cell.call(Route::Leader, Kind::Write, PUT, req).await?;
+    let token = client_token();
+    let who = Who::Client(token.as_deref());
+    let resp: PbPutResponse = cell
+        .call_as(who, Route::Leader, Kind::Write, PUT, req)
+        .await?;
     wrote(
         state,
         client,
@@ -90,8 +104,10 @@ pub async fn delete_range(
 ) -> Result<PbDeleteResponse, ApiError> {
     reserved::check_delete(&req)?;
     let cell = state.upstream.cell_for(&req.key);
+    let token = client_token();
+    let who = Who::Client(token.as_deref());
     let resp: PbDeleteResponse = cell
-        .call(Route::Leader, Kind::Write, DELETE_RANGE, req)
+        .call_as(who, Route::Leader, Kind::Write, DELETE_RANGE, req)
         .await?;
     wrote(
         state,
@@ -114,7 +130,11 @@ pub async fn txn(
         .map(|c| c.key.clone())
         .unwrap_or_default();
     let cell = state.upstream.cell_for(&key);
-    let resp: PbTxnResponse = cell.call(Route::Leader, Kind::Write, TXN, req).await?;
+    let token = client_token();
+    let who = Who::Client(token.as_deref());
+    let resp: PbTxnResponse = cell
+        .call_as(who, Route::Leader, Kind::Write, TXN, req)
+        .await?;
     wrote(
         state,
         client,
@@ -137,5 +157,8 @@ pub async fn compact(
     req: PbCompactionRequest,
 ) -> Result<PbCompactionResponse, ApiError> {
     let cell = state.upstream.home();
-    cell.call(Route::Leader, Kind::Write, COMPACT, req).await
+    let token = client_token();
+    let who = Who::Client(token.as_deref());
+    cell.call_as(who, Route::Leader, Kind::Write, COMPACT, req)
+        .await
 }

@@ -3,8 +3,9 @@
 //! time-to-live. Keep-alives are the session table's
 //! ([`session`](crate::session)).
 
+use crate::ops::auth::client_token;
 use crate::state::ProxyState;
-use crate::upstream::{Kind, Route};
+use crate::upstream::{Kind, Route, Who};
 use latchkey_shared::etcd_methods::lease::{GRANT, REVOKE, TIME_TO_LIVE};
 use latchkey_shared::etcdpb::{
     PbLeaseGrantRequest, PbLeaseGrantResponse, PbLeaseRevokeRequest, PbLeaseRevokeResponse,
@@ -20,8 +21,15 @@ pub async fn grant(
 ) -> Result<PbLeaseGrantResponse, ApiError> {
     let cell = state.upstream.home();
     let sent = Instant::now();
+    let token = client_token();
     let granted: PbLeaseGrantResponse = cell
-        .call(Route::Leader, Kind::Write, GRANT, request)
+        .call_as(
+            Who::Client(token.as_deref()),
+            Route::Leader,
+            Kind::Write,
+            GRANT,
+            request,
+        )
         .await?;
     if granted.error.is_empty() {
         state
@@ -33,10 +41,12 @@ pub async fn grant(
 
 /// Revokes a lease on the cell and drops it from the session table.
 pub async fn revoke(state: &ProxyState, id: LeaseId) -> Result<PbLeaseRevokeResponse, ApiError> {
+    let token = client_token();
     let result = state
         .upstream
         .home()
-        .call(
+        .call_as(
+            Who::Client(token.as_deref()),
             Route::Leader,
             Kind::Write,
             REVOKE,
@@ -58,9 +68,16 @@ pub async fn time_to_live(
     state: &ProxyState,
     request: PbLeaseTimeToLiveRequest,
 ) -> Result<PbLeaseTimeToLiveResponse, ApiError> {
+    let token = client_token();
     state
         .upstream
         .home()
-        .call(Route::Leader, Kind::Read, TIME_TO_LIVE, request)
+        .call_as(
+            Who::Client(token.as_deref()),
+            Route::Leader,
+            Kind::Read,
+            TIME_TO_LIVE,
+            request,
+        )
         .await
 }

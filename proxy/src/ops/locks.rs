@@ -15,6 +15,7 @@ use latchkey_shared::etcdpb::{
     PbTxnResponse,
 };
 use latchkey_shared::idempotency::Guard;
+use latchkey_shared::lock::Access;
 use latchkey_shared::lock::LockBackend;
 use latchkey_shared::{ApiError, KeyRange};
 use std::sync::Arc;
@@ -24,6 +25,23 @@ pub struct UpstreamLocks {
 }
 
 impl LockBackend for UpstreamLocks {
+    /// The recipes write with the proxy's identity: the cell first says
+    /// the client (whose token the face put on this task) may.
+    fn permit<'a>(
+        &'a self,
+        _metadata: &'a tonic::metadata::MetadataMap,
+        access: Access,
+        range: &'a KeyRange,
+    ) -> BoxFuture<'a, Result<(), ApiError>> {
+        Box::pin(async move {
+            let cell = self.state.upstream.home();
+            match access {
+                Access::Read => super::auth::require_read(cell, range).await,
+                Access::ReadWrite => super::auth::require_read_write(cell, range).await,
+            }
+        })
+    }
+
     fn txn(&self, req: PbTxnRequest) -> BoxFuture<'_, Result<PbTxnResponse, ApiError>> {
         Box::pin(async move {
             let key = req

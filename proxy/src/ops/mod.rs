@@ -7,6 +7,9 @@
 //! Each operation takes the [`ProxyState`](crate::state::ProxyState) and
 //! an etcd message and returns etcd's answer or an `ApiError`.
 //!
+//! - [`auth`]: the client's token, carried on calls made on its behalf,
+//!   and the probes that ask the cell whether the client may do what the
+//!   proxy is about to do for it with its own identity.
 //! - [`kv`]: ranges (read cache, client floors, member), puts, deletes,
 //!   txns and compaction.
 //! - [`lease`]: grant and revoke with the session table kept in step;
@@ -16,6 +19,7 @@
 //! - [`locks`]: the lock and election recipes' backend over the cell
 //!   client and coalesced watches.
 
+pub mod auth;
 pub mod idempotency;
 pub mod kv;
 pub mod lease;

@@ -12,12 +12,13 @@
 
 use crate::chaos::{broken, Defect};
 use crate::metrics_catalog::{UPSTREAM_ERRORS, UPSTREAM_SECONDS};
-use latchkey_shared::client::{call, endpoint};
+use latchkey_shared::client::own_token::attach_client_token;
+use latchkey_shared::client::{call, endpoint, OwnToken};
 use latchkey_shared::etcdpb::PbResponseHeader;
 use latchkey_shared::tls::client::lazy_channel;
 use latchkey_shared::tls::ClientTls;
 use latchkey_shared::{ApiError, ErrorCode, Retry};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -103,6 +104,26 @@ pub struct CellClient {
     /// Wakes the leader tracker early (a call met a leader change).
     pub(crate) leader_changed: Notify,
     pub request_timeout: Duration,
+    /// What the proxy presents for its own calls (`--cell-user`), kept
+    /// fresh by `upstream::identity`.
+    pub own_token: OwnToken,
+    /// Whether the cell had authentication on when last asked:
+    /// [`AUTH_UNKNOWN`] until it answers.
+    auth: AtomicU8,
+}
+
+const AUTH_UNKNOWN: u8 = 0;
+const AUTH_OFF: u8 = 1;
+const AUTH_ON: u8 = 2;
+
+/// Whose identity a call carries.
+#[derive(Debug, Clone, Copy)]
+pub enum Who<'a> {
+    /// The proxy's own (its records, shared watches, refresh batches).
+    Proxy,
+    /// A client's, on a call made on its behalf: its token, or none at
+    /// all, never the proxy's.
+    Client(Option<&'a str>),
 }
 
 impl CellClient {
@@ -138,7 +159,22 @@ impl CellClient {
             last_header: Mutex::new(PbResponseHeader::default()),
             leader_changed: Notify::new(),
             request_timeout,
+            own_token: OwnToken::default(),
+            auth: AtomicU8::new(AUTH_UNKNOWN),
         })
+    }
+
+    /// Whether the cell may have authentication on: it said so when last
+    /// asked (every second, by `upstream::identity`), or it has not
+    /// answered yet. Then the proxy checks a client's permission with the
+    /// cell before it acts for the client with its own identity.
+    pub fn auth_may_be_on(&self) -> bool {
+        self.auth.load(Ordering::Relaxed) != AUTH_OFF
+    }
+
+    pub(crate) fn set_auth_on(&self, on: bool) {
+        let value = if on { AUTH_ON } else { AUTH_OFF };
+        self.auth.store(value, Ordering::Relaxed);
     }
 
     /// The cell's id once any member has answered.
@@ -206,10 +242,27 @@ impl CellClient {
             .unwrap_or(start % n)
     }
 
-    /// Sends `request` to `path` on the member `route` names, retrying by
-    /// the rules of the module doc until `request_timeout` has passed.
+    /// Sends `request` to `path` on the member `route` names, as the
+    /// proxy itself, retrying by the rules of the module doc until
+    /// `request_timeout` has passed.
     pub async fn call<Req, Resp>(
         &self,
+        route: Route,
+        kind: Kind,
+        path: &'static str,
+        request: Req,
+    ) -> Result<Resp, ApiError>
+    where
+        Req: prost::Message + Clone + Send + Sync + 'static,
+        Resp: prost::Message + Default + Send + Sync + HasHeader + 'static,
+    {
+        self.call_as(Who::Proxy, route, kind, path, request).await
+    }
+
+    /// [`call`](Self::call) with `who`'s identity.
+    pub async fn call_as<Req, Resp>(
+        &self,
+        who: Who<'_>,
         route: Route,
         kind: Kind,
         path: &'static str,
@@ -225,6 +278,10 @@ impl CellClient {
                 let channel = self.members[member].channel.clone();
                 let mut grpc_request = tonic::Request::new(request.clone());
                 grpc_request.set_timeout(deadline.saturating_duration_since(Instant::now()));
+                match who {
+                    Who::Proxy => self.own_token.attach(&mut grpc_request),
+                    Who::Client(token) => attach_client_token(&mut grpc_request, token),
+                }
                 async move {
                     let resp = call::unary::<Req, Resp>(channel, path, grpc_request).await?;
                     self.saw_header(member, resp.header());
@@ -352,6 +409,27 @@ has_header!(
     PbHashKvResponse,
     PbMoveLeaderResponse,
     PbDowngradeResponse,
+);
+
+use latchkey_shared::auth_pb as auth;
+has_header!(
+    auth::AuthEnableResponse,
+    auth::AuthDisableResponse,
+    auth::AuthStatusResponse,
+    auth::AuthenticateResponse,
+    auth::AuthUserAddResponse,
+    auth::AuthUserGetResponse,
+    auth::AuthUserListResponse,
+    auth::AuthUserDeleteResponse,
+    auth::AuthUserChangePasswordResponse,
+    auth::AuthUserGrantRoleResponse,
+    auth::AuthUserRevokeRoleResponse,
+    auth::AuthRoleAddResponse,
+    auth::AuthRoleGetResponse,
+    auth::AuthRoleListResponse,
+    auth::AuthRoleDeleteResponse,
+    auth::AuthRoleGrantPermissionResponse,
+    auth::AuthRoleRevokePermissionResponse,
 );
 
 /// Shared by the services of both APIs.

@@ -5,6 +5,8 @@
 //!   error's retry class only).
 //! - [`leader_tracker`]: [`LeaderTracker`], one task per cell that learns
 //!   member ids, the leader and which members are up.
+//! - [`identity`]: [`CellIdentity`], one task per cell that learns whether
+//!   it has authentication on and keeps the proxy's own token fresh.
 //!
 //! [`Upstream`] holds the cells by cell id. A proxy fronts one cell today;
 //! DESIGN section 9 routes each tenant (top-level key prefix) to its cell,
@@ -12,9 +14,11 @@
 //! assuming there is only one.
 
 pub mod cell_client;
+pub mod identity;
 pub mod leader_tracker;
 
-pub use cell_client::{Cell, CellClient, Kind, Route};
+pub use cell_client::{Cell, CellClient, Kind, Route, Who};
+pub use identity::CellIdentity;
 pub use leader_tracker::LeaderTracker;
 
 use std::sync::Arc;

@@ -19,6 +19,7 @@
 use super::upstream_answer::{read, Answer};
 use crate::metrics_catalog::UPSTREAM_WATCH_STREAMS;
 use latchkey_shared::client::call;
+use latchkey_shared::client::OwnToken;
 use latchkey_shared::etcd_methods::watch::WATCH;
 use latchkey_shared::etcd_methods::REQUIRE_LEADER;
 use latchkey_shared::etcdpb::{PbWatchRequest, PbWatchRequestUnion, PbWatchResponse};
@@ -138,8 +139,9 @@ impl MemberStreamHandle {
 pub struct MemberStream;
 
 impl MemberStream {
-    /// Opens a Watch stream on `channel` and spawns its task.
-    pub async fn open(channel: Channel) -> Result<MemberStreamHandle, ApiError> {
+    /// Opens a Watch stream on `channel` as the proxy (presenting `own`)
+    /// and spawns its task.
+    pub async fn open(channel: Channel, own: &OwnToken) -> Result<MemberStreamHandle, ApiError> {
         let (requests, up) = mpsc::unbounded_channel::<PbWatchRequest>();
         // Require-leader, as etcd's grpc-proxy: a member that has lost its
         // leader ends the stream, and every watch on it resumes on another
@@ -150,6 +152,7 @@ impl MemberStream {
             REQUIRE_LEADER,
             tonic::metadata::MetadataValue::from_static("true"),
         );
+        own.attach(&mut request);
         let answers =
             call::streaming::<PbWatchRequest, PbWatchResponse, _>(channel, WATCH, request).await?;
         let (commands, inbox) = mpsc::unbounded_channel();
@@ -340,7 +343,9 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn many_watches_share_one_stream_and_each_gets_its_own_answers() {
         let cell = TestCell::start().await;
-        let stream = MemberStream::open(cell.channel()).await.expect("stream");
+        let stream = MemberStream::open(cell.channel(), &OwnToken::default())
+            .await
+            .expect("stream");
         let watch = |key: &str| CreateWatch {
             key: key.as_bytes().to_vec(),
             range_end: vec![],

@@ -64,7 +64,11 @@ impl UpstreamWatches {
         {
             return Ok(stream.clone());
         }
-        let stream = MemberStream::open(self.cell.members[member].channel.clone()).await?;
+        let stream = MemberStream::open(
+            self.cell.members[member].channel.clone(),
+            &self.cell.own_token,
+        )
+        .await?;
         of_member.push(stream.clone());
         Ok(stream)
     }

@@ -19,6 +19,7 @@ mod t82_idempotency;
 mod t83_elections;
 mod t84_partition;
 mod t90_tls;
+mod t95_auth;
 
 use latchkey_shared::etcdpb::{PbWatchRequest, PbWatchResponse};
 use std::path::Path;

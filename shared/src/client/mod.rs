@@ -16,6 +16,8 @@
 //! - [`keepalive_stream`]: [`KeepAliveStream`], etcd's own
 //!   `Lease/LeaseKeepAlive` stream carrying many leases, as a proxy would
 //!   use it against any etcd v3 server.
+//! - [`own_token`]: [`OwnToken`], the token a process presents for its
+//!   own calls once the cell has authentication on.
 //! - [`session`]: [`Session`], one lease granted and kept alive on a
 //!   [`RefreshStream`], observable as Alive / Jeopardy / Expired.
 //! - [`watches`]: [`watches::open_watches`], one raw Watch stream
@@ -27,6 +29,7 @@
 
 pub mod call;
 pub mod keepalive_stream;
+pub mod own_token;
 pub mod refresh_stream;
 pub mod session;
 pub mod watches;
@@ -35,6 +38,7 @@ pub mod watches;
 mod fake_cell;
 
 pub use keepalive_stream::KeepAliveStream;
+pub use own_token::OwnToken;
 pub use refresh_stream::{RefreshReply, RefreshStream};
 pub use session::{Session, SessionOptions, SessionState};
 

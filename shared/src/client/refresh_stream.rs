@@ -20,7 +20,7 @@
 //! on one stream would not be answered sooner; callers that must share one
 //! put it behind a `tokio::sync::Mutex`.
 
-use super::{authority, connect_with, endpoint, ClientError};
+use super::{authority, connect_with, endpoint, ClientError, OwnToken};
 use crate::limits::{MAX_REFRESH_BATCH, MAX_REFRESH_MESSAGE_BYTES};
 use crate::sessions_pb::sessions_client::SessionsClient;
 use crate::sessions_pb::{RefreshRequest, RefreshResponse};
@@ -88,6 +88,7 @@ pub struct RefreshStream {
     batch: u64,
     /// TLS towards the members, or plain text.
     tls: Option<ClientTls>,
+    own_token: OwnToken,
 }
 
 impl RefreshStream {
@@ -121,12 +122,21 @@ impl RefreshStream {
             leader: None,
             batch: 0,
             tls: None,
+            own_token: OwnToken::default(),
         })
     }
 
     /// The same client speaking TLS with `tls` (when given) to the members.
     pub fn with_tls(mut self, tls: Option<ClientTls>) -> RefreshStream {
         self.tls = tls;
+        self
+    }
+
+    /// The same client presenting `token` when it opens a stream (the
+    /// cell checks it then: batched refresh needs the root role once
+    /// authentication is on).
+    pub fn with_own_token(mut self, token: OwnToken) -> RefreshStream {
+        self.own_token = token;
         self
     }
 
@@ -193,7 +203,10 @@ impl RefreshStream {
                 .send(request)
                 .await
                 .map_err(|_| ClientError::Closed { addr: addr.clone() })?,
-            None => self.open = Some(open_stream(&addr, self.tls.as_ref(), request).await?),
+            None => {
+                self.open =
+                    Some(open_stream(&addr, self.tls.as_ref(), &self.own_token, request).await?)
+            }
         }
         let Some(open) = self.open.as_mut() else {
             return Err(ClientError::Closed { addr });
@@ -264,6 +277,7 @@ impl RefreshStream {
 async fn open_stream(
     addr: &str,
     tls: Option<&ClientTls>,
+    own_token: &OwnToken,
     first: RefreshRequest,
 ) -> Result<Open, ClientError> {
     let channel = connect_with(addr, tls).await?;
@@ -271,10 +285,12 @@ async fn open_stream(
     requests.try_send(first).map_err(|_| ClientError::Closed {
         addr: addr.to_string(),
     })?;
+    let mut request = tonic::Request::new(ReceiverStream::new(queue));
+    own_token.attach(&mut request);
     let responses = SessionsClient::new(channel)
         .max_decoding_message_size(MAX_REFRESH_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_REFRESH_MESSAGE_BYTES)
-        .refresh(ReceiverStream::new(queue))
+        .refresh(request)
         .await
         .map_err(|status| ClientError::rpc(addr, status))?
         .into_inner();

@@ -10,7 +10,29 @@ use crate::etcdpb::{
 use crate::{ApiError, ErrorCode, KeyRange};
 use futures::future::BoxFuture;
 
+/// What a Lock or Election call needs of its caller on the keys it names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Leader, Observe: read the election's queue.
+    Read,
+    /// Lock, Campaign (the name's queue); Unlock, Proclaim, Resign (the
+    /// held key).
+    ReadWrite,
+}
+
 pub trait LockBackend: Send + Sync + 'static {
+    /// Whether the caller of a Lock or Election call (its gRPC `metadata`)
+    /// may `access` every key of `range`, checked before the call does
+    /// anything. The default lets everyone through.
+    fn permit<'a>(
+        &'a self,
+        _metadata: &'a tonic::metadata::MetadataMap,
+        _access: Access,
+        _range: &'a KeyRange,
+    ) -> BoxFuture<'a, Result<(), ApiError>> {
+        Box::pin(async { Ok(()) })
+    }
+
     /// A txn, committed through the cell's leader.
     fn txn(&self, req: PbTxnRequest) -> BoxFuture<'_, Result<PbTxnResponse, ApiError>>;
 

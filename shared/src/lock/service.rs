@@ -6,7 +6,7 @@
 //! call then, and the contender's queue key is removed), and never longer
 //! than [`WAIT_LIMIT`].
 
-use super::{election, mutex, LockBackend};
+use super::{election, mutex, Access, LockBackend};
 use crate::idempotency::Guard;
 use crate::v3electionpb::election_server::Election;
 use crate::v3electionpb::{
@@ -15,7 +15,7 @@ use crate::v3electionpb::{
 };
 use crate::v3lockpb::lock_server::Lock;
 use crate::v3lockpb::{LockRequest, LockResponse, UnlockRequest, UnlockResponse};
-use crate::ApiError;
+use crate::{ApiError, KeyRange};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -53,6 +53,10 @@ impl<B: LockBackend> LockService<B> {
 #[tonic::async_trait]
 impl<B: LockBackend> Lock for LockService<B> {
     async fn lock(&self, request: Request<LockRequest>) -> Result<Response<LockResponse>, Status> {
+        let queue = KeyRange::prefix(&request.get_ref().name);
+        self.backend
+            .permit(request.metadata(), Access::ReadWrite, &queue)
+            .await?;
         let req = request.into_inner();
         let guard = self
             .guard(
@@ -83,6 +87,10 @@ impl<B: LockBackend> Lock for LockService<B> {
         &self,
         request: Request<UnlockRequest>,
     ) -> Result<Response<UnlockResponse>, Status> {
+        let held = KeyRange::single(request.get_ref().key.clone());
+        self.backend
+            .permit(request.metadata(), Access::ReadWrite, &held)
+            .await?;
         let req = request.into_inner();
         let guard = self
             .guard(
@@ -107,6 +115,12 @@ impl<B> ElectionService<B> {
     }
 }
 
+/// The key a Proclaim or Resign says it holds (empty when it names none,
+/// which the call then refuses).
+fn held_key(leader: Option<&crate::v3electionpb::LeaderKey>) -> KeyRange {
+    KeyRange::single(leader.map(|l| l.key.clone()).unwrap_or_default())
+}
+
 fn leader_key(
     leader: Option<crate::v3electionpb::LeaderKey>,
 ) -> Result<crate::v3electionpb::LeaderKey, ApiError> {
@@ -119,6 +133,10 @@ impl<B: LockBackend> Election for ElectionService<B> {
         &self,
         request: Request<CampaignRequest>,
     ) -> Result<Response<CampaignResponse>, Status> {
+        let queue = KeyRange::prefix(&request.get_ref().name);
+        self.backend
+            .permit(request.metadata(), Access::ReadWrite, &queue)
+            .await?;
         let req = request.into_inner();
         let (leader, header) = election::campaign(
             self.backend.clone(),
@@ -138,6 +156,10 @@ impl<B: LockBackend> Election for ElectionService<B> {
         &self,
         request: Request<ProclaimRequest>,
     ) -> Result<Response<ProclaimResponse>, Status> {
+        let held = held_key(request.get_ref().leader.as_ref());
+        self.backend
+            .permit(request.metadata(), Access::ReadWrite, &held)
+            .await?;
         let req = request.into_inner();
         let leader = leader_key(req.leader)?;
         let header = election::proclaim(self.backend.as_ref(), &leader, req.value).await?;
@@ -150,6 +172,10 @@ impl<B: LockBackend> Election for ElectionService<B> {
         &self,
         request: Request<LeaderRequest>,
     ) -> Result<Response<LeaderResponse>, Status> {
+        let queue = KeyRange::prefix(&request.get_ref().name);
+        self.backend
+            .permit(request.metadata(), Access::Read, &queue)
+            .await?;
         let name = request.into_inner().name;
         match election::leader(self.backend.as_ref(), &name).await? {
             (Some(kv), header) => Ok(Response::new(LeaderResponse {
@@ -168,6 +194,10 @@ impl<B: LockBackend> Election for ElectionService<B> {
         &self,
         request: Request<LeaderRequest>,
     ) -> Result<Response<Self::ObserveStream>, Status> {
+        let queue = KeyRange::prefix(&request.get_ref().name);
+        self.backend
+            .permit(request.metadata(), Access::Read, &queue)
+            .await?;
         let name = request.into_inner().name;
         if name.is_empty() {
             return Err(ApiError::invalid("an election needs a name").into());
@@ -188,6 +218,10 @@ impl<B: LockBackend> Election for ElectionService<B> {
         &self,
         request: Request<ResignRequest>,
     ) -> Result<Response<ResignResponse>, Status> {
+        let held = held_key(request.get_ref().leader.as_ref());
+        self.backend
+            .permit(request.metadata(), Access::ReadWrite, &held)
+            .await?;
         let leader = leader_key(request.into_inner().leader)?;
         let header = election::resign(self.backend.as_ref(), &leader).await?;
         Ok(Response::new(ResignResponse {

@@ -1,0 +1,219 @@
+//! Who a client is, at the proxy, and what it may do. The cell is the only
+//! judge: the proxy holds no auth records.
+//!
+//! - A call the proxy makes on a client's behalf (KV operations, lease
+//!   grant, revoke and time-to-live, membership, maintenance, the Auth API)
+//!   carries the client's own token (`Who::Client`), never the proxy's,
+//!   so the cell checks it as if the client had called it directly.
+//! - What the proxy does with its own identity for many clients (shared
+//!   watches, batched keep-alives, the lock and election recipes, the
+//!   idempotency records, the read cache) is done only after the cell has
+//!   answered a probe sent with the client's token that asks for exactly
+//!   the permission the operation needs and changes nothing (`require_*`).
+//!   While the cell has authentication off the probes are skipped; while
+//!   the proxy does not know yet, they are sent.
+//!
+//! The client's token reaches the operations through [`as_client`], set
+//! once per request by each face (gRPC metadata `token`, HTTP
+//! `Authorization: Bearer`).
+
+use crate::upstream::{Cell, Kind, Route, Who};
+use latchkey_shared::auth_pb::{AuthUserListRequest, AuthUserListResponse};
+use latchkey_shared::etcd_enums::{CompareResult, CompareTarget};
+use latchkey_shared::etcd_methods::auth::USER_LIST;
+use latchkey_shared::etcd_methods::kv::{RANGE, TXN};
+use latchkey_shared::etcd_methods::lease::TIME_TO_LIVE;
+use latchkey_shared::etcdpb::{
+    PbCompare, PbDeleteRequest, PbLeaseTimeToLiveRequest, PbLeaseTimeToLiveResponse,
+    PbRangeRequest, PbRangeResponse, PbTargetUnion, PbTxnOpRequest, PbTxnRequest, PbTxnRequestOp,
+    PbTxnResponse,
+};
+use latchkey_shared::{ApiError, ErrorCode, KeyRange};
+use std::future::Future;
+use std::sync::Arc;
+
+tokio::task_local! {
+    static CLIENT_TOKEN: Option<Arc<str>>;
+}
+
+/// Runs `f` as the client that sent `token`.
+pub async fn as_client<F: Future>(token: Option<Arc<str>>, f: F) -> F::Output {
+    CLIENT_TOKEN.scope(token, f).await
+}
+
+/// The token of the client this task serves (none outside [`as_client`]).
+pub fn client_token() -> Option<Arc<str>> {
+    CLIENT_TOKEN.try_with(|t| t.clone()).ok().flatten()
+}
+
+/// A token as clients send it: etcd's bare token, or `Bearer <token>`.
+pub fn token_from_header(value: &str) -> Option<Arc<str>> {
+    let token = value.strip_prefix("Bearer ").unwrap_or(value).trim();
+    (!token.is_empty()).then(|| Arc::from(token))
+}
+
+/// A compare that never holds (no key has a negative version), on a key
+/// the client must be able to read anyway: a probe with it takes its
+/// empty failure branch and writes nothing, after the cell has checked
+/// every operation of its success branch.
+fn never(key: &[u8]) -> PbCompare {
+    PbCompare {
+        result: CompareResult::Less as i32,
+        target: CompareTarget::Version as i32,
+        key: key.to_vec(),
+        range_end: Vec::new(),
+        target_union: Some(PbTargetUnion::Version(0)),
+    }
+}
+
+fn op(request: PbTxnOpRequest) -> PbTxnRequestOp {
+    PbTxnRequestOp {
+        request: Some(request),
+    }
+}
+
+/// Sends a probe txn as the client; `Ok` if the cell let it through.
+async fn probe_txn(cell: &Cell, probe: PbTxnRequest) -> Result<(), ApiError> {
+    let token = client_token();
+    let _: PbTxnResponse = cell
+        .call_as(
+            Who::Client(token.as_deref()),
+            Route::Leader,
+            Kind::Read,
+            TXN,
+            probe,
+        )
+        .await?;
+    Ok(())
+}
+
+/// The client may run `txn` (its compares and every operation of both
+/// branches), which the proxy will run for it with its own identity.
+pub async fn require_txn(cell: &Cell, txn: &PbTxnRequest) -> Result<(), ApiError> {
+    if !cell.auth_may_be_on() {
+        return Ok(());
+    }
+    let key = txn
+        .compare
+        .first()
+        .map(|c| c.key.clone())
+        .or_else(|| txn.success.iter().chain(&txn.failure).find_map(op_key))
+        .unwrap_or_default();
+    let mut compare = txn.compare.clone();
+    compare.push(never(&key));
+    probe_txn(
+        cell,
+        PbTxnRequest {
+            compare,
+            success: txn.success.iter().chain(&txn.failure).cloned().collect(),
+            failure: Vec::new(),
+        },
+    )
+    .await
+}
+
+fn op_key(op: &PbTxnRequestOp) -> Option<Vec<u8>> {
+    match &op.request {
+        Some(PbTxnOpRequest::RequestRange(r)) => Some(r.key.clone()),
+        Some(PbTxnOpRequest::RequestPut(p)) => Some(p.key.clone()),
+        Some(PbTxnOpRequest::RequestDeleteRange(d)) => Some(d.key.clone()),
+        Some(PbTxnOpRequest::RequestTxn(t)) => t.compare.first().map(|c| c.key.clone()),
+        None => None,
+    }
+}
+
+/// The client may read `range` (a watch the proxy shares, a cached read).
+pub async fn require_read(cell: &Cell, range: &KeyRange) -> Result<(), ApiError> {
+    if !cell.auth_may_be_on() {
+        return Ok(());
+    }
+    let token = client_token();
+    let probe = PbRangeRequest {
+        key: range.start.clone(),
+        range_end: range.end.clone(),
+        limit: 1,
+        serializable: true,
+        count_only: true,
+        ..Default::default()
+    };
+    let _: PbRangeResponse = cell
+        .call_as(
+            Who::Client(token.as_deref()),
+            Route::Any,
+            Kind::Read,
+            RANGE,
+            probe,
+        )
+        .await?;
+    Ok(())
+}
+
+/// The client may read and write every key of `range`: a lock's or an
+/// election's queue (its name's prefix), or the key it holds.
+pub async fn require_read_write(cell: &Cell, range: &KeyRange) -> Result<(), ApiError> {
+    if !cell.auth_may_be_on() {
+        return Ok(());
+    }
+    probe_txn(
+        cell,
+        PbTxnRequest {
+            compare: vec![never(&range.start)],
+            success: vec![
+                op(PbTxnOpRequest::RequestRange(PbRangeRequest {
+                    key: range.start.clone(),
+                    range_end: range.end.clone(),
+                    count_only: true,
+                    ..Default::default()
+                })),
+                op(PbTxnOpRequest::RequestDeleteRange(PbDeleteRequest {
+                    key: range.start.clone(),
+                    range_end: range.end.clone(),
+                    ..Default::default()
+                })),
+            ],
+            failure: Vec::new(),
+        },
+    )
+    .await
+}
+
+/// The client holds the root role (force-release, the audit stream).
+pub async fn require_admin(cell: &Cell) -> Result<(), ApiError> {
+    if !cell.auth_may_be_on() {
+        return Ok(());
+    }
+    let token = client_token();
+    let _: AuthUserListResponse = cell
+        .call_as(
+            Who::Client(token.as_deref()),
+            Route::Any,
+            Kind::Read,
+            USER_LIST,
+            AuthUserListRequest {},
+        )
+        .await?;
+    Ok(())
+}
+
+/// The client is authenticated (keep-alives, which need nothing more).
+pub async fn require_authenticated(cell: &Cell) -> Result<(), ApiError> {
+    if !cell.auth_may_be_on() {
+        return Ok(());
+    }
+    let token = client_token();
+    // Lease 0 never exists: the answer after the check is "not found".
+    let asked: Result<PbLeaseTimeToLiveResponse, ApiError> = cell
+        .call_as(
+            Who::Client(token.as_deref()),
+            Route::Any,
+            Kind::Read,
+            TIME_TO_LIVE,
+            PbLeaseTimeToLiveRequest { id: 0, keys: false },
+        )
+        .await;
+    match asked {
+        Ok(_) => Ok(()),
+        Err(e) if e.code == ErrorCode::LeaseNotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
