@@ -8,9 +8,9 @@
 #                                                  # certificates required, mutual TLS between
 #                                                  # members and from the proxy), certificates
 #                                                  # from scripts/make-certs.sh
-#   scripts/test-etcd-compat.sh --latchkey BIN --auth  # authentication on (etcdctl adds root and
-#                                                  # enables it), every client authenticates as
-#                                                  # root; no proxy (it does not carry identities)
+#   scripts/test-etcd-compat.sh --latchkey BIN --auth  # authentication on (etcdctl adds root, the
+#                                                  # proxy's user, and enables it), every client
+#                                                  # authenticates as root, the proxy as its user
 #   scripts/test-etcd-compat.sh HOST:PORT,...      # a running cluster's client endpoints
 #
 # Arguments after `--` go to `go test` (e.g. `-- -run 'TestWatch|TestTxn'`).
@@ -201,7 +201,12 @@ case "$mode" in
     proxy_bin=$(dirname "$bin")/latchkey-proxy
     [ -x "$proxy_bin" ] || { echo "$proxy_bin is missing: build latchkey-proxy with the cell" >&2; exit 1; }
     proxy_port=$(free_port) proxy_http=$(free_port) proxy_metrics=$(free_port)
-    "$proxy_bin" --grpc-addr "127.0.0.1:$proxy_port" --http-addr "127.0.0.1:$proxy_http" \
+    proxy_auth=()
+    if [ -n "$auth" ]; then
+      echo "compat-proxy-$$" >"$work/proxy-password"
+      proxy_auth=(--cell-user latchkey-proxy --cell-password-file "$work/proxy-password")
+    fi
+    "$proxy_bin" ${proxy_auth[@]+"${proxy_auth[@]}"} --grpc-addr "127.0.0.1:$proxy_port" --http-addr "127.0.0.1:$proxy_http" \
       --metrics-addr "127.0.0.1:$proxy_metrics" ${proxy_tls[@]+"${proxy_tls[@]}"} \
       --cells "$(printf '127.0.0.1:%s,' "${cports[@]}" | sed 's/,$//')" >"$work/proxy.log" 2>&1 &
     pids+=($!)
@@ -214,16 +219,32 @@ if [ -n "${ready_urls+set}" ]; then
   wait_ready "${ready_urls[@]}"
   eps=$(printf '127.0.0.1:%s,' "${cports[@]}"); eps=${eps%,}
   export LATCHKEY_FRESH=1 LATCHKEY_PROGRESS_NOTIFY_INTERVAL=1s
-  [ -z "${proxy_port:-}" ] || [ -n "$auth" ] || export LATCHKEY_PROXY_ENDPOINT=127.0.0.1:$proxy_port
+  [ -z "${proxy_port:-}" ] || export LATCHKEY_PROXY_ENDPOINT=127.0.0.1:$proxy_port
 fi
 if [ -n "$auth" ]; then
   # etcdctl as an operator would: root, then authentication on (etcdctl
   # adds the root role and grants it).
   ctl=(etcdctl --endpoints="$eps" --command-timeout=20s)
   [ -z "$tls" ] || ctl+=(--cacert "$LATCHKEY_TLS_CA" --cert "$LATCHKEY_TLS_CERT" --key "$LATCHKEY_TLS_KEY")
-  ETCDCTL_API=3 "${ctl[@]}" --interactive=false user add "root:compat-root-$$" >/dev/null
-  ETCDCTL_API=3 "${ctl[@]}" auth enable
+  export ETCDCTL_API=3
+  "${ctl[@]}" --interactive=false user add "root:compat-root-$$" >/dev/null
+  # The proxy's own user: root, and the role that writes latchkey's records.
+  "${ctl[@]}" --interactive=false user add "latchkey-proxy:compat-proxy-$$" >/dev/null
+  "${ctl[@]}" role add root >/dev/null
+  "${ctl[@]}" role add latchkey-proxy >/dev/null
+  "${ctl[@]}" user grant-role root root >/dev/null
+  "${ctl[@]}" user grant-role latchkey-proxy root >/dev/null
+  "${ctl[@]}" user grant-role latchkey-proxy latchkey-proxy >/dev/null
+  "${ctl[@]}" auth enable
   export LATCHKEY_USER=root LATCHKEY_PASSWORD=compat-root-$$
+  # The proxy learns within a second that authentication is on and
+  # authenticates: a lock through it as root needs both.
+  deadline=$((SECONDS + 30))
+  until "${ctl[@]}" --endpoints="127.0.0.1:$proxy_port" --user "root:compat-root-$$" \
+      lock compat-proxy-ready true >/dev/null 2>&1; do
+    [ $SECONDS -lt $deadline ] || { echo "the proxy did not act for an authenticated client within 30 s" >&2; tail -n 20 "$work/proxy.log" >&2; exit 1; }
+    sleep 0.2
+  done
   # Auth changes are txns of the keyspace in latchkey (etcd keeps them
   # apart): the cell's revision has moved on.
   export LATCHKEY_FRESH=0

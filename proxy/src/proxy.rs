@@ -87,6 +87,7 @@ impl Proxy {
             request_timeout: cfg.request_timeout,
             max_request_bytes: cfg.max_request_bytes,
             lifecycle: lifecycle.clone(),
+            auth_attempts: crate::ops::auth::attempts_per_address(),
         });
         let credentials = read_credentials(&cfg)?;
         for cell in state.upstream.cells() {

@@ -6,6 +6,7 @@ use crate::upstream::Upstream;
 use crate::watch::client_watches::ClientWatches;
 use crate::watch::coalescer::Coalescer;
 use crate::watch::fanout::Fanout;
+use latchkey_shared::auth::limiter::AttemptLimiter;
 use latchkey_shared::idempotency::RetentionLease;
 use latchkey_shared::lifecycle::Lifecycle;
 use std::sync::Arc;
@@ -33,4 +34,6 @@ pub struct ProxyState {
     pub max_request_bytes: usize,
     /// Owns the per-stream tasks (watch and keep-alive streams).
     pub lifecycle: Lifecycle,
+    /// Authenticate attempts per client address (`ops::auth`).
+    pub auth_attempts: AttemptLimiter,
 }

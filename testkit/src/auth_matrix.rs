@@ -18,18 +18,21 @@ pub const ROOT: (&str, &str) = ("root", "root-secret");
 pub const READER: (&str, &str) = ("reader", "reader-secret");
 pub const WORKER: (&str, &str) = ("worker", "worker-secret");
 pub const NOBODY: (&str, &str) = ("nobody", "nobody-secret");
+/// The proxies' own user: root and the proxy role (it writes latchkey's
+/// records, which root alone may not).
+pub const PROXY: (&str, &str) = ("latchkey-proxy", "proxy-secret");
 
 /// Users, roles and permissions of the matrix, then authentication on,
 /// through `endpoint` (authentication must be off).
 pub async fn configure(endpoint: &str) {
     let client = &mut connect_anonymous(endpoint).await;
-    for (name, password) in [ROOT, READER, WORKER, NOBODY] {
+    for (name, password) in [ROOT, READER, WORKER, NOBODY, PROXY] {
         client
             .user_add(name, password, None)
             .await
             .unwrap_or_else(|e| panic!("user add {name}: {e}"));
     }
-    for role in ["root", "config-read", "jobs-rw"] {
+    for role in ["root", "config-read", "jobs-rw", "latchkey-proxy"] {
         client.role_add(role).await.expect("role add");
     }
     client
@@ -44,6 +47,8 @@ pub async fn configure(endpoint: &str) {
         ("root", "root"),
         ("reader", "config-read"),
         ("worker", "jobs-rw"),
+        (PROXY.0, "root"),
+        (PROXY.0, "latchkey-proxy"),
     ] {
         client
             .user_grant_role(user, role)
@@ -369,6 +374,14 @@ pub async fn check(endpoint: &str) {
         "only root added users: {:?}",
         users.users()
     );
+
+    // Root may not forge latchkey's own records (only the proxy role
+    // writes them), directly or through a proxy.
+    let e = root
+        .put(b"\0latchkey/audit/forged".to_vec(), "x", None)
+        .await
+        .expect_err("root forging an audit record");
+    assert_eq!(code(&e), Code::InvalidArgument, "{e}");
 
     // No token at all: etcd's "user name is empty".
     let mut anonymous = connect_anonymous(endpoint).await;

@@ -58,8 +58,12 @@ impl Auth for AuthService {
         &self,
         request: Request<AuthenticateRequest>,
     ) -> Answer<AuthenticateResponse> {
+        let source = latchkey_shared::tls::RemotePeer::of(&request).map(|p| p.addr.ip());
         let req = request.into_inner();
-        let (header, token) = self.ops.authenticate(&req.name, &req.password).await?;
+        let (header, token) = self
+            .ops
+            .authenticate(&req.name, &req.password, source)
+            .await?;
         Ok(Response::new(AuthenticateResponse {
             header: Some(header),
             token,

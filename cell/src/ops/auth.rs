@@ -17,6 +17,8 @@
 use super::auth_gate::AuthGate;
 use super::kv::Kv;
 use crate::node::CellNode;
+use latchkey_shared::auth::limiter::AttemptLimiter;
+use latchkey_shared::auth::password::RecentlyVerified;
 use latchkey_shared::auth::records::{
     encode, role_key, token_key_key, user_key, PermKind, PermRecord, RoleRecord, TokenKey,
     UserRecord, ENABLED_KEY, ROOT, VERSION_KEY,
@@ -83,7 +85,25 @@ pub struct AuthOps {
     node: Arc<CellNode>,
     gate: Arc<AuthGate>,
     kv: Kv,
+    by_user: AttemptLimiter,
+    by_source: AttemptLimiter,
+    recent: Option<RecentlyVerified>,
 }
+
+/// How long a right password spares the argon2 check of the next attempt
+/// with it.
+const RECENTLY_VERIFIED: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Failed Authenticate attempts one user name may make: 10 at once, then
+/// 2 a second (a person mistyping is never held up; a guesser gets 7 200
+/// an hour at most, from everywhere together). Successes do not count.
+const USER_FAILURES: (f64, u32) = (2.0, 10);
+/// Failed Authenticate attempts from one source address. Successes do
+/// not count: etcd's Go client authenticates again for every stream it
+/// opens (etcd issue 11954), so a busy client authenticates many times a
+/// second. A proxy's clients share its address here; each proxy limits its
+/// own clients' addresses.
+const SOURCE_FAILURES: (f64, u32) = (50.0, 100);
 
 impl AuthOps {
     pub fn new(node: Arc<CellNode>, gate: Arc<AuthGate>) -> AuthOps {
@@ -91,6 +111,19 @@ impl AuthOps {
             kv: Kv::new(node.clone()),
             node,
             gate,
+            by_user: AttemptLimiter::new(
+                "failed Authenticate attempts for one user",
+                USER_FAILURES.0,
+                USER_FAILURES.1,
+            ),
+            by_source: AttemptLimiter::new(
+                "failed Authenticate attempts from one address",
+                SOURCE_FAILURES.0,
+                SOURCE_FAILURES.1,
+            ),
+            // Without randomness for its key there is no cache: every
+            // attempt pays argon2.
+            recent: RecentlyVerified::new(RECENTLY_VERIFIED).ok(),
         }
     }
 
@@ -228,12 +261,20 @@ impl AuthOps {
     }
 
     /// A token for `name` if `password` is its password. An unknown user
-    /// and a wrong password answer alike, after the same work.
+    /// and a wrong password answer alike, after the same work. Attempts
+    /// are limited per user name and per `source` address, before any
+    /// work; only failures count.
     pub async fn authenticate(
         &self,
         name: &str,
         given: &str,
+        source: Option<std::net::IpAddr>,
     ) -> Result<(PbResponseHeader, String), ApiError> {
+        let now = tokio::time::Instant::now();
+        if let Some(ip) = source {
+            self.by_source.take(&ip.to_string(), now)?;
+        }
+        self.by_user.take(name, now)?;
         self.node.linearizable_barrier().await?;
         let view = self.gate.view();
         if !view.enabled {
@@ -241,14 +282,31 @@ impl AuthOps {
         }
         let user = view.users.get(name).cloned();
         let stored = user.as_ref().and_then(|u| u.password_hash.clone());
-        let given = given.to_string();
-        let matches =
-            tokio::task::spawn_blocking(move || password::verify(&given, stored.as_deref()))
-                .await
-                .map_err(|e| ApiError::internal(format!("password check: {e}")))?;
+        let recently = match (&self.recent, &stored) {
+            (Some(recent), Some(hash)) => recent.holds(name, given, hash, now),
+            _ => false,
+        };
+        let matches = if recently {
+            true
+        } else {
+            let (given_owned, stored_owned) = (given.to_string(), stored.clone());
+            let matches = tokio::task::spawn_blocking(move || {
+                password::verify(&given_owned, stored_owned.as_deref())
+            })
+            .await
+            .map_err(|e| ApiError::internal(format!("password check: {e}")))?;
+            if let (true, Some(recent), Some(hash)) = (matches, &self.recent, &stored) {
+                recent.remember(name, given, hash, now);
+            }
+            matches
+        };
         let (Some(user), true) = (user, matches) else {
             return Err(ApiError::auth_failed());
         };
+        self.by_user.refund(name);
+        if let Some(ip) = source {
+            self.by_source.refund(&ip.to_string());
+        }
         let key = view
             .token_keys
             .last()

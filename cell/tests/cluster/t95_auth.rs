@@ -147,6 +147,44 @@ async fn tokens_end_with_their_user_or_password_and_cannot_be_forged() {
     assert_eq!(wrong.code(), Code::InvalidArgument);
 }
 
+/// Guessing one user's password is slowed down: failed attempts are
+/// limited per user (10 at once, then 2 a second), with the time to wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_authentications_of_one_user_are_rate_limited() {
+    let cluster = Cluster::start(CELL_BIN, 1, &[]).await;
+    let ep = cluster.url(1);
+    auth_matrix::configure(&ep).await;
+    let mut auth = AuthClient::connect(ep.clone()).await.expect("connect");
+    let attempt = |password: &str| AuthenticateRequest {
+        name: WORKER.0.into(),
+        password: password.into(),
+    };
+    let mut limited = None;
+    for _ in 0..50 {
+        match auth.authenticate(attempt("guess")).await {
+            Err(e) if e.code() == Code::ResourceExhausted => {
+                limited = Some(e);
+                break;
+            }
+            Err(e) => assert_eq!(e.code(), Code::InvalidArgument, "{e:?}"),
+            Ok(_) => panic!("a wrong password was accepted"),
+        }
+    }
+    let limited = limited.expect("rate limited within 50 failed attempts");
+    let error = latchkey_shared::ApiError::from_status(&limited);
+    assert_eq!(error.code, latchkey_shared::ErrorCode::RateLimited);
+    let wait = error.retry_after().expect("says how long to wait");
+    assert!(wait <= Duration::from_secs(1), "{wait:?}");
+    // Another user is not held up; the guessed one is again after the wait.
+    let other = AuthenticateRequest {
+        name: ROOT.0.into(),
+        password: ROOT.1.into(),
+    };
+    assert!(auth.authenticate(other).await.is_ok());
+    tokio::time::sleep(wait).await;
+    assert!(auth.authenticate(attempt(WORKER.1)).await.is_ok());
+}
+
 /// The auth records (password hashes, token keys) under
 /// `\0latchkey/auth/`: no client reads, watches or writes them, root
 /// included, whether authentication is on or off.

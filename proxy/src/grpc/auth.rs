@@ -1,7 +1,8 @@
 //! etcd v3 `Auth`, passed through to the cell as the client: `etcdctl
 //! user/role/auth` and etcd clients' user name and password work through
 //! a proxy as against the cell, which keeps the auth records and judges
-//! every call.
+//! every call. Authenticate attempts are limited per client address here
+//! (and per user at the cell).
 
 use super::service;
 use crate::state::ProxyState;
@@ -20,7 +21,6 @@ service! {
             auth_enable(AuthEnableRequest) -> AuthEnableResponse = Write, AUTH_ENABLE;
             auth_disable(AuthDisableRequest) -> AuthDisableResponse = Write, AUTH_DISABLE;
             auth_status(AuthStatusRequest) -> AuthStatusResponse = Read, AUTH_STATUS;
-            authenticate(AuthenticateRequest) -> AuthenticateResponse = Read, AUTHENTICATE;
             user_add(AuthUserAddRequest) -> AuthUserAddResponse = Write, USER_ADD;
             user_get(AuthUserGetRequest) -> AuthUserGetResponse = Read, USER_GET;
             user_list(AuthUserListRequest) -> AuthUserListResponse = Read, USER_LIST;
@@ -34,6 +34,26 @@ service! {
             role_delete(AuthRoleDeleteRequest) -> AuthRoleDeleteResponse = Write, ROLE_DELETE;
             role_grant_permission(AuthRoleGrantPermissionRequest) -> AuthRoleGrantPermissionResponse = Write, ROLE_GRANT_PERMISSION;
             role_revoke_permission(AuthRoleRevokePermissionRequest) -> AuthRoleRevokePermissionResponse = Write, ROLE_REVOKE_PERMISSION;
+        }
+
+        /// Passed through too, while the client's address has failed
+        /// attempts left.
+        async fn authenticate(
+            &self,
+            request: tonic::Request<AuthenticateRequest>,
+        ) -> Result<tonic::Response<AuthenticateResponse>, tonic::Status> {
+            let client = latchkey_shared::tls::RemotePeer::of(&request).map(|p| p.addr);
+            let cell = self.state.upstream.home().clone();
+            let token = crate::ops::auth::client_token();
+            let forwarded = cell.call_as(
+                crate::upstream::Who::Client(token.as_deref()),
+                crate::upstream::Route::Leader,
+                crate::upstream::Kind::Read,
+                AUTHENTICATE,
+                request.into_inner(),
+            );
+            let answer = crate::ops::auth::limited_authenticate(&self.state, client, forwarded).await;
+            super::answer(answer)
         }
     }
 }

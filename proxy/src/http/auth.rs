@@ -3,7 +3,7 @@
 //! as `Authorization: Bearer <token>` and runs as its user; without one,
 //! a cell with authentication on answers 401 (`user_empty`).
 
-use super::extract::Json;
+use super::extract::{Client, Json};
 use super::model::ErrorBody;
 use super::{answer, Answer};
 use crate::state::ProxyState;
@@ -40,25 +40,25 @@ pub struct TokenAnswer {
     responses((status = 200, body = TokenAnswer),
         (status = 401, body = ErrorBody, description = "auth_failed: the user or the password is wrong (the same answer for both)"),
         (status = 409, body = ErrorBody, description = "auth_not_enabled"),
+        (status = 429, body = ErrorBody, description = "rate_limited: too many attempts from this address or for this user; Retry-After says when"),
         (status = "4XX", body = ErrorBody), (status = "5XX", body = ErrorBody)))]
 pub async fn token(
     State(state): State<Arc<ProxyState>>,
+    Client(client): Client,
     Json(req): Json<TokenRequest>,
 ) -> Answer<TokenAnswer> {
-    let answered: AuthenticateResponse = state
-        .upstream
-        .home()
-        .call_as(
-            Who::Client(None),
-            Route::Leader,
-            Kind::Read,
-            AUTHENTICATE,
-            AuthenticateRequest {
-                name: req.name,
-                password: req.password,
-            },
-        )
-        .await?;
+    let forwarded = state.upstream.home().call_as(
+        Who::Client(None),
+        Route::Leader,
+        Kind::Read,
+        AUTHENTICATE,
+        AuthenticateRequest {
+            name: req.name,
+            password: req.password,
+        },
+    );
+    let answered: AuthenticateResponse =
+        crate::ops::auth::limited_authenticate(&state, client, forwarded).await?;
     answer(TokenAnswer {
         token: answered.token,
         ttl_seconds: TOKEN_TTL.as_secs(),

@@ -220,6 +220,7 @@ mod tests {
             request_timeout: Duration::from_millis(300),
             max_request_bytes: 1 << 20,
             lifecycle: Lifecycle::new(),
+            auth_attempts: crate::ops::auth::attempts_per_address(),
         }))
     }
 

@@ -52,6 +52,37 @@ pub fn token_from_header(value: &str) -> Option<Arc<str>> {
     (!token.is_empty()).then(|| Arc::from(token))
 }
 
+/// Failed Authenticate attempts one client address may make through a
+/// proxy: 20 at once, then 10 a second. Successes do not count: etcd's Go
+/// client authenticates again for every stream it opens. (The cell limits
+/// failures per user, and per address, where a proxy's clients share the
+/// proxy's.)
+pub fn attempts_per_address() -> latchkey_shared::auth::limiter::AttemptLimiter {
+    latchkey_shared::auth::limiter::AttemptLimiter::new(
+        "failed Authenticate attempts from one address",
+        10.0,
+        20,
+    )
+}
+
+/// Runs `authenticate` for the client at `client` if its address has a
+/// failed attempt left; a success gives the attempt back.
+pub async fn limited_authenticate<T>(
+    state: &crate::state::ProxyState,
+    client: Option<std::net::SocketAddr>,
+    authenticate: impl Future<Output = Result<T, ApiError>>,
+) -> Result<T, ApiError> {
+    let key = client.map(|addr| addr.ip().to_string());
+    if let Some(key) = &key {
+        state.auth_attempts.take(key, tokio::time::Instant::now())?;
+    }
+    let answer = authenticate.await;
+    if let (Ok(_), Some(key)) = (&answer, &key) {
+        state.auth_attempts.refund(key);
+    }
+    answer
+}
+
 /// A compare that never holds (no key has a negative version), on a key
 /// the client must be able to read anyway: a probe with it takes its
 /// empty failure branch and writes nothing, after the cell has checked

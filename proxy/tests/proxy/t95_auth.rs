@@ -5,19 +5,20 @@
 //! auth commands, and the HTTP face's tokens with 401 and 403.
 
 use crate::{member_addrs, proxy_bin};
-use latchkey_testkit::auth_matrix::{self, ROOT, WORKER};
+use latchkey_testkit::auth_matrix::{self, PROXY, ROOT, WORKER};
 use latchkey_testkit::{cell_binary, Cluster, ProxyProcess};
 use serde_json::{json, Value};
 
-/// A proxy in front of `cluster` that authenticates to it as root.
+/// A proxy in front of `cluster` that authenticates to it as its own user
+/// (root and the proxy role).
 async fn proxy_as_root(cluster: &Cluster, dir: &tempfile::TempDir) -> ProxyProcess {
     let password = dir.path().join("cell-password");
-    std::fs::write(&password, format!("{}\n", ROOT.1)).expect("password file");
+    std::fs::write(&password, format!("{}\n", PROXY.1)).expect("password file");
     let password = password.to_str().expect("utf8 path").to_string();
     ProxyProcess::start(
         proxy_bin(),
         &member_addrs(cluster),
-        &["--cell-user", ROOT.0, "--cell-password-file", &password],
+        &["--cell-user", PROXY.0, "--cell-password-file", &password],
     )
     .await
 }
@@ -217,6 +218,32 @@ async fn http_tokens_and_permissions() {
         .expect("audit");
     assert_eq!(audit.status().as_u16(), 200);
     drop(audit);
+    // Guessing from one address: 429 with Retry-After within the burst
+    // (the proxy limits per address, the cell per user and per address).
+    let mut limited = None;
+    for i in 0..300 {
+        let resp = http
+            .post(format!("{base}/v1/auth/token"))
+            .json(&json!({"name": format!("guess-{i}"), "password": "x"}))
+            .send()
+            .await
+            .expect("token request");
+        if resp.status().as_u16() == 429 {
+            limited = Some(resp);
+            break;
+        }
+        assert_eq!(resp.status().as_u16(), 401);
+    }
+    let limited = limited.expect("429 within 300 attempts from one address");
+    let wait: u64 = limited.headers()["retry-after"]
+        .to_str()
+        .expect("ascii")
+        .parse()
+        .expect("seconds");
+    assert!((1..=2).contains(&wait), "Retry-After {wait}");
+    let body: Value = limited.json().await.expect("json");
+    assert_eq!(body["error"], "rate_limited");
+
     let force = json!({"fencing_token": 1, "reason": "test"});
     let (status, body) = call(
         post.clone(),

@@ -10,9 +10,11 @@
 //! - [`view`]: [`AuthView`], the records at one auth version, and
 //!   [`Caller`], who sent a request, with the check each operation makes;
 //! - [`password`]: argon2id password hashes;
+//! - [`limiter`]: Authenticate attempts per user and per source;
 //! - [`token`]: signed tokens, which whoever holds the keys verifies
 //!   without asking anyone.
 
+pub mod limiter;
 pub mod password;
 pub mod records;
 pub mod token;

@@ -28,6 +28,12 @@ pub const TOKEN_KEY_PREFIX: &[u8] = b"\0latchkey/auth/token-key/";
 /// before authentication can be turned on (etcd's rule).
 pub const ROOT: &str = "root";
 
+/// The role of the proxies' own user (`--cell-user`, given `root` too):
+/// once authentication is on, only its holders write latchkey's records
+/// under `\0latchkey/` (lock-delay, audit and idempotency records; never
+/// the auth records). Root without it may not: no client forges them.
+pub const PROXY_ROLE: &str = "latchkey-proxy";
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UserRecord {
     pub name: String,

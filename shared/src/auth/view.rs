@@ -3,8 +3,8 @@
 //! request, and the check each kind of operation makes (etcd's rules).
 
 use super::records::{
-    PermKind, RoleRecord, TokenKey, UserRecord, ENABLED_KEY, ROLE_PREFIX, ROOT, TOKEN_KEY_PREFIX,
-    USER_PREFIX,
+    PermKind, RoleRecord, TokenKey, UserRecord, ENABLED_KEY, PROXY_ROLE, ROLE_PREFIX, ROOT,
+    TOKEN_KEY_PREFIX, USER_PREFIX,
 };
 use crate::etcdpb::{PbDeleteRequest, PbPutRequest, PbRangeRequest, PbTxnOpRequest, PbTxnRequest};
 use crate::key_range::KeyRange;
@@ -238,10 +238,29 @@ impl Caller {
         self.require(Need::Read, &range_of(&req.key, &req.range_end))
     }
 
+    /// Whether the caller may write latchkey's own records under
+    /// `\0latchkey/`: a holder of [`PROXY_ROLE`], or anyone while
+    /// authentication is off (a proxy writes its records through a cell's
+    /// client port, and without authentication every client there is
+    /// trusted; the proxy refuses them to its own clients).
+    pub fn writes_records(&self) -> bool {
+        match self {
+            Caller::Anyone => true,
+            Caller::User { view, name } => view
+                .users
+                .get(name)
+                .is_some_and(|u| u.roles.contains(PROXY_ROLE)),
+        }
+    }
+
     /// Write on the key; read as well when the previous value is asked for.
+    /// A reserved key only for [`writes_records`](Self::writes_records).
     pub fn check_put(&self, req: &PbPutRequest) -> Result<(), ApiError> {
         let range = range_of(&req.key, &[]);
         self.require(Need::Write, &range)?;
+        if !self.writes_records() {
+            crate::reserved::check_put(req)?;
+        }
         if req.prev_kv {
             self.require(Need::Read, &range)?;
         }
@@ -251,6 +270,9 @@ impl Caller {
     pub fn check_delete(&self, req: &PbDeleteRequest) -> Result<(), ApiError> {
         let range = range_of(&req.key, &req.range_end);
         self.require(Need::Write, &range)?;
+        if !self.writes_records() {
+            crate::reserved::check_delete(req)?;
+        }
         if req.prev_kv {
             self.require(Need::Read, &range)?;
         }
@@ -319,6 +341,7 @@ mod tests {
                 user("reader", &["config-read"]),
                 user("worker", &["jobs-rw", "a-to-m"]),
                 user("none", &[]),
+                user("proxy", &["root", PROXY_ROLE]),
             ]
             .into(),
             roles: [
@@ -412,6 +435,28 @@ mod tests {
                 .expect_err("auth records");
             assert_eq!(e.code, ErrorCode::PermissionDenied);
         }
+    }
+
+    #[test]
+    fn only_the_proxy_role_writes_latchkeys_records_once_authentication_is_on() {
+        let forged = PbPutRequest {
+            key: b"\0latchkey/audit/forged".to_vec(),
+            ..Default::default()
+        };
+        let e = caller("root").check_put(&forged).expect_err("root forges");
+        assert_eq!(e.code, ErrorCode::InvalidArgument);
+        assert!(caller("proxy").check_put(&forged).is_ok());
+        assert!(
+            Caller::Anyone.check_put(&forged).is_ok(),
+            "authentication off"
+        );
+        let erase = PbDeleteRequest {
+            key: b"\0latchkey/idem/".to_vec(),
+            range_end: b"\0latchkey/idem0".to_vec(),
+            ..Default::default()
+        };
+        assert!(caller("root").check_delete(&erase).is_err());
+        assert!(caller("proxy").check_delete(&erase).is_ok());
     }
 
     #[test]

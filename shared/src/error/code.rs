@@ -213,6 +213,10 @@ error_table! {
     /// The caller is known and its roles do not allow the operation.
     PermissionDenied => "permission_denied", 403, PermissionDenied,
         Some("etcdserver: permission denied"), Never;
+    /// Too many attempts (of Authenticate, by one user or one source):
+    /// `Detail::RetryAfter` says when to try again. Nothing happened; not
+    /// retried at once by a proxy, which would only add attempts.
+    RateLimited => "rate_limited", 429, ResourceExhausted, None, Never;
     UserExists => "user_exists", 409, FailedPrecondition,
         Some("etcdserver: user name already exists"), Never;
     UserNotFound => "user_not_found", 404, FailedPrecondition,

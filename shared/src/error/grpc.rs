@@ -26,6 +26,8 @@ pub mod metadata_keys {
     pub const LEADER: &str = "latchkey-leader";
     /// `Detail::Compacted`'s compact revision, decimal.
     pub const COMPACT_REVISION: &str = "latchkey-compact-revision";
+    /// `Detail::RetryAfter`'s wait in milliseconds, decimal.
+    pub const RETRY_AFTER_MS: &str = "latchkey-retry-after-ms";
     /// latchkey's own message, UTF-8, when the status message is etcd's
     /// text instead.
     pub const MESSAGE: &str = "latchkey-message-bin";
@@ -62,6 +64,9 @@ impl ApiError {
                         keys::COMPACT_REVISION,
                         AsciiMetadataValue::from(compact_revision),
                     );
+                }
+                Detail::RetryAfter { ms } => {
+                    md.insert(keys::RETRY_AFTER_MS, AsciiMetadataValue::from(ms));
                 }
             }
         }
@@ -129,6 +134,9 @@ fn detail_from(md: &MetadataMap) -> Option<Detail> {
         }),
         "compacted" => Some(Detail::Compacted {
             compact_revision: text(keys::COMPACT_REVISION)?.parse().ok()?,
+        }),
+        "retry_after" => Some(Detail::RetryAfter {
+            ms: text(keys::RETRY_AFTER_MS)?.parse().ok()?,
         }),
         _ => None,
     }

@@ -15,7 +15,17 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.http_status(), axum::Json(self.json_body())).into_response()
+        let mut response = (self.http_status(), axum::Json(self.json_body())).into_response();
+        // A rate limit says when, in whole seconds (HTTP's Retry-After).
+        if let Some(wait) = self.retry_after() {
+            let seconds = wait.as_millis().div_ceil(1000).max(1);
+            if let Ok(value) = axum::http::HeaderValue::from_str(&seconds.to_string()) {
+                response
+                    .headers_mut()
+                    .insert(axum::http::header::RETRY_AFTER, value);
+            }
+        }
+        response
     }
 }
 
@@ -34,6 +44,14 @@ mod tests {
                 "{code:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_rate_limit_says_when_in_whole_seconds() {
+        let response = ApiError::rate_limited("attempts", std::time::Duration::from_millis(1500))
+            .into_response();
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(response.headers()[axum::http::header::RETRY_AFTER], "2");
     }
 
     #[tokio::test]

@@ -34,6 +34,8 @@ pub enum Detail {
     NotLeader { leader: Option<u64> },
     /// The oldest revision still readable.
     Compacted { compact_revision: i64 },
+    /// How long to wait before trying again (a rate limit).
+    RetryAfter { ms: u64 },
 }
 
 impl Detail {
@@ -42,6 +44,7 @@ impl Detail {
         match self {
             Detail::NotLeader { .. } => "not_leader",
             Detail::Compacted { .. } => "compacted",
+            Detail::RetryAfter { .. } => "retry_after",
         }
     }
 }
@@ -56,6 +59,7 @@ impl Serialize for Detail {
         match self {
             Detail::NotLeader { leader } => t.serialize_element(leader)?,
             Detail::Compacted { compact_revision } => t.serialize_element(compact_revision)?,
+            Detail::RetryAfter { ms } => t.serialize_element(ms)?,
         }
         t.end()
     }
@@ -83,6 +87,9 @@ impl<'de> Deserialize<'de> for Detail {
                     }),
                     "compacted" => Ok(Detail::Compacted {
                         compact_revision: seq.next_element()?.ok_or_else(missing)?,
+                    }),
+                    "retry_after" => Ok(Detail::RetryAfter {
+                        ms: seq.next_element()?.ok_or_else(missing)?,
                     }),
                     other => Err(A::Error::custom(format!("unknown error detail {other:?}"))),
                 }
@@ -158,6 +165,14 @@ impl ApiError {
         }
     }
 
+    /// How long a `rate_limited` error asks the caller to wait.
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        match self.detail {
+            Some(Detail::RetryAfter { ms }) => Some(std::time::Duration::from_millis(ms)),
+            _ => None,
+        }
+    }
+
     /// The compact revision named by a `compacted` error.
     pub fn compact_revision(&self) -> Option<i64> {
         match self.detail {
@@ -185,6 +200,7 @@ impl ApiError {
             Some(Detail::Compacted { compact_revision }) => {
                 body["compact_revision"] = compact_revision.into()
             }
+            Some(Detail::RetryAfter { ms }) => body["retry_after_ms"] = ms.into(),
             None => {}
         }
         body
@@ -358,6 +374,20 @@ impl ApiError {
 
     pub fn permission_denied(message: impl Into<String>) -> Self {
         ApiError::new(ErrorCode::PermissionDenied, message)
+    }
+
+    /// Too many attempts of `what`; try again after `wait`.
+    pub fn rate_limited(what: &str, wait: std::time::Duration) -> Self {
+        ApiError::new(
+            ErrorCode::RateLimited,
+            format!(
+                "too many {what}; try again in {} ms",
+                wait.as_millis().max(1)
+            ),
+        )
+        .with_detail(Detail::RetryAfter {
+            ms: wait.as_millis().max(1) as u64,
+        })
     }
 
     pub fn user_exists(name: &str) -> Self {
@@ -574,6 +604,9 @@ mod tests {
                 ErrorCode::InvalidAuthToken => ApiError::invalid_auth_token("expired"),
                 ErrorCode::UserEmpty => ApiError::user_empty(),
                 ErrorCode::PermissionDenied => ApiError::permission_denied("read config/"),
+                ErrorCode::RateLimited => {
+                    ApiError::rate_limited("attempts", std::time::Duration::from_millis(250))
+                }
                 ErrorCode::UserExists => ApiError::user_exists("alice"),
                 ErrorCode::UserNotFound => ApiError::user_not_found("alice"),
                 ErrorCode::RoleExists => ApiError::role_exists("ops"),

@@ -1,0 +1,117 @@
+//! [`AttemptLimiter`]: attempts per key (a user name, a source address) as
+//! token buckets, so guessing passwords is slow for one user and for one
+//! source, and an argon2 check per attempt cannot be made to eat the CPU.
+
+use crate::ApiError;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// Keys remembered at most; past it, the buckets that have refilled (and
+/// so say nothing) are forgotten first.
+const MAX_KEYS: usize = 65_536;
+
+struct Bucket {
+    tokens: f64,
+    at: Instant,
+}
+
+pub struct AttemptLimiter {
+    /// Attempts per second, sustained.
+    rate: f64,
+    /// Attempts at once.
+    burst: f64,
+    /// What the error names ("Authenticate attempts by one user").
+    what: &'static str,
+    buckets: Mutex<HashMap<String, Bucket>>,
+}
+
+impl AttemptLimiter {
+    pub fn new(what: &'static str, per_second: f64, burst: u32) -> AttemptLimiter {
+        AttemptLimiter {
+            rate: per_second,
+            burst: f64::from(burst.max(1)),
+            what,
+            buckets: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Takes one attempt for `key` at `now`, or says how long until one is
+    /// free (`rate_limited`).
+    pub fn take(&self, key: &str, now: Instant) -> Result<(), ApiError> {
+        let mut buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
+        if buckets.len() >= MAX_KEYS && !buckets.contains_key(key) {
+            let (rate, burst) = (self.rate, self.burst);
+            buckets.retain(|_, b| refilled(b, now, rate) < burst);
+        }
+        if buckets.len() >= MAX_KEYS && !buckets.contains_key(key) {
+            // Every remembered key is busy: a flood of distinct keys.
+            return Err(ApiError::rate_limited(self.what, Duration::from_secs(1)));
+        }
+        let bucket = buckets.entry(key.to_string()).or_insert(Bucket {
+            tokens: self.burst,
+            at: now,
+        });
+        bucket.tokens = refilled(bucket, now, self.rate).min(self.burst);
+        bucket.at = now;
+        if bucket.tokens >= 1.0 {
+            bucket.tokens -= 1.0;
+            return Ok(());
+        }
+        let wait = Duration::from_secs_f64((1.0 - bucket.tokens) / self.rate);
+        Err(ApiError::rate_limited(self.what, wait))
+    }
+}
+
+impl AttemptLimiter {
+    /// Gives back the attempt `take` took for `key` (it turned out not to
+    /// count: a right password, where only failures are limited).
+    pub fn refund(&self, key: &str) {
+        let mut buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(bucket) = buckets.get_mut(key) {
+            bucket.tokens = (bucket.tokens + 1.0).min(self.burst);
+        }
+    }
+}
+
+fn refilled(bucket: &Bucket, now: Instant, rate: f64) -> f64 {
+    bucket.tokens + now.saturating_duration_since(bucket.at).as_secs_f64() * rate
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ErrorCode;
+
+    #[test]
+    fn a_burst_then_the_rate_and_each_key_alone() {
+        let limiter = AttemptLimiter::new("attempts", 2.0, 3);
+        let t0 = Instant::now();
+        for _ in 0..3 {
+            limiter.take("alice", t0).expect("within the burst");
+        }
+        let e = limiter.take("alice", t0).expect_err("past the burst");
+        assert_eq!(e.code, ErrorCode::RateLimited);
+        assert_eq!(e.retry_after(), Some(Duration::from_millis(500)));
+        limiter
+            .take("bob", t0)
+            .expect("another key has its own bucket");
+        limiter
+            .take("alice", t0 + Duration::from_millis(500))
+            .expect("one attempt back after 1/rate");
+        assert!(limiter
+            .take("alice", t0 + Duration::from_millis(500))
+            .is_err());
+        for _ in 0..3 {
+            limiter
+                .take("alice", t0 + Duration::from_secs(60))
+                .expect("refilled to the burst, no more");
+        }
+        assert!(limiter.take("alice", t0 + Duration::from_secs(60)).is_err());
+        limiter.refund("alice");
+        limiter
+            .take("alice", t0 + Duration::from_secs(60))
+            .expect("a refunded attempt");
+    }
+}
