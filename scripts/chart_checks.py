@@ -552,10 +552,51 @@ def _():
             return f"default values: {owner} mounts a TLS Secret"
 
 
+@check("auth on in production: the proxies authenticate as their user with the Secret's password file, "
+       "the test pod as root, a post-install Job turns it on; none of it with the defaults")
+def _():
+    secret = f"{RELEASE}-latchkey-auth"
+    proxy = one(PROD, "Deployment", PROXY)["spec"]["template"]["spec"]
+    (c,) = proxy["containers"]
+    env = env_of(c)
+    if env.get("LATCHKEY_CELL_USER") != "latchkey-proxy":
+        return f"proxy LATCHKEY_CELL_USER is {env.get('LATCHKEY_CELL_USER')!r}"
+    path = env.get("LATCHKEY_CELL_PASSWORD_FILE") or ""
+    mounts = {m["name"]: m for m in c.get("volumeMounts", [])}
+    vols = {v["name"]: v for v in proxy.get("volumes", [])}
+    auth = mounts.get("auth", {})
+    if not auth.get("readOnly") or not path.startswith(auth.get("mountPath", "?") + "/"):
+        return f"the password file {path!r} is not on a read-only auth mount"
+    items = vols.get("auth", {}).get("secret", {})
+    if items.get("secretName") != secret or [i["path"] for i in items.get("items", [])] != [path.rsplit("/", 1)[1]]:
+        return f"the auth volume is not {secret}'s proxy-password"
+    flags = declared_env("proxy/src/config.rs")
+    if not {"LATCHKEY_CELL_USER", "LATCHKEY_CELL_PASSWORD_FILE"} <= flags:
+        return "latchkey-proxy has no LATCHKEY_CELL_USER / LATCHKEY_CELL_PASSWORD_FILE"
+    job = one(PROD, "Job", f"{RELEASE}-latchkey-auth-bootstrap")
+    if "post-install" not in job["metadata"]["annotations"].get("helm.sh/hook", ""):
+        return "the auth Job is not a post-install hook"
+    (j,) = job["spec"]["template"]["spec"]["containers"]
+    script = j["command"][-1]
+    for step in ("auth enable", "grant-role \"$PROXY_USER\" latchkey-proxy", "grant-role \"$PROXY_USER\" root"):
+        if step not in script:
+            return f"the auth Job does not run {step!r}"
+    refs = {e["name"]: e.get("valueFrom", {}).get("secretKeyRef", {}) for e in j.get("env", [])}
+    for var, key in (("ROOT_PASSWORD", "root-password"), ("PROXY_PASSWORD", "proxy-password")):
+        if refs.get(var) != {"name": secret, "key": key}:
+            return f"the auth Job's {var} is not {secret}/{key}"
+    (t,) = one(PROD, "Pod", f"{RELEASE}-latchkey-test")["spec"]["containers"]
+    if env_of(t).get("ETCDCTL_USER") != "root":
+        return "the test pod does not authenticate"
+    for owner, spec in pod_specs(DEFAULT):
+        if any(v["name"] == "auth" for v in spec.get("volumes", [])) or owner.endswith("auth-bootstrap"):
+            return f"default values: {owner} has auth"
+
+
 @check("only core kinds and the Prometheus Operator's CRDs are rendered")
 def _():
     core = {"ServiceAccount", "ConfigMap", "Service", "StatefulSet", "Deployment", "PodDisruptionBudget",
-            "HorizontalPodAutoscaler", "NetworkPolicy", "CronJob", "PersistentVolumeClaim", "Pod"}
+            "HorizontalPodAutoscaler", "NetworkPolicy", "CronJob", "PersistentVolumeClaim", "Pod", "Job"}
     for render, docs in RENDERS.items():
         other = {d["kind"] for d in docs} - core - CRD_KINDS
         if other:

@@ -118,6 +118,14 @@ pods: the proxies' --cells). Call with (dict "ctx" $ "count" N).
 {{- .Values.tls.proxySecretName | default (printf "%s-proxy-tls" (include "latchkey.fullname" .)) -}}
 {{- end -}}
 
+{{/* The Secret of the root and proxy passwords. */}}
+{{- define "latchkey.auth.secret" -}}
+{{- .Values.auth.secretName | default (printf "%s-auth" (include "latchkey.fullname" .)) -}}
+{{- end -}}
+
+{{/* Where the proxies' password is mounted. */}}
+{{- define "latchkey.auth.dir" -}}/etc/latchkey-auth{{- end -}}
+
 {{/* Where a TLS Secret is mounted. */}}
 {{- define "latchkey.tls.dir" -}}/etc/latchkey-tls{{- end -}}
 
