@@ -8,28 +8,30 @@
 //! round trip: the signing keys are in the view.
 
 use crate::state_machine::store::SharedState;
+use arc_swap::ArcSwap;
 use latchkey_shared::auth::records::{AUTH_PREFIX, VERSION_KEY};
 use latchkey_shared::auth::token::now_unix_ms;
 use latchkey_shared::auth::{AuthView, Caller};
+use latchkey_shared::client::own_token::TOKEN_METADATA;
 use latchkey_shared::{ApiError, KeyRange};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use tonic::metadata::MetadataMap;
 
-/// gRPC metadata that carries the token, as etcd's clients send it.
-pub const TOKEN_METADATA: &str = "token";
-/// What newer etcd clients also send.
+/// What newer etcd clients send besides `token`.
 pub const AUTHORIZATION_METADATA: &str = "authorization";
 
 pub struct AuthGate {
     state: SharedState,
-    cached: Mutex<Arc<AuthView>>,
+    /// Read by every request without a lock; replaced when the auth
+    /// version moves.
+    cached: ArcSwap<AuthView>,
 }
 
 impl AuthGate {
     pub fn new(state: SharedState) -> AuthGate {
         AuthGate {
             state,
-            cached: Mutex::new(Arc::new(AuthView::default())),
+            cached: ArcSwap::from_pointee(AuthView::default()),
         }
     }
 
@@ -39,11 +41,9 @@ impl AuthGate {
         let version = self
             .state
             .read(|s| s.keys.get(VERSION_KEY).map_or(0, |kv| kv.mod_revision));
-        {
-            let cached = self.cached.lock().unwrap_or_else(|e| e.into_inner());
-            if cached.version == version {
-                return cached.clone();
-            }
+        let cached = self.cached.load_full();
+        if cached.version == version {
+            return cached;
         }
         let (version, records) = self.state.read(|s| {
             let version = s.keys.get(VERSION_KEY).map_or(0, |kv| kv.mod_revision);
@@ -59,7 +59,7 @@ impl AuthGate {
             version,
             records.iter().map(|(k, v)| (k.as_slice(), v.as_slice())),
         ));
-        *self.cached.lock().unwrap_or_else(|e| e.into_inner()) = view.clone();
+        self.cached.store(view.clone());
         view
     }
 

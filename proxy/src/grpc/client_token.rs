@@ -4,6 +4,7 @@
 //! they send the cell on the client's behalf (`ops::auth`).
 
 use crate::ops::auth::{as_client, token_from_header};
+use latchkey_shared::client::own_token::TOKEN_METADATA;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -41,7 +42,7 @@ where
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
         let headers = request.headers();
         let token = headers
-            .get("token")
+            .get(TOKEN_METADATA)
             .or_else(|| headers.get(http::header::AUTHORIZATION))
             .and_then(|v| v.to_str().ok())
             .and_then(token_from_header);
