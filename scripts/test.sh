@@ -25,6 +25,14 @@ trap 'status=$?; stage_table || true; echo "$cache_line"; rm -f "$log"; exit "$s
 logged() { "$@" 2>&1 | tee -a "$log"; }
 
 stage "install-deps" scripts/install-deps.sh
+# A debug build of the workspace and its tests takes about 7 GiB; short of
+# that, the linker dies late and obscurely (a bus error, "No space left on
+# device"), so say it at the start, with where the space went.
+free_kib=$(df -Pk . | awk 'NR == 2 { print $4 }')
+if [ "${free_kib:-0}" -lt $((10 * 1024 * 1024)) ]; then
+  echo "warning: $((free_kib / 1024)) MiB free on the disk of $(pwd); the build needs about 7 GiB" >&2
+  echo "         (the compile cache holds at most \$SCCACHE_CACHE_SIZE, default 10G, in ~/.cache/latchkey/sccache)" >&2
+fi
 compile_cache_on
 # The fuzz targets are a workspace of their own (fuzz/).
 stage "format check" cargo fmt --all -- --check
