@@ -15,6 +15,7 @@ sources, so an alert or a setting that names something the binaries do
 not have fails here.
 """
 
+import base64
 import os
 import re
 import subprocess
@@ -495,7 +496,8 @@ def _():
 
 @check("no proxies: no proxy objects, backup and test fall back to the cell's client service")
 def _():
-    if any(d["metadata"]["name"].startswith(PROXY) for d in LEARN):
+    # The proxies' key is the members' too: it stays.
+    if any(d["metadata"]["name"].startswith(PROXY) and d["kind"] != "Secret" for d in LEARN):
         return "proxy objects rendered with proxy.enabled=false"
     (snap,) = one(LEARN, "CronJob", f"{RELEASE}-latchkey-backup")["spec"]["jobTemplate"]["spec"]["template"]["spec"]["initContainers"]
     if not env_of(snap)["ENDPOINT"].startswith(f"{CELL}.{NAMESPACE}.svc"):
@@ -535,7 +537,8 @@ def _():
         workloads[name] = c
     c, p = workloads[CELL], workloads[PROXY]
     unknown = sorted(k for k in list(env_of(c)) + list(env_of(p))
-                     if re.match(r"LATCHKEY_.*(CERT|KEY|CA)", k) and k not in tls_flags)
+                     if re.match(r"LATCHKEY_.*(CERT|KEY|CA)", k) and k not in tls_flags
+                     and k != "LATCHKEY_PROXY_KEY_FILE")
     if unknown:
         return f"{unknown} are no TLS flags"
     backup = one(PROD, "CronJob", f"{RELEASE}-latchkey-backup")["spec"]["jobTemplate"]["spec"]["template"]["spec"]
@@ -593,10 +596,39 @@ def _():
             return f"default values: {owner} has auth"
 
 
+@check("the proxies' key: members and proxies read one Secret's proxy.key from a read-only mount, "
+       "in every render; the chart's Secret is random and kept on upgrade")
+def _():
+    secret = f"{RELEASE}-latchkey-proxy-key"
+    flags = declared_env("cell/src/config.rs") & declared_env("proxy/src/config.rs")
+    if "LATCHKEY_PROXY_KEY_FILE" not in flags:
+        return "latchkey-cell and latchkey-proxy do not both take LATCHKEY_PROXY_KEY_FILE"
+    for render, docs in RENDERS.items():
+        for kind, name in (("StatefulSet", CELL), ("Deployment", PROXY)):
+            if docs is LEARN and kind == "Deployment":
+                continue  # no proxies there
+            spec = one(docs, kind, name)["spec"]["template"]["spec"]
+            (c,) = [c for c in spec["containers"] if c["name"] in ("cell", "proxy")]
+            path = env_of(c).get("LATCHKEY_PROXY_KEY_FILE") or ""
+            mount = {m["name"]: m for m in c.get("volumeMounts", [])}.get("proxy-key", {})
+            if not mount.get("readOnly") or path != mount.get("mountPath", "?") + "/proxy.key":
+                return f"{render}: {name}'s key file {path!r} is not on a read-only proxy-key mount"
+            vol = {v["name"]: v for v in spec.get("volumes", [])}.get("proxy-key", {}).get("secret", {})
+            if vol.get("secretName") != secret or [i["key"] for i in vol.get("items", [])] != ["proxy.key"]:
+                return f"{render}: {name}'s proxy-key volume is not {secret}'s proxy.key"
+        made = one(docs, "Secret", secret)
+        if made["metadata"].get("annotations", {}).get("helm.sh/resource-policy") != "keep":
+            return f"{render}: the key's Secret is not kept"
+        key = base64.b64decode(made["data"]["proxy.key"]).decode()
+        if len(key) != 64 or not key.isalnum():
+            return f"{render}: the key is {len(key)} characters, not 64 alphanumeric"
+
+
 @check("only core kinds and the Prometheus Operator's CRDs are rendered")
 def _():
     core = {"ServiceAccount", "ConfigMap", "Service", "StatefulSet", "Deployment", "PodDisruptionBudget",
-            "HorizontalPodAutoscaler", "NetworkPolicy", "CronJob", "PersistentVolumeClaim", "Pod", "Job"}
+            "HorizontalPodAutoscaler", "NetworkPolicy", "CronJob", "PersistentVolumeClaim", "Pod", "Job",
+            "Secret"}
     for render, docs in RENDERS.items():
         other = {d["kind"] for d in docs} - core - CRD_KINDS
         if other:

@@ -56,7 +56,10 @@ start() {
       [ "$mode" = plain ] || tls=(--cert-file "$C/member.pem" --key-file "$C/member-key.pem"
         --trusted-ca-file "$C/ca.pem" --client-cert-auth --peer-cert-file "$C/member.pem"
         --peer-key-file "$C/member-key.pem" --peer-trusted-ca-file "$C/ca.pem")
+      [ -f "$work/proxy.key" ] ||
+        (umask 077; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$work/proxy.key")
       "$bin/latchkey-cell" --id "$i" --data-dir "$work/data/$i" --initial-cluster "$cluster" \
+        --proxy-key-file "$work/proxy.key" \
         --client-addr "127.0.0.1:2510$i" --peer-addr "127.0.0.1:2520$i" \
         --metrics-addr "127.0.0.1:2530$i" ${tls[@]+"${tls[@]}"} --log warn >"$work/m$i.log" 2>&1 &
     else
@@ -106,6 +109,7 @@ start_proxies() {
         --trusted-ca-file "$C/ca.pem" --client-cert-auth
         --cacert "$C/ca.pem" --cert "$C/proxy.pem" --key "$C/proxy-key.pem")
       "$bin/latchkey-proxy" --cells "$members" --http-addr "127.0.0.1:2560$i" \
+        --proxy-key-file "$work/proxy.key" \
         --grpc-addr "127.0.0.1:2570$i" --metrics-addr "127.0.0.1:2580$i" \
         ${tls[@]+"${tls[@]}"} --log warn >"$work/p$i.log" 2>&1 &
     else

@@ -183,6 +183,9 @@ case "$mode" in
         --cacert "$certs/ca.pem" --cert "$certs/proxy.pem" --key "$certs/proxy-key.pem")
       export LATCHKEY_TLS_CA=$certs/ca.pem LATCHKEY_TLS_CERT=$certs/client.pem LATCHKEY_TLS_KEY=$certs/client-key.pem
     fi
+    # The members admit, and the proxy presents, this key for latchkey's
+    # own records (clients do not hold it).
+    (umask 077; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$work/proxy.key")
     # etcd limits requests (1.5 MiB), not values; latchkey also limits
     # values, to 64 KiB by default (a coordination store keeps small
     # values). Here values may be as large as etcd allows.
@@ -191,7 +194,7 @@ case "$mode" in
         --client-addr "127.0.0.1:${cports[$((i - 1))]}" --peer-addr "127.0.0.1:${pports[$((i - 1))]}" \
         --metrics-addr "127.0.0.1:${mports[$((i - 1))]}" --initial-cluster "$cluster" \
         --watch-progress-notify-interval-ms 1000 --max-value-bytes 1572864 \
-        ${cell_tls[@]+"${cell_tls[@]}"} --log warn >"$work/member-$i.log" 2>&1 &
+        --proxy-key-file "$work/proxy.key" ${cell_tls[@]+"${cell_tls[@]}"} --log warn >"$work/member-$i.log" 2>&1 &
       pids+=($!)
     done
     ready_urls=()
@@ -206,7 +209,7 @@ case "$mode" in
       echo "compat-proxy-$$" >"$work/proxy-password"
       proxy_auth=(--cell-user latchkey-proxy --cell-password-file "$work/proxy-password")
     fi
-    "$proxy_bin" ${proxy_auth[@]+"${proxy_auth[@]}"} --grpc-addr "127.0.0.1:$proxy_port" --http-addr "127.0.0.1:$proxy_http" \
+    "$proxy_bin" ${proxy_auth[@]+"${proxy_auth[@]}"} --proxy-key-file "$work/proxy.key" --grpc-addr "127.0.0.1:$proxy_port" --http-addr "127.0.0.1:$proxy_http" \
       --metrics-addr "127.0.0.1:$proxy_metrics" ${proxy_tls[@]+"${proxy_tls[@]}"} \
       --cells "$(printf '127.0.0.1:%s,' "${cports[@]}" | sed 's/,$//')" >"$work/proxy.log" 2>&1 &
     pids+=($!)

@@ -2,6 +2,7 @@
 
 use anyhow::{bail, Context};
 use clap::Parser;
+use latchkey_shared::auth::proxy_key::ProxyKeys;
 use latchkey_shared::{limits, telemetry};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -192,6 +193,14 @@ pub struct Config {
     #[arg(long, env = "LATCHKEY_AUTO_COMPACTION_RETENTION", default_value = "0")]
     pub auto_compaction_retention: String,
 
+    /// Keys (one per line) with which proxies write latchkey's own records
+    /// under `\0latchkey/` (lock delays, audit, idempotency) while
+    /// authentication is off; give every proxy the same file. Without it
+    /// nothing writes there through this member's client port until
+    /// authentication is on, when the role latchkey-proxy does.
+    #[arg(long, env = "LATCHKEY_PROXY_KEY_FILE")]
+    pub proxy_key_file: Option<PathBuf>,
+
     #[command(flatten)]
     pub tls: latchkey_shared::tls::flags::ListenerFlags,
 
@@ -231,6 +240,8 @@ pub struct Resolved {
     pub retention: Retention,
     pub name: String,
     pub cluster_id: u64,
+    /// From --proxy-key-file (none without it).
+    pub proxy_keys: ProxyKeys,
     pub cfg: Config,
 }
 
@@ -481,6 +492,10 @@ impl Config {
         let retention =
             parse_retention(&self.auto_compaction_mode, &self.auto_compaction_retention)?;
         let name = self.name.clone().unwrap_or_else(|| format!("cell-{id}"));
+        let proxy_keys = match &self.proxy_key_file {
+            Some(path) => ProxyKeys::load(path)?,
+            None => ProxyKeys::default(),
+        };
         Ok(Resolved {
             id,
             data_dir,
@@ -490,6 +505,7 @@ impl Config {
             join,
             retention,
             name,
+            proxy_keys,
             cfg: self,
         })
     }

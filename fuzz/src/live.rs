@@ -91,7 +91,9 @@ impl Live {
 
 async fn start_both(dir: &std::path::Path) -> anyhow::Result<(CellHandle, ProxyHandle)> {
     // The cell `--dev` starts, on free loopback ports.
-    let cell = latchkey_proxy::dev::start_cell(dir, None).await?;
+    let key_file = latchkey_proxy::dev::key_file_in(dir)?;
+    let cell = latchkey_proxy::dev::start_cell(dir, &key_file, None).await?;
+    let key_file = key_file.to_str().expect("a UTF-8 temporary path");
     let cells = cell.client_addr.to_string();
     let timeout = format!("{REQUEST_TIMEOUT_MS}ms");
     let proxy_cfg = <latchkey_proxy::config::Config as clap::Parser>::try_parse_from([
@@ -106,6 +108,8 @@ async fn start_both(dir: &std::path::Path) -> anyhow::Result<(CellHandle, ProxyH
         "127.0.0.1:0",
         "--request-timeout",
         &timeout,
+        "--proxy-key-file",
+        key_file,
     ])?
     .validate()?;
     let proxy = Proxy::start(proxy_cfg, None).await?;

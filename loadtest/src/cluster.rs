@@ -224,9 +224,16 @@ async fn start_latchkey(args: &UpArgs, state: &mut ClusterState) -> Result<(), S
         .map(|(i, m)| format!("{}={}", i + 1, m["peer"]))
         .collect::<Vec<_>>()
         .join(",");
+    // The members admit, and the proxies present, one key for latchkey's
+    // own records.
+    let key_file = state.dir.join("proxy.key");
+    latchkey_shared::auth::proxy_key::create_or_read(&key_file).map_err(|e| e.to_string())?;
+    let key_file = path_arg(&key_file)?;
     for (i, addrs) in members.iter().enumerate() {
         let id = i + 1;
         let mut argv: Vec<String> = vec![
+            "--proxy-key-file".into(),
+            key_file.clone(),
             "--id".into(),
             id.to_string(),
             "--initial-cluster".into(),
@@ -245,6 +252,8 @@ async fn start_latchkey(args: &UpArgs, state: &mut ClusterState) -> Result<(), S
     for n in 1..=args.proxies.unwrap_or(2) {
         let addrs = listen_on(&["http", "grpc", "metrics"]);
         let mut argv: Vec<String> = vec![
+            "--proxy-key-file".into(),
+            key_file.clone(),
             "--cells".into(),
             cells.clone(),
             "--data-dir".into(),

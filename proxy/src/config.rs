@@ -119,6 +119,15 @@ pub struct Config {
     #[arg(long, env = "LATCHKEY_CELL_PASSWORD_FILE", requires = "cell_user")]
     pub cell_password_file: Option<PathBuf>,
 
+    /// A file whose first line is the key this proxy presents to its cells
+    /// when it writes latchkey's own records (lock delays, audit,
+    /// idempotency) while authentication is off: the same file as the
+    /// cells' --proxy-key-file. Without it, a cell refuses those writes
+    /// until authentication is on. With --dev, a key in --data-dir is made
+    /// for the embedded cell and this proxy when none is given.
+    #[arg(long, env = "LATCHKEY_PROXY_KEY_FILE")]
+    pub proxy_key_file: Option<PathBuf>,
+
     /// Run a one-member cell inside this process (data in --data-dir, on
     /// free loopback ports) with this proxy in front of it; --cells is
     /// ignored.

@@ -1,17 +1,42 @@
 //! `--dev`: a one-member cell inside the proxy's process, on free
 //! loopback ports, with its data in `--data-dir`; the proxy fronts it.
+//! Both take the proxies' key from `--proxy-key-file`, or else from
+//! `proxy.key` in `--data-dir`, made at the first start.
 
+use crate::config::Config;
+use anyhow::Context;
 use latchkey_cell::cell::{Cell, CellHandle};
+use latchkey_shared::auth::proxy_key;
 use metrics_exporter_prometheus::PrometheusHandle;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+/// `--proxy-key-file`, or `proxy.key` in `--data-dir` (made when missing).
+pub fn proxy_key_file(cfg: &Config) -> anyhow::Result<PathBuf> {
+    if let Some(path) = &cfg.proxy_key_file {
+        return Ok(path.clone());
+    }
+    key_file_in(&cfg.data_dir)
+}
+
+/// `proxy.key` in `dir` (both made when missing).
+pub fn key_file_in(dir: &Path) -> anyhow::Result<PathBuf> {
+    std::fs::create_dir_all(dir).with_context(|| format!("--data-dir {}", dir.display()))?;
+    let path = dir.join("proxy.key");
+    proxy_key::create_or_read(&path)?;
+    Ok(path)
+}
 
 pub async fn start_cell(
     data_dir: &Path,
+    proxy_key_file: &Path,
     prometheus: Option<PrometheusHandle>,
 ) -> anyhow::Result<CellHandle> {
     let dir = data_dir
         .to_str()
         .ok_or_else(|| anyhow::anyhow!("--data-dir {} is not UTF-8", data_dir.display()))?;
+    let key_file = proxy_key_file.to_str().ok_or_else(|| {
+        anyhow::anyhow!("--proxy-key-file {} is not UTF-8", proxy_key_file.display())
+    })?;
     let cfg = <latchkey_cell::config::Config as clap::Parser>::try_parse_from([
         "latchkey-cell",
         "--dev",
@@ -27,6 +52,8 @@ pub async fn start_cell(
         &free_port()?,
         "--metrics-addr",
         &free_port()?,
+        "--proxy-key-file",
+        key_file,
     ])?
     .resolve()?;
     Cell::start(cfg, prometheus).await

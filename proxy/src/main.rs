@@ -39,7 +39,9 @@ async fn run(mut cfg: Config) -> anyhow::Result<()> {
     }
     let prometheus = telemetry::install_prometheus().map_err(anyhow::Error::msg)?;
     let cell = if cfg.dev {
-        let cell = dev::start_cell(&cfg.data_dir, Some(prometheus.clone())).await?;
+        let key_file = dev::proxy_key_file(&cfg)?;
+        let cell = dev::start_cell(&cfg.data_dir, &key_file, Some(prometheus.clone())).await?;
+        cfg.proxy_key_file = Some(key_file);
         cfg.cells = vec![cell.client_addr.to_string()];
         Some(cell)
     } else {

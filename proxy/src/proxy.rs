@@ -89,6 +89,13 @@ impl Proxy {
             lifecycle: lifecycle.clone(),
             auth_attempts: crate::ops::auth::attempts_per_address(),
         });
+        if let Some(path) = &cfg.proxy_key_file {
+            let key =
+                latchkey_shared::auth::proxy_key::read_own(path).context("--proxy-key-file")?;
+            for cell in state.upstream.cells() {
+                cell.own_credentials.set_proxy_key(Some(&key));
+            }
+        }
         let credentials = read_credentials(&cfg)?;
         for cell in state.upstream.cells() {
             let tracker = LeaderTracker { cell: cell.clone() };
@@ -103,7 +110,7 @@ impl Proxy {
             table: sessions,
             stream: RefreshStream::new(cfg.cells.iter().cloned())?
                 .with_tls(tls.upstream)
-                .with_own_token(state.upstream.home().own_token.clone()),
+                .with_own_credentials(state.upstream.home().own_credentials.clone()),
             tick: cfg.refresh_tick,
         };
         lifecycle.spawn_owned(|token| batcher.run(token));

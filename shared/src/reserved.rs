@@ -13,9 +13,13 @@
 //! prefix never selects a reserved key ([`KeyRange::admits`]), so only a
 //! delete that starts inside it is refused.
 //!
-//! A cell's own client port does not refuse them yet: the proxy writes its
-//! records through it (the identities issue gives that path its own
-//! authenticated door).
+//! A cell's own client port refuses them too ([`Caller::writes_records`]),
+//! except to the proxies: while authentication is off, a request that
+//! carries the proxies' key ([`proxy_key`]); once it is on, a holder of
+//! the role `latchkey-proxy`.
+//!
+//! [`Caller::writes_records`]: crate::auth::Caller::writes_records
+//! [`proxy_key`]: crate::auth::proxy_key
 //!
 //! [`KeyRange::admits`]: crate::key_range::KeyRange::admits
 

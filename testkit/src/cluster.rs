@@ -239,6 +239,9 @@ impl Cluster {
                 &m.metrics,
             ])
             .args(self.args_for(&m))
+            .args(crate::proxy_key::flag_unless_given(
+                self.extra_args.iter().map(String::as_str),
+            ))
             .stdin(Stdio::null())
             .stdout(log.try_clone().map_or_else(|_| Stdio::null(), Stdio::from))
             .stderr(log)

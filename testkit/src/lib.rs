@@ -42,6 +42,8 @@
 //!   reference latchkey is compared with.
 //! - [`proxy`]: [`ProxyProcess`], a real `latchkey-proxy` in front of a
 //!   [`Cluster`] or of its own `--dev` cell.
+//! - [`proxy_key`]: the one proxies' key file the members and proxies
+//!   a test binary starts share.
 //! - [`etcdctl_session`]: the scripted etcdctl sessions, run against a
 //!   cell's members or a proxy alike.
 //! - [`outliers`]: [`outlier_bound`], a bound on outages and gaps taken
@@ -70,6 +72,7 @@ pub mod outliers;
 pub mod ports;
 pub mod process;
 pub mod proxy;
+pub mod proxy_key;
 
 /// How much earlier than "last refresh + TTL" a test may see a lease gone
 /// before calling it an early expiry. The members and the test run on one

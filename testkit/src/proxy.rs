@@ -81,6 +81,7 @@ impl ProxyProcess {
             ])
             .args(["--data-dir", data.to_str().expect("utf-8 path")])
             .args(args)
+            .args(crate::proxy_key::flag_unless_given(args.iter().copied()))
             .stdin(Stdio::null())
             .stdout(file.try_clone().map_or_else(|_| Stdio::null(), Stdio::from))
             .stderr(file)

@@ -24,6 +24,7 @@ use crate::ops::GRPC_OVERHEAD_BYTES;
 use crate::watch::stream::WatchOptions;
 use latchkey_shared::sessions_pb::sessions_server::SessionsServer;
 
+use latchkey_shared::auth::proxy_key::ProxyKeys;
 use latchkey_shared::etcdpb::{
     PbClusterServer, PbKvServer, PbLeaseServer, PbMaintenanceServer, PbWatchServer,
 };
@@ -41,6 +42,7 @@ pub fn not_built(what: &str) -> tonic::Status {
 pub async fn serve(
     node: Arc<CellNode>,
     listener: latchkey_shared::tls::Incoming,
+    proxy_keys: ProxyKeys,
     max_request_bytes: usize,
     watch_options: WatchOptions,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
@@ -53,7 +55,7 @@ pub async fn serve(
     // allowance still gets grpc-go's answer from `check_request_size`;
     // beyond it tonic refuses it unread with its own.
     let max_message = (max_request_bytes + GRPC_OVERHEAD_BYTES) * 2;
-    let gate = Arc::new(AuthGate::new(node.state.clone()));
+    let gate = Arc::new(AuthGate::new(node.state.clone(), proxy_keys));
     let kv = PbKvServer::new(kv::KvService {
         kv: Kv::new(node.clone()),
         gate: gate.clone(),

@@ -434,6 +434,7 @@ pub(super) fn serve_api(
         crate::api::serve(
             node.clone(),
             listener,
+            cfg.proxy_keys.clone(),
             cfg.cfg.max_request_bytes,
             WatchOptions {
                 progress_interval: Duration::from_millis(

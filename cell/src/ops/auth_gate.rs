@@ -3,16 +3,21 @@
 //! request carries, as a [`Caller`] whose checks the faces apply before
 //! any operation.
 //!
+//! While authentication is off, a request carrying one of the proxies'
+//! keys (`--proxy-key-file`) is a [`Caller::Proxy`], which writes
+//! latchkey's own records; any other is [`Caller::Anyone`].
+//!
 //! A member checks against what it has applied, as etcd's members do: a
 //! change reaches a follower within its apply lag. Tokens need no cell
 //! round trip: the signing keys are in the view.
 
 use crate::state_machine::store::SharedState;
 use arc_swap::ArcSwap;
+use latchkey_shared::auth::proxy_key::{ProxyKeys, PROXY_KEY_METADATA};
 use latchkey_shared::auth::records::{AUTH_PREFIX, VERSION_KEY};
 use latchkey_shared::auth::token::now_unix_ms;
 use latchkey_shared::auth::{AuthView, Caller};
-use latchkey_shared::client::own_token::TOKEN_METADATA;
+use latchkey_shared::client::own_credentials::TOKEN_METADATA;
 use latchkey_shared::{ApiError, KeyRange};
 use std::sync::Arc;
 use tonic::metadata::MetadataMap;
@@ -25,13 +30,15 @@ pub struct AuthGate {
     /// Read by every request without a lock; replaced when the auth
     /// version moves.
     cached: ArcSwap<AuthView>,
+    proxy_keys: ProxyKeys,
 }
 
 impl AuthGate {
-    pub fn new(state: SharedState) -> AuthGate {
+    pub fn new(state: SharedState, proxy_keys: ProxyKeys) -> AuthGate {
         AuthGate {
             state,
             cached: ArcSwap::from_pointee(AuthView::default()),
+            proxy_keys,
         }
     }
 
@@ -69,7 +76,17 @@ impl AuthGate {
             .get(TOKEN_METADATA)
             .or_else(|| metadata.get(AUTHORIZATION_METADATA))
             .and_then(|v| v.to_str().ok());
-        self.view().caller(token, now_unix_ms())
+        match self.view().caller(token, now_unix_ms())? {
+            Caller::Anyone if self.presents_proxy_key(metadata) => Ok(Caller::Proxy),
+            caller => Ok(caller),
+        }
+    }
+
+    fn presents_proxy_key(&self, metadata: &MetadataMap) -> bool {
+        let presented = metadata
+            .get(PROXY_KEY_METADATA)
+            .and_then(|v| v.to_str().ok());
+        self.proxy_keys.admits(presented)
     }
 
     /// The caller again, against the records as they are now: a stream
@@ -78,7 +95,10 @@ impl AuthGate {
     pub fn recheck(&self, caller: &Caller) -> Result<Caller, ApiError> {
         match caller {
             // Authentication turned on under a stream opened without it.
-            Caller::Anyone => self.view().caller(None, now_unix_ms()),
+            Caller::Anyone | Caller::Proxy => match self.view().caller(None, now_unix_ms())? {
+                Caller::Anyone => Ok(caller.clone()),
+                other => Ok(other),
+            },
             Caller::User { name, .. } => {
                 let view = self.view();
                 if !view.enabled {

@@ -258,3 +258,100 @@ async fn no_client_reaches_the_auth_records() {
         "the forged put changed nothing"
     );
 }
+
+/// latchkey's own records under `\0latchkey/` (lock delays, audit,
+/// idempotency) while authentication is off: a client at a member's port
+/// cannot put, delete or txn them; a request with the proxies' key
+/// (`--proxy-key-file`, which the test kit gives every member) can, and a
+/// wrong key is a client like any other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_proxies_key_writes_latchkeys_records_while_authentication_is_off() {
+    use etcd_client::proto::{PbDeleteRequest, PbPutRequest, PbPutResponse};
+    use etcd_client::{Compare, CompareOp, DeleteOptions, Txn, TxnOp};
+    use latchkey_shared::auth::proxy_key::{self, PROXY_KEY_METADATA};
+    use latchkey_shared::client::{call, endpoint};
+    use latchkey_shared::etcd_methods::kv;
+
+    let cluster = Cluster::start(CELL_BIN, 1, &[]).await;
+    let ep = cluster.url(1);
+    let mut client = connect_anonymous(&ep).await;
+    let forged = b"\0latchkey/audit/forged".to_vec();
+    let e = client
+        .put(forged.clone(), "x", None)
+        .await
+        .expect_err("a client's put");
+    assert_eq!(code(&e), Code::InvalidArgument, "{e}");
+    assert!(e.to_string().contains("latchkey's own records"), "{e}");
+    let e = client
+        .delete(
+            b"\0latchkey/idem/".to_vec(),
+            Some(DeleteOptions::new().with_prefix()),
+        )
+        .await
+        .expect_err("a client's delete");
+    assert_eq!(code(&e), Code::InvalidArgument, "{e}");
+    // One that covers the auth records too is refused for them.
+    let e = client
+        .delete(
+            b"\0latchkey/".to_vec(),
+            Some(DeleteOptions::new().with_prefix()),
+        )
+        .await
+        .expect_err("a client's delete of everything reserved");
+    assert_eq!(code(&e), Code::PermissionDenied, "{e}");
+    let txn = Txn::new()
+        .when([Compare::version("x", CompareOp::Greater, 0)])
+        .or_else([TxnOp::put(b"\0latchkey/idem/forged".to_vec(), "x", None)]);
+    let e = client.txn(txn).await.expect_err("a client's txn");
+    assert_eq!(code(&e), Code::InvalidArgument, "{e}");
+
+    // The same put with a key in the metadata.
+    let channel = endpoint(&cluster.member(1).client)
+        .expect("endpoint")
+        .connect_lazy();
+    let put_with = async |key: &str| {
+        let mut request = tonic::Request::new(PbPutRequest {
+            key: forged.clone(),
+            value: b"by a proxy".to_vec(),
+            ..Default::default()
+        });
+        request
+            .metadata_mut()
+            .insert(PROXY_KEY_METADATA, key.parse().expect("ascii"));
+        call::unary::<_, PbPutResponse>(channel.clone(), kv::PUT, request).await
+    };
+    let e = put_with(&proxy_key::generate())
+        .await
+        .expect_err("a wrong key");
+    assert_eq!(e.code.grpc_code(), Code::InvalidArgument, "{e:?}");
+    let reserved = || GetOptions::new().with_prefix();
+    let seen = client
+        .get(b"\0latchkey/audit/".to_vec(), Some(reserved()))
+        .await
+        .expect("clients may read them");
+    assert_eq!(seen.count(), 0, "nothing refused was written");
+    let seen = client
+        .get(b"\0latchkey/idem/".to_vec(), Some(reserved()))
+        .await
+        .expect("clients may read them");
+    assert_eq!(seen.count(), 0, "nothing refused was written");
+
+    let key = proxy_key::read_own(latchkey_testkit::proxy_key::key_file()).expect("the key");
+    put_with(&key).await.expect("the proxies' key");
+    let seen = client.get(forged.clone(), None).await.expect("read back");
+    assert_eq!(seen.kvs()[0].value(), b"by a proxy");
+    let mut request = tonic::Request::new(PbDeleteRequest {
+        key: forged.clone(),
+        ..Default::default()
+    });
+    request
+        .metadata_mut()
+        .insert(PROXY_KEY_METADATA, key.parse().expect("ascii"));
+    call::unary::<_, etcd_client::proto::PbDeleteResponse>(
+        channel.clone(),
+        kv::DELETE_RANGE,
+        request,
+    )
+    .await
+    .expect("a delete with the key");
+}

@@ -126,6 +126,14 @@ pods: the proxies' --cells). Call with (dict "ctx" $ "count" N).
 {{/* Where the proxies' password is mounted. */}}
 {{- define "latchkey.auth.dir" -}}/etc/latchkey-auth{{- end -}}
 
+{{/* The Secret of the proxies' key (key proxy.key). */}}
+{{- define "latchkey.proxyKey.secret" -}}
+{{- .Values.proxyKey.secretName | default (printf "%s-proxy-key" (include "latchkey.fullname" .)) -}}
+{{- end -}}
+
+{{/* Where the proxies' key is mounted, in the members and the proxies. */}}
+{{- define "latchkey.proxyKey.dir" -}}/etc/latchkey-proxy-key{{- end -}}
+
 {{/* Where a TLS Secret is mounted. */}}
 {{- define "latchkey.tls.dir" -}}/etc/latchkey-tls{{- end -}}
 

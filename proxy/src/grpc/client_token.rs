@@ -4,7 +4,7 @@
 //! they send the cell on the client's behalf (`ops::auth`).
 
 use crate::ops::auth::{as_client, token_from_header};
-use latchkey_shared::client::own_token::TOKEN_METADATA;
+use latchkey_shared::client::own_credentials::TOKEN_METADATA;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};

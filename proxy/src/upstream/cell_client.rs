@@ -12,8 +12,8 @@
 
 use crate::chaos::{broken, Defect};
 use crate::metrics_catalog::{UPSTREAM_ERRORS, UPSTREAM_SECONDS};
-use latchkey_shared::client::own_token::attach_client_token;
-use latchkey_shared::client::{call, endpoint, OwnToken};
+use latchkey_shared::client::own_credentials::attach_client_token;
+use latchkey_shared::client::{call, endpoint, OwnCredentials};
 use latchkey_shared::etcdpb::PbResponseHeader;
 use latchkey_shared::tls::client::lazy_channel;
 use latchkey_shared::tls::ClientTls;
@@ -106,7 +106,7 @@ pub struct CellClient {
     pub request_timeout: Duration,
     /// What the proxy presents for its own calls (`--cell-user`), kept
     /// fresh by `upstream::identity`.
-    pub own_token: OwnToken,
+    pub own_credentials: OwnCredentials,
     /// Whether the cell had authentication on when last asked:
     /// [`AUTH_UNKNOWN`] until it answers.
     auth: AtomicU8,
@@ -159,7 +159,7 @@ impl CellClient {
             last_header: Mutex::new(PbResponseHeader::default()),
             leader_changed: Notify::new(),
             request_timeout,
-            own_token: OwnToken::default(),
+            own_credentials: OwnCredentials::default(),
             auth: AtomicU8::new(AUTH_UNKNOWN),
         })
     }
@@ -279,7 +279,7 @@ impl CellClient {
                 let mut grpc_request = tonic::Request::new(request.clone());
                 grpc_request.set_timeout(deadline.saturating_duration_since(Instant::now()));
                 match who {
-                    Who::Proxy => self.own_token.attach(&mut grpc_request),
+                    Who::Proxy => self.own_credentials.attach(&mut grpc_request),
                     Who::Client(token) => attach_client_token(&mut grpc_request, token),
                 }
                 async move {

@@ -71,7 +71,7 @@ impl CellIdentity {
                 .await;
             match answer {
                 Ok(a) => {
-                    self.cell.own_token.set(Some(&a.token));
+                    self.cell.own_credentials.set(Some(&a.token));
                     issued = Some(Instant::now());
                 }
                 Err(e) => {

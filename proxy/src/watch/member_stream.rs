@@ -19,7 +19,7 @@
 use super::upstream_answer::{read, Answer};
 use crate::metrics_catalog::UPSTREAM_WATCH_STREAMS;
 use latchkey_shared::client::call;
-use latchkey_shared::client::OwnToken;
+use latchkey_shared::client::OwnCredentials;
 use latchkey_shared::etcd_methods::watch::WATCH;
 use latchkey_shared::etcd_methods::REQUIRE_LEADER;
 use latchkey_shared::etcdpb::{PbWatchRequest, PbWatchRequestUnion, PbWatchResponse};
@@ -141,7 +141,10 @@ pub struct MemberStream;
 impl MemberStream {
     /// Opens a Watch stream on `channel` as the proxy (presenting `own`)
     /// and spawns its task.
-    pub async fn open(channel: Channel, own: &OwnToken) -> Result<MemberStreamHandle, ApiError> {
+    pub async fn open(
+        channel: Channel,
+        own: &OwnCredentials,
+    ) -> Result<MemberStreamHandle, ApiError> {
         let (requests, up) = mpsc::unbounded_channel::<PbWatchRequest>();
         // Require-leader, as etcd's grpc-proxy: a member that has lost its
         // leader ends the stream, and every watch on it resumes on another
@@ -343,7 +346,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn many_watches_share_one_stream_and_each_gets_its_own_answers() {
         let cell = TestCell::start().await;
-        let stream = MemberStream::open(cell.channel(), &OwnToken::default())
+        let stream = MemberStream::open(cell.channel(), &OwnCredentials::default())
             .await
             .expect("stream");
         let watch = |key: &str| CreateWatch {

@@ -19,7 +19,8 @@ pub struct TestCell {
 impl TestCell {
     pub async fn start() -> TestCell {
         let dir = tempfile::tempdir().expect("temp dir");
-        let handle = crate::dev::start_cell(dir.path(), None)
+        let key_file = crate::dev::key_file_in(dir.path()).expect("a key file");
+        let handle = crate::dev::start_cell(dir.path(), &key_file, None)
             .await
             .expect("a cell");
         let cell = Arc::new(
@@ -30,6 +31,8 @@ impl TestCell {
             )
             .expect("a client"),
         );
+        let key = latchkey_shared::auth::proxy_key::read_own(&key_file).expect("the key");
+        cell.own_credentials.set_proxy_key(Some(&key));
         TestCell {
             handle,
             cell,

@@ -66,7 +66,7 @@ impl UpstreamWatches {
         }
         let stream = MemberStream::open(
             self.cell.members[member].channel.clone(),
-            &self.cell.own_token,
+            &self.cell.own_credentials,
         )
         .await?;
         of_member.push(stream.clone());

@@ -11,11 +11,14 @@
 //!   [`Caller`], who sent a request, with the check each operation makes;
 //! - [`password`]: argon2id password hashes;
 //! - [`limiter`]: Authenticate attempts per user and per source;
+//! - [`proxy_key`]: the key proxies present for their own records while
+//!   authentication is off;
 //! - [`token`]: signed tokens, which whoever holds the keys verifies
 //!   without asking anyone.
 
 pub mod limiter;
 pub mod password;
+pub mod proxy_key;
 pub mod records;
 pub mod token;
 pub mod view;

@@ -176,8 +176,12 @@ impl AuthView {
 #[derive(Debug, Clone)]
 pub enum Caller {
     /// Authentication is off: everyone may do everything, except touch
-    /// the auth records.
+    /// the auth records and write latchkey's own records.
     Anyone,
+    /// Authentication is off and the request carries the proxies' key
+    /// ([`proxy_key`](super::proxy_key)): as [`Caller::Anyone`], and it
+    /// writes latchkey's own records.
+    Proxy,
     /// An authenticated user, checked against the view its token was
     /// verified with.
     User { view: Arc<AuthView>, name: String },
@@ -186,14 +190,14 @@ pub enum Caller {
 impl Caller {
     pub fn name(&self) -> Option<&str> {
         match self {
-            Caller::Anyone => None,
+            Caller::Anyone | Caller::Proxy => None,
             Caller::User { name, .. } => Some(name),
         }
     }
 
     pub fn is_admin(&self) -> bool {
         match self {
-            Caller::Anyone => true,
+            Caller::Anyone | Caller::Proxy => true,
             Caller::User { view, name } => view.is_admin(name),
         }
     }
@@ -239,13 +243,14 @@ impl Caller {
     }
 
     /// Whether the caller may write latchkey's own records under
-    /// `\0latchkey/`: a holder of [`PROXY_ROLE`], or anyone while
-    /// authentication is off (a proxy writes its records through a cell's
-    /// client port, and without authentication every client there is
-    /// trusted; the proxy refuses them to its own clients).
+    /// `\0latchkey/`: a holder of [`PROXY_ROLE`], or, while
+    /// authentication is off, a request with the proxies' key. A proxy
+    /// writes its records through a cell's client port, where clients
+    /// connect too.
     pub fn writes_records(&self) -> bool {
         match self {
-            Caller::Anyone => true,
+            Caller::Anyone => false,
+            Caller::Proxy => true,
             Caller::User { view, name } => view
                 .users
                 .get(name)
@@ -446,10 +451,12 @@ mod tests {
         let e = caller("root").check_put(&forged).expect_err("root forges");
         assert_eq!(e.code, ErrorCode::InvalidArgument);
         assert!(caller("proxy").check_put(&forged).is_ok());
-        assert!(
-            Caller::Anyone.check_put(&forged).is_ok(),
-            "authentication off"
-        );
+        // Authentication off: the proxies' key, not just anyone.
+        assert!(Caller::Proxy.check_put(&forged).is_ok());
+        let e = Caller::Anyone
+            .check_put(&forged)
+            .expect_err("anyone forges");
+        assert_eq!(e.code, ErrorCode::InvalidArgument);
         let erase = PbDeleteRequest {
             key: b"\0latchkey/idem/".to_vec(),
             range_end: b"\0latchkey/idem0".to_vec(),
@@ -457,6 +464,8 @@ mod tests {
         };
         assert!(caller("root").check_delete(&erase).is_err());
         assert!(caller("proxy").check_delete(&erase).is_ok());
+        assert!(Caller::Anyone.check_delete(&erase).is_err());
+        assert!(Caller::Proxy.check_delete(&erase).is_ok());
     }
 
     #[test]

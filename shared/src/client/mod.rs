@@ -16,7 +16,7 @@
 //! - [`keepalive_stream`]: [`KeepAliveStream`], etcd's own
 //!   `Lease/LeaseKeepAlive` stream carrying many leases, as a proxy would
 //!   use it against any etcd v3 server.
-//! - [`own_token`]: [`OwnToken`], the token a process presents for its
+//! - [`own_credentials`]: [`OwnCredentials`], the token (and the proxies' key) a process presents for its
 //!   own calls once the cell has authentication on.
 //! - [`session`]: [`Session`], one lease granted and kept alive on a
 //!   [`RefreshStream`], observable as Alive / Jeopardy / Expired.
@@ -29,7 +29,7 @@
 
 pub mod call;
 pub mod keepalive_stream;
-pub mod own_token;
+pub mod own_credentials;
 pub mod refresh_stream;
 pub mod session;
 pub mod watches;
@@ -38,7 +38,7 @@ pub mod watches;
 mod fake_cell;
 
 pub use keepalive_stream::KeepAliveStream;
-pub use own_token::OwnToken;
+pub use own_credentials::OwnCredentials;
 pub use refresh_stream::{RefreshReply, RefreshStream};
 pub use session::{Session, SessionOptions, SessionState};
 

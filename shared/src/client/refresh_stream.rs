@@ -20,7 +20,7 @@
 //! on one stream would not be answered sooner; callers that must share one
 //! put it behind a `tokio::sync::Mutex`.
 
-use super::{authority, connect_with, endpoint, ClientError, OwnToken};
+use super::{authority, connect_with, endpoint, ClientError, OwnCredentials};
 use crate::limits::{MAX_REFRESH_BATCH, MAX_REFRESH_MESSAGE_BYTES};
 use crate::sessions_pb::sessions_client::SessionsClient;
 use crate::sessions_pb::{RefreshRequest, RefreshResponse};
@@ -88,7 +88,7 @@ pub struct RefreshStream {
     batch: u64,
     /// TLS towards the members, or plain text.
     tls: Option<ClientTls>,
-    own_token: OwnToken,
+    own_credentials: OwnCredentials,
 }
 
 impl RefreshStream {
@@ -122,7 +122,7 @@ impl RefreshStream {
             leader: None,
             batch: 0,
             tls: None,
-            own_token: OwnToken::default(),
+            own_credentials: OwnCredentials::default(),
         })
     }
 
@@ -135,8 +135,8 @@ impl RefreshStream {
     /// The same client presenting `token` when it opens a stream (the
     /// cell checks it then: batched refresh needs the root role once
     /// authentication is on).
-    pub fn with_own_token(mut self, token: OwnToken) -> RefreshStream {
-        self.own_token = token;
+    pub fn with_own_credentials(mut self, credentials: OwnCredentials) -> RefreshStream {
+        self.own_credentials = credentials;
         self
     }
 
@@ -204,8 +204,9 @@ impl RefreshStream {
                 .await
                 .map_err(|_| ClientError::Closed { addr: addr.clone() })?,
             None => {
-                self.open =
-                    Some(open_stream(&addr, self.tls.as_ref(), &self.own_token, request).await?)
+                self.open = Some(
+                    open_stream(&addr, self.tls.as_ref(), &self.own_credentials, request).await?,
+                )
             }
         }
         let Some(open) = self.open.as_mut() else {
@@ -277,7 +278,7 @@ impl RefreshStream {
 async fn open_stream(
     addr: &str,
     tls: Option<&ClientTls>,
-    own_token: &OwnToken,
+    own_credentials: &OwnCredentials,
     first: RefreshRequest,
 ) -> Result<Open, ClientError> {
     let channel = connect_with(addr, tls).await?;
@@ -286,7 +287,7 @@ async fn open_stream(
         addr: addr.to_string(),
     })?;
     let mut request = tonic::Request::new(ReceiverStream::new(queue));
-    own_token.attach(&mut request);
+    own_credentials.attach(&mut request);
     let responses = SessionsClient::new(channel)
         .max_decoding_message_size(MAX_REFRESH_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_REFRESH_MESSAGE_BYTES)
