@@ -2,10 +2,11 @@
 //! proxy acting for each client (its Auth API, KV and lease calls carry the
 //! client's token; shared watches, keep-alives and the lock and election
 //! recipes run only after the cell has said the client may), etcdctl's
-//! auth commands, and the HTTP face's tokens with 401 and 403.
+//! auth commands, the permission matrix over HTTP, and the HTTP face's
+//! tokens with 401 and 403.
 
 use crate::{member_addrs, proxy_bin};
-use latchkey_testkit::auth_matrix::{self, PROXY, ROOT, WORKER};
+use latchkey_testkit::auth_matrix::{self, NOBODY, PROXY, READER, ROOT, WORKER};
 use latchkey_testkit::{cell_binary, Cluster, ProxyProcess};
 use serde_json::{json, Value};
 
@@ -33,6 +34,331 @@ async fn permission_matrix_through_a_proxy_over_grpc() {
     auth_matrix::configure(&ep).await;
     auth_matrix::wait_until_proxy_enforces(&ep).await;
     auth_matrix::check(&ep).await;
+}
+
+/// The HTTP face of one proxy, calling with a bearer token.
+struct Http {
+    client: reqwest::Client,
+    base: String,
+}
+
+/// What one HTTP operation did: allowed, or refused with a status and the
+/// error table's name.
+type HttpOutcome = Result<(), (u16, String)>;
+
+impl Http {
+    async fn send(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        token: &str,
+        body: Option<Value>,
+    ) -> reqwest::Response {
+        let mut req = self
+            .client
+            .request(method, format!("{}{path}", self.base))
+            .bearer_auth(token)
+            .timeout(std::time::Duration::from_secs(20));
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        req.send().await.unwrap_or_else(|e| panic!("{path}: {e}"))
+    }
+
+    /// A unary call: its status and JSON body.
+    async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        token: &str,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        let resp = self.send(method, path, token, body).await;
+        let status = resp.status().as_u16();
+        let text = resp.text().await.unwrap_or_default();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    /// A call whose answer is only allowed or refused.
+    async fn outcome(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        token: &str,
+        body: Option<Value>,
+    ) -> HttpOutcome {
+        outcome_of(self.call(method, path, token, body).await)
+    }
+
+    /// A stream (a watch, the audit log): allowed when it starts.
+    async fn stream_outcome(&self, path: &str, token: &str) -> HttpOutcome {
+        let resp = self.send(reqwest::Method::GET, path, token, None).await;
+        let status = resp.status().as_u16();
+        if status == 200 {
+            return Ok(());
+        }
+        let body: Value = resp.json().await.unwrap_or(Value::Null);
+        Err((
+            status,
+            body["error"].as_str().unwrap_or_default().to_string(),
+        ))
+    }
+
+    async fn token(&self, (name, password): (&str, &str)) -> String {
+        let resp = self
+            .client
+            .post(format!("{}/v1/auth/token", self.base))
+            .json(&json!({"name": name, "password": password}))
+            .send()
+            .await
+            .expect("token request");
+        assert_eq!(resp.status().as_u16(), 200, "a token for {name}");
+        let body: Value = resp.json().await.expect("json");
+        body["token"].as_str().expect("token").to_string()
+    }
+
+    /// A new session of `token`'s user (30 s), or why not.
+    async fn session(&self, token: &str) -> Result<String, (u16, String)> {
+        let (status, body) = self
+            .call(
+                reqwest::Method::POST,
+                "/v1/sessions",
+                token,
+                Some(json!({"ttl": 30})),
+            )
+            .await;
+        outcome_of((status, body.clone()))?;
+        Ok(body["id"].as_str().expect("session id").to_string())
+    }
+}
+
+fn outcome_of((status, body): (u16, Value)) -> HttpOutcome {
+    if (200..300).contains(&status) {
+        Ok(())
+    } else {
+        Err((
+            status,
+            body["error"].as_str().unwrap_or_default().to_string(),
+        ))
+    }
+}
+
+/// Every operation the HTTP API has, and who may do it (root, reader,
+/// worker, nobody): the rows of the gRPC matrix it shares
+/// (`auth_matrix::ALLOWED`), plus force-release and the audit stream, which
+/// need root. Member add, snapshots, auth changes and compaction are gRPC
+/// only.
+const HTTP_OPERATIONS: [(&str, [bool; 4]); 15] = [
+    ("range config/", [true, true, false, false]),
+    ("range jobs/", [true, false, true, false]),
+    ("put config/", [true, false, false, false]),
+    ("put jobs/", [true, false, true, false]),
+    ("delete jobs/", [true, false, true, false]),
+    ("txn on jobs/", [true, false, true, false]),
+    ("txn writing config/", [true, false, false, false]),
+    ("watch config/", [true, true, false, false]),
+    ("session create, keep-alive, read", [true, true, true, true]),
+    (
+        "session revoke with a jobs/ key",
+        [true, false, true, false],
+    ),
+    ("lock jobs/", [true, false, true, false]),
+    ("election jobs/", [true, false, true, false]),
+    ("cluster (member list)", [true, true, true, true]),
+    ("force-release", [true, false, false, false]),
+    ("audit stream", [true, false, false, false]),
+];
+
+/// Runs HTTP operation `op` as `user` (token `t`); `root` sets up what an
+/// operation needs that the user may not create.
+async fn http_op(http: &Http, op: usize, user: &str, t: &str, root: &str) -> HttpOutcome {
+    use reqwest::Method;
+    match op {
+        0 => http.outcome(Method::GET, "/v1/kv/config/a", t, None).await,
+        1 => {
+            http.outcome(Method::GET, "/v1/kv/jobs/?prefix=true", t, None)
+                .await
+        }
+        2 => {
+            let body = json!({"value": format!("by {user}")});
+            http.outcome(Method::PUT, "/v1/kv/config/a", t, Some(body))
+                .await
+        }
+        3 => {
+            let path = format!("/v1/kv/jobs/{user}");
+            http.outcome(Method::PUT, &path, t, Some(json!({"value": "v"})))
+                .await
+        }
+        4 => {
+            let path = format!("/v1/kv/jobs/gone-{user}");
+            http.outcome(Method::DELETE, &path, t, None).await
+        }
+        5 => {
+            let txn = json!({
+                "compare": [{"key": "jobs/a", "target": "version", "result": "greater", "value": 0}],
+                "success": [{"put": {"key": format!("jobs/txn-{user}"), "value": "v"}}],
+            });
+            http.outcome(Method::POST, "/v1/txn", t, Some(txn)).await
+        }
+        6 => {
+            let txn = json!({
+                "compare": [{"key": "jobs/a", "target": "version", "result": "equal", "value": 0}],
+                "failure": [{"put": {"key": "config/a", "value": format!("txn by {user}")}}],
+            });
+            http.outcome(Method::POST, "/v1/txn", t, Some(txn)).await
+        }
+        7 => {
+            http.stream_outcome("/v1/watch/config/?prefix=true", t)
+                .await
+        }
+        8 => {
+            let id = http.session(t).await?;
+            let keepalive = format!("/v1/sessions/{id}/keepalive");
+            http.outcome(Method::POST, &keepalive, t, None).await?;
+            http.outcome(Method::GET, &format!("/v1/sessions/{id}"), t, None)
+                .await
+        }
+        9 => {
+            let id = http.session(root).await.expect("root's session");
+            let path = format!("/v1/kv/jobs/leased-{user}?session={id}");
+            http.outcome(Method::PUT, &path, root, Some(json!({"value": "v"})))
+                .await
+                .expect("root puts");
+            let session = format!("/v1/sessions/{id}");
+            let got = http.outcome(Method::DELETE, &session, t, None).await;
+            if got.is_err() {
+                http.outcome(Method::DELETE, &session, root, None)
+                    .await
+                    .expect("root revokes");
+            }
+            got
+        }
+        10 => {
+            let lock = "/v1/locks/jobs%2Flock";
+            take_and_give_back(
+                http,
+                t,
+                &format!("{lock}/acquire"),
+                None,
+                &format!("{lock}/release"),
+            )
+            .await
+        }
+        11 => {
+            let election = "/v1/elections/jobs%2Felection";
+            let campaign = format!("{election}/campaign");
+            let resign = format!("{election}/resign");
+            take_and_give_back(http, t, &campaign, Some(("value", user)), &resign).await
+        }
+        12 => http.outcome(Method::GET, "/v1/cluster", t, None).await,
+        13 => {
+            // Root holds a lock; the user breaks it by its fencing token.
+            let id = http.session(root).await.expect("root's session");
+            let lock = format!("/v1/locks/jobs%2Fheld-{user}");
+            let (status, granted) = http
+                .call(
+                    Method::POST,
+                    &format!("{lock}/acquire"),
+                    root,
+                    Some(json!({"session_id": id, "timeout_ms": 5000})),
+                )
+                .await;
+            assert_eq!(status, 200, "root acquires: {granted}");
+            let force = json!({"fencing_token": granted["fencing_token"], "reason": "matrix"});
+            let path = format!("/v1/admin/locks/jobs%2Fheld-{user}/force-release");
+            let got = http.outcome(Method::POST, &path, t, Some(force)).await;
+            let (_, state) = http.call(Method::GET, &lock, root, None).await;
+            assert_eq!(
+                state["holder"].is_null(),
+                got.is_ok(),
+                "the lock is free exactly when the force-release was allowed: {state}"
+            );
+            http.outcome(Method::DELETE, &format!("/v1/sessions/{id}"), root, None)
+                .await
+                .expect("root revokes");
+            got
+        }
+        14 => http.stream_outcome("/v1/audit?from_revision=1", t).await,
+        _ => unreachable!("no operation {op}"),
+    }
+}
+
+/// In a new session of `t`'s user: `take` (a lock's acquire, an
+/// election's campaign, with `extra` in its body) and, if allowed, `give`
+/// (release, resign); the session ends either way.
+async fn take_and_give_back(
+    http: &Http,
+    t: &str,
+    take: &str,
+    extra: Option<(&str, &str)>,
+    give: &str,
+) -> HttpOutcome {
+    use reqwest::Method;
+    let id = http.session(t).await?;
+    let mut body = json!({"session_id": id, "timeout_ms": 5000});
+    if let Some((field, value)) = extra {
+        body[field] = json!(value);
+    }
+    let got = match http.outcome(Method::POST, take, t, Some(body)).await {
+        Ok(()) => {
+            let body = json!({"session_id": id});
+            http.outcome(Method::POST, give, t, Some(body)).await
+        }
+        refused => refused,
+    };
+    let _ = http
+        .outcome(Method::DELETE, &format!("/v1/sessions/{id}"), t, None)
+        .await;
+    got
+}
+
+/// Done-when 1 over HTTP: the four users with tokens from
+/// `POST /v1/auth/token`, every operation of the HTTP API allowed or
+/// refused with 403 `permission_denied`, and afterwards (read as root over
+/// gRPC) nothing a refused write named changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permission_matrix_through_a_proxy_over_http() {
+    let cluster = Cluster::start(cell_binary(), 1, &[]).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let proxy = proxy_as_root(&cluster, &dir).await;
+    let grpc = format!("http://{}", proxy.grpc);
+    auth_matrix::configure(&grpc).await;
+    auth_matrix::wait_until_proxy_enforces(&grpc).await;
+    let http = Http {
+        client: reqwest::Client::new(),
+        base: format!("http://{}", proxy.http),
+    };
+    let root = http.token(ROOT).await;
+    let mut failures = Vec::new();
+    for (column, who) in [ROOT, READER, WORKER, NOBODY].into_iter().enumerate() {
+        let token = http.token(who).await;
+        for (op, (name, allowed)) in HTTP_OPERATIONS.iter().enumerate() {
+            let got = http_op(&http, op, who.0, &token, &root).await;
+            match (&got, allowed[column]) {
+                (Ok(()), true) => {}
+                (Err((403, e)), false) if e == "permission_denied" => {}
+                (_, allowed) => failures.push(format!(
+                    "{name} as {}: expected {}, got {got:?}",
+                    who.0,
+                    if allowed {
+                        "allowed"
+                    } else {
+                        "403 permission_denied"
+                    }
+                )),
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "permission matrix over HTTP:\n{}",
+        failures.join("\n")
+    );
+    let mut root = auth_matrix::connect_as(&grpc, ROOT).await;
+    auth_matrix::nothing_refused_was_written(&mut root).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
