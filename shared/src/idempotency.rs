@@ -17,6 +17,7 @@ use crate::etcdpb::{
     PbCompare, PbPutRequest, PbRangeRequest, PbResponseHeader, PbTargetUnion, PbTxnOpRequest,
     PbTxnOpResponse, PbTxnRequest, PbTxnRequestOp, PbTxnResponse,
 };
+use crate::txn_op::op;
 use crate::ApiError;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -264,12 +265,6 @@ impl Guard {
             success: vec![self.put(&record)],
             failure: Vec::new(),
         }
-    }
-}
-
-fn op(request: PbTxnOpRequest) -> PbTxnRequestOp {
-    PbTxnRequestOp {
-        request: Some(request),
     }
 }
 

@@ -73,6 +73,7 @@ pub mod range_select;
 pub mod reserved;
 pub mod revision;
 pub mod telemetry;
+pub mod txn_op;
 pub mod tls;
 
 /// The etcd v3 protocol types and server traits.

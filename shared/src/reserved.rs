@@ -75,7 +75,8 @@ pub fn check_txn(req: &PbTxnRequest) -> Result<(), ApiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::etcdpb::{PbRangeRequest, PbTxnRequestOp};
+    use crate::etcdpb::PbRangeRequest;
+    use crate::txn_op::op;
     use crate::ErrorCode;
 
     fn put(key: &[u8]) -> PbPutRequest {
@@ -83,12 +84,6 @@ mod tests {
             key: key.to_vec(),
             value: b"v".to_vec(),
             ..Default::default()
-        }
-    }
-
-    fn op(request: PbTxnOpRequest) -> PbTxnRequestOp {
-        PbTxnRequestOp {
-            request: Some(request),
         }
     }
 

@@ -31,6 +31,7 @@ use latchkey_shared::etcdpb::{
     PbTxnRequest, PbTxnRequestOp,
 };
 use latchkey_shared::lock::audit;
+use latchkey_shared::txn_op::op;
 use latchkey_shared::ApiError;
 use serde::Serialize;
 use std::sync::Arc;
@@ -619,10 +620,4 @@ async fn hash_new(new: NewPassword<'_>) -> Result<Option<String>, ApiError> {
         .await
         .map_err(|e| ApiError::internal(format!("password hash: {e}")))??;
     Ok(Some(hash))
-}
-
-fn op(request: PbTxnOpRequest) -> PbTxnRequestOp {
-    PbTxnRequestOp {
-        request: Some(request),
-    }
 }

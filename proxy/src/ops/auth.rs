@@ -17,6 +17,7 @@
 //! once per request by each face (gRPC metadata `token`, HTTP
 //! `Authorization: Bearer`).
 
+use crate::upstream::cell_client::HasHeader;
 use crate::upstream::{Cell, Kind, Route, Who};
 use latchkey_shared::auth_pb::{AuthUserListRequest, AuthUserListResponse};
 use latchkey_shared::etcd_enums::{CompareResult, CompareTarget};
@@ -28,6 +29,7 @@ use latchkey_shared::etcdpb::{
     PbRangeRequest, PbRangeResponse, PbTargetUnion, PbTxnOpRequest, PbTxnRequest, PbTxnRequestOp,
     PbTxnResponse,
 };
+use latchkey_shared::txn_op::op;
 use latchkey_shared::{ApiError, ErrorCode, KeyRange};
 use std::future::Future;
 use std::sync::Arc;
@@ -44,6 +46,29 @@ pub async fn as_client<F: Future>(token: Option<Arc<str>>, f: F) -> F::Output {
 /// The token of the client this task serves (none outside [`as_client`]).
 pub fn client_token() -> Option<Arc<str>> {
     CLIENT_TOKEN.try_with(|t| t.clone()).ok().flatten()
+}
+
+/// A call to `cell`'s leader made for this task's client: with its token
+/// (or none), never the proxy's own.
+pub async fn call_for_client<Req, Resp>(
+    cell: &Cell,
+    kind: Kind,
+    path: &'static str,
+    request: Req,
+) -> Result<Resp, ApiError>
+where
+    Req: prost::Message + Clone + Send + Sync + 'static,
+    Resp: prost::Message + Default + Send + Sync + HasHeader + 'static,
+{
+    let token = client_token();
+    cell.call_as(
+        Who::Client(token.as_deref()),
+        Route::Leader,
+        kind,
+        path,
+        request,
+    )
+    .await
 }
 
 /// A token as clients send it: etcd's bare token, or `Bearer <token>`.
@@ -94,12 +119,6 @@ fn never(key: &[u8]) -> PbCompare {
         key: key.to_vec(),
         range_end: Vec::new(),
         target_union: Some(PbTargetUnion::Version(0)),
-    }
-}
-
-fn op(request: PbTxnOpRequest) -> PbTxnRequestOp {
-    PbTxnRequestOp {
-        request: Some(request),
     }
 }
 

@@ -3,9 +3,9 @@
 //! time-to-live. Keep-alives are the session table's
 //! ([`session`](crate::session)).
 
-use crate::ops::auth::client_token;
+use crate::ops::auth::call_for_client;
 use crate::state::ProxyState;
-use crate::upstream::{Kind, Route, Who};
+use crate::upstream::Kind;
 use latchkey_shared::etcd_methods::lease::{GRANT, REVOKE, TIME_TO_LIVE};
 use latchkey_shared::etcdpb::{
     PbLeaseGrantRequest, PbLeaseGrantResponse, PbLeaseRevokeRequest, PbLeaseRevokeResponse,
@@ -21,16 +21,7 @@ pub async fn grant(
 ) -> Result<PbLeaseGrantResponse, ApiError> {
     let cell = state.upstream.home();
     let sent = Instant::now();
-    let token = client_token();
-    let granted: PbLeaseGrantResponse = cell
-        .call_as(
-            Who::Client(token.as_deref()),
-            Route::Leader,
-            Kind::Write,
-            GRANT,
-            request,
-        )
-        .await?;
+    let granted: PbLeaseGrantResponse = call_for_client(cell, Kind::Write, GRANT, request).await?;
     if granted.error.is_empty() {
         state
             .sessions
@@ -41,18 +32,8 @@ pub async fn grant(
 
 /// Revokes a lease on the cell and drops it from the session table.
 pub async fn revoke(state: &ProxyState, id: LeaseId) -> Result<PbLeaseRevokeResponse, ApiError> {
-    let token = client_token();
-    let result = state
-        .upstream
-        .home()
-        .call_as(
-            Who::Client(token.as_deref()),
-            Route::Leader,
-            Kind::Write,
-            REVOKE,
-            PbLeaseRevokeRequest { id: id.get() },
-        )
-        .await;
+    let request = PbLeaseRevokeRequest { id: id.get() };
+    let result = call_for_client(state.upstream.home(), Kind::Write, REVOKE, request).await;
     match &result {
         Ok(_) => state.sessions.revoked(id),
         Err(e) if e.code == ErrorCode::LeaseNotFound => state.sessions.revoked(id),
@@ -68,16 +49,5 @@ pub async fn time_to_live(
     state: &ProxyState,
     request: PbLeaseTimeToLiveRequest,
 ) -> Result<PbLeaseTimeToLiveResponse, ApiError> {
-    let token = client_token();
-    state
-        .upstream
-        .home()
-        .call_as(
-            Who::Client(token.as_deref()),
-            Route::Leader,
-            Kind::Read,
-            TIME_TO_LIVE,
-            request,
-        )
-        .await
+    call_for_client(state.upstream.home(), Kind::Read, TIME_TO_LIVE, request).await
 }

@@ -14,6 +14,7 @@ use crate::etcdpb::{
 };
 use crate::idempotency::{Guard, Outcome};
 use crate::metrics_catalog::{LOCK_DELAYS, LOCK_WAKEUPS};
+pub(super) use crate::txn_op::op;
 use crate::{ApiError, KeyRange, LeaseId};
 use std::sync::Arc;
 use tokio::time::Instant;
@@ -64,12 +65,6 @@ pub async fn line_at<B: LockBackend>(
         )
         .await?;
     Ok((resp.kvs, resp.header.unwrap_or_default()))
-}
-
-pub(super) fn op(request: PbTxnOpRequest) -> PbTxnRequestOp {
-    PbTxnRequestOp {
-        request: Some(request),
-    }
 }
 
 /// Compares the create revision of `key` with `revision` (0: absent).
