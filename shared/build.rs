@@ -16,6 +16,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 "proto/v3lock.proto",
                 "proto/v3election.proto",
                 "proto/auth.proto",
+                "proto/tenants.proto",
             ],
             &["proto"],
         )?;

@@ -154,6 +154,20 @@ pub const KEYSPACE_BYTES: Metric = Metric {
     help: "Size of this member's applied keyspace, the figure --quota-bytes limits.",
 };
 
+pub const TENANT_KEYS: Metric = Metric {
+    name: "latchkey_tenant_keys",
+    kind: Kind::Gauge,
+    unit: Unit::Count,
+    help: "Live keys under a tenant's prefixes (label tenant), what its max_keys quota limits; as this member has applied them.",
+};
+
+pub const TENANT_BYTES: Metric = Metric {
+    name: "latchkey_tenant_bytes",
+    kind: Kind::Gauge,
+    unit: Unit::Bytes,
+    help: "Bytes of the live keys and values under a tenant's prefixes (label tenant), what its max_bytes quota limits.",
+};
+
 pub const LOG_STORE_MEMORY_BYTES: Metric = Metric {
     name: "latchkey_log_store_memory_bytes",
     kind: Kind::Gauge,
@@ -300,6 +314,8 @@ pub const ALL: &[Metric] = &[
     KEYS,
     LEASES,
     KEYSPACE_BYTES,
+    TENANT_KEYS,
+    TENANT_BYTES,
     LOG_STORE_MEMORY_BYTES,
     APPLIED_INDEX,
     SNAPSHOT_BUILD_SECONDS,

@@ -78,6 +78,14 @@ pub mod auth {
     pub const ROLE_REVOKE_PERMISSION: &str = "/etcdserverpb.Auth/RoleRevokePermission";
 }
 
+/// `latchkey.tenants.v1.Tenants` (latchkey's, not etcd's).
+pub mod tenants {
+    pub const PUT: &str = "/latchkey.tenants.v1.Tenants/Put";
+    pub const GET: &str = "/latchkey.tenants.v1.Tenants/Get";
+    pub const LIST: &str = "/latchkey.tenants.v1.Tenants/List";
+    pub const DELETE: &str = "/latchkey.tenants.v1.Tenants/Delete";
+}
+
 /// `v3lockpb.Lock` (etcd's lock service).
 pub mod lock {
     pub const LOCK: &str = "/v3lockpb.Lock/Lock";

@@ -10,6 +10,7 @@
 //!   forwarded requests), generated from `proto/peer.proto`.
 //! - [`sessions_pb`]: the batched lease refresh service, from
 //!   `proto/sessions.proto` (a latchkey extension, not etcd's API).
+//! - [`tenants_pb`]: the tenants service, from `proto/tenants.proto`.
 //!
 //! The nouns every tier speaks, one per file:
 //! - [`lease_id`] ([`LeaseId`], shown in hex), [`member_id`] ([`MemberId`],
@@ -49,6 +50,7 @@
 //!   read either).
 //! - [`auth`]: users, roles and permissions (etcd's model), signed
 //!   tokens, password hashes, and the check each operation makes.
+//! - [`tenant`]: tenants' records (prefixes, quotas) and their checks.
 //! - [`idempotency`]: retry-safe writes (a record committed in the same
 //!   txn as the write it guards).
 //! - [`lock`]: the lock recipe (fair FIFO queue, fencing tokens) over a
@@ -73,8 +75,9 @@ pub mod range_select;
 pub mod reserved;
 pub mod revision;
 pub mod telemetry;
-pub mod txn_op;
+pub mod tenant;
 pub mod tls;
+pub mod txn_op;
 
 /// The etcd v3 protocol types and server traits.
 pub use etcd_client::proto as etcdpb;
@@ -104,6 +107,11 @@ pub mod auth_pb {
 /// etcd's `authpb` messages the Auth service carries.
 pub mod authpb {
     tonic::include_proto!("authpb");
+}
+
+/// latchkey's tenants service (prefixes and quotas).
+pub mod tenants_pb {
+    tonic::include_proto!("latchkey.tenants.v1");
 }
 
 /// latchkey's session extension service (batched lease refresh).

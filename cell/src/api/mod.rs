@@ -12,6 +12,7 @@ pub mod kv;
 pub mod lease;
 pub mod maintenance;
 pub mod sessions;
+pub mod tenants;
 pub mod watch;
 
 use crate::node::CellNode;
@@ -20,6 +21,7 @@ use crate::ops::auth_gate::AuthGate;
 use crate::ops::kv::Kv;
 use crate::ops::lease::Leases;
 use crate::ops::locks::LocalLocks;
+use crate::ops::tenants::TenantOps;
 use crate::ops::GRPC_OVERHEAD_BYTES;
 use crate::watch::stream::WatchOptions;
 use latchkey_shared::sessions_pb::sessions_server::SessionsServer;
@@ -96,6 +98,11 @@ pub async fn serve(
     let auth = latchkey_shared::auth_pb::auth_server::AuthServer::new(auth::AuthService {
         ops: Arc::new(AuthOps::new(node.clone(), gate.clone())),
     });
+    let tenants =
+        latchkey_shared::tenants_pb::tenants_server::TenantsServer::new(tenants::TenantsService {
+            ops: TenantOps::new(node.clone()),
+            gate: gate.clone(),
+        });
     let cluster = PbClusterServer::new(cluster::ClusterService { node, gate });
     tonic::transport::Server::builder()
         .add_service(kv)
@@ -107,6 +114,7 @@ pub async fn serve(
         .add_service(locks)
         .add_service(elections)
         .add_service(auth)
+        .add_service(tenants)
         .serve_with_incoming_shutdown(listener, shutdown)
         .await?;
     Ok(())

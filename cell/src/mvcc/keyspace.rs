@@ -6,8 +6,10 @@
 //! earlier clone is being serialised on another thread.
 
 use super::image::{KeyHistory, KeySpaceImage};
+use super::tenants::TenantBook;
 use super::versions::{KvRef, Record, Version, Versions};
 use imbl::OrdMap;
+use latchkey_shared::tenant::{self, TenantRecord, TENANT_PREFIX};
 use latchkey_shared::ApiError;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
@@ -102,6 +104,10 @@ pub struct KeySpace {
     changes: Vec<Event>,
     /// The revision last written and the sub-revision its next change gets.
     next_sub: (i64, u32),
+    /// Who owns which keys and what each tenant uses: kept on every put
+    /// and delete, built again when a tenant's record changes. Never part
+    /// of a snapshot.
+    tenants: TenantBook,
 }
 
 /// An empty keyspace is at revision 1, as etcd's is: clients read a
@@ -116,6 +122,7 @@ impl Default for KeySpace {
             live_keys: 0,
             changes: Vec::new(),
             next_sub: (0, 0),
+            tenants: TenantBook::default(),
         }
     }
 }
@@ -131,6 +138,35 @@ impl KeySpace {
 
     pub fn bytes(&self) -> u64 {
         self.bytes
+    }
+
+    /// The tenants and what each uses now.
+    pub fn tenants(&self) -> &TenantBook {
+        &self.tenants
+    }
+
+    /// Builds the tenants' book again: their records, then every live key
+    /// under their prefixes.
+    fn rebuild_tenants(&mut self) {
+        let mut records = Vec::new();
+        self.scan(&KeyRange::prefix(TENANT_PREFIX), self.revision, |kv| {
+            match TenantRecord::decode(kv.value) {
+                Ok(r) => records.push(r),
+                Err(e) => tracing::error!(
+                    key = %kv.key.escape_ascii(), error = %e,
+                    "tenant record does not decode; its tenant is not counted"
+                ),
+            }
+            true
+        });
+        let mut book = TenantBook::new(records);
+        for prefix in book.all_prefixes() {
+            self.scan(&KeyRange::prefix(&prefix), self.revision, |kv| {
+                book.on_put(kv.key, None, kv.value.len());
+                true
+            });
+        }
+        self.tenants = book;
     }
 
     pub fn live_keys(&self) -> u64 {
@@ -303,12 +339,17 @@ impl KeySpace {
         if prev.is_none() {
             self.live_keys += 1;
         }
+        self.tenants
+            .on_put(key, prev.as_ref().map(|p| p.value.len()), kv.value.len());
         self.changes.push(Event {
             kind: EventKind::Put,
             kv,
             prev: event_prev,
         });
         self.revision = self.revision.max(rev);
+        if tenant::is_record(key) {
+            self.rebuild_tenants();
+        }
         prev
     }
 
@@ -326,12 +367,16 @@ impl KeySpace {
         self.bytes += tombstone.bytes(key);
         versions.push_back(tombstone);
         self.live_keys -= 1;
+        self.tenants.on_delete(key, prev.value.len());
         self.changes.push(Event {
             kind: EventKind::Delete,
             kv: tombstone_kv(key, rev),
             prev: Some(prev.clone()),
         });
         self.revision = self.revision.max(rev);
+        if tenant::is_record(key) {
+            self.rebuild_tenants();
+        }
         Some(prev)
     }
 
@@ -436,6 +481,7 @@ impl KeySpace {
             }
             ks.keys.insert(key, versions);
         }
+        ks.rebuild_tenants();
         ks
     }
 }

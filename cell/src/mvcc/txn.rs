@@ -5,10 +5,14 @@
 //! Everything here is deterministic: no clock, no randomness. A write
 //! transaction takes one revision, whatever number of keys it changes, and
 //! is validated completely before it changes anything, so a failing request
-//! leaves no partial write behind.
+//! leaves no partial write behind. That includes the tenants' quotas: what
+//! a write would add to each tenant's use is summed first
+//! ([`super::tenants::Deltas`]) and the write refused whole if it takes one
+//! past a quota.
 
 use super::keyspace::{KeyRange, KeySpace};
 use super::range::{check_range, range, to_pb};
+use super::tenants::Deltas;
 use super::versions::KvRef;
 use crate::mvcc::lease_table::LeaseTable;
 use latchkey_shared::etcd_enums::{compare_holds, CompareResult, CompareTarget, EtcdEnum};
@@ -114,8 +118,57 @@ pub fn delete_keys(kv: &mut Kv<'_>, keys: impl IntoIterator<Item = Vec<u8>>) -> 
     any
 }
 
+/// What a put changes in its tenant's use.
+fn put_deltas(keys: &KeySpace, req: &PbPutRequest, deltas: &mut Deltas) {
+    let old_len = keys.get(&req.key).map(|kv| kv.value.len());
+    let new_len = if req.ignore_value {
+        old_len.unwrap_or(0)
+    } else {
+        req.value.len()
+    };
+    deltas.put(keys.tenants(), &req.key, old_len, new_len);
+}
+
+/// What a delete changes in its tenants' use.
+fn delete_deltas(keys: &KeySpace, req: &PbDeleteRequest, deltas: &mut Deltas) {
+    let range = KeyRange::new(req.key.clone(), req.range_end.clone());
+    keys.scan(&range, keys.revision(), |kv| {
+        deltas.delete(keys.tenants(), kv.key, kv.value.len());
+        true
+    });
+}
+
+/// What the chosen path of a txn changes in tenants' use. No key is
+/// written twice on one path (`branch_writes`), so each write is counted
+/// against the state before the txn.
+fn path_deltas(keys: &KeySpace, req: &PbTxnRequest, path: &TxnPath, deltas: &mut Deltas) {
+    let branch = if path.succeeded {
+        &req.success
+    } else {
+        &req.failure
+    };
+    let mut nested = path.nested.iter();
+    for op in branch {
+        match &op.request {
+            Some(PbTxnOpRequest::RequestPut(p)) => put_deltas(keys, p, deltas),
+            Some(PbTxnOpRequest::RequestDeleteRange(d)) => delete_deltas(keys, d, deltas),
+            Some(PbTxnOpRequest::RequestTxn(t)) => {
+                if let Some(p) = nested.next() {
+                    path_deltas(keys, t, p, deltas);
+                }
+            }
+            Some(PbTxnOpRequest::RequestRange(_)) | None => {}
+        }
+    }
+}
+
 pub fn put(kv: &mut Kv<'_>, req: &PbPutRequest) -> Result<PbPutResponse, ApiError> {
     check_put(kv, req)?;
+    if !kv.keys.tenants().is_empty() {
+        let mut deltas = Deltas::default();
+        put_deltas(kv.keys, req, &mut deltas);
+        kv.keys.tenants().check(&deltas)?;
+    }
     let rev = kv.keys.next_revision();
     Ok(do_put(kv, rev, req))
 }
@@ -370,6 +423,11 @@ fn run_decided(
     path: &TxnPath,
 ) -> Result<PbTxnResponse, ApiError> {
     check_path(kv, req, path)?;
+    if !kv.keys.tenants().is_empty() {
+        let mut deltas = Deltas::default();
+        path_deltas(kv.keys, req, path, &mut deltas);
+        kv.keys.tenants().check(&deltas)?;
+    }
     let rev = kv.keys.next_revision();
     run_path(kv, rev, req, path)
 }
@@ -726,5 +784,77 @@ pub(crate) mod tests {
             kv.keys.get(b"k").map(|v| v.value.to_vec()),
             Some(b"then".to_vec())
         );
+    }
+
+    /// A tenant's quota refuses the write that would pass it, whole (no
+    /// revision taken, nothing written), counts what a txn deletes against
+    /// what it adds, and what the keyspace counts survives a snapshot.
+    #[test]
+    fn a_tenants_quota_refuses_the_whole_write_that_would_pass_it() {
+        use latchkey_shared::tenant::{record_key, TenantRecord};
+        use latchkey_shared::ErrorCode;
+        let (mut keys, mut leases) = (KeySpace::default(), LeaseTable::default());
+        let mut kv = Kv {
+            keys: &mut keys,
+            leases: &mut leases,
+        };
+        put(&mut kv, &put_req("a/1", "x")).expect("a key before the tenant");
+        let acme = TenantRecord {
+            name: "acme".into(),
+            prefixes: vec![b"a/".to_vec()],
+            max_keys: 2,
+            max_bytes: 0,
+        };
+        let record = String::from_utf8(record_key("acme")).unwrap();
+        let value = String::from_utf8(acme.encode()).unwrap();
+        put(&mut kv, &put_req(&record, &value)).expect("the record");
+        let usage = |kv: &Kv<'_>| kv.keys.tenants().get("acme").map(|o| o.usage.keys);
+        assert_eq!(usage(&kv), Some(1), "counted when the record came");
+        put(&mut kv, &put_req("a/2", "x")).expect("the second key");
+        put(&mut kv, &put_req("a/2", "y")).expect("replacing one");
+        put(&mut kv, &put_req("b/1", "x")).expect("no one's key");
+        let revision = kv.keys.revision();
+        let e = put(&mut kv, &put_req("a/3", "x")).expect_err("a third key");
+        assert_eq!(e.code, ErrorCode::QuotaExceeded);
+        let three = PbTxnRequest {
+            compare: vec![],
+            success: vec![op_put("c", "1"), op_put("a/3", "x")],
+            failure: vec![],
+        };
+        let e = txn(&mut kv, &three).expect_err("a txn adding a third key");
+        assert_eq!(e.code, ErrorCode::QuotaExceeded);
+        assert_eq!(kv.keys.revision(), revision, "nothing written");
+        assert!(kv.keys.get(b"c").is_none());
+        let swap = PbTxnRequest {
+            compare: vec![],
+            success: vec![
+                PbTxnRequestOp {
+                    request: Some(PbTxnOpRequest::RequestDeleteRange(PbDeleteRequest {
+                        key: b"a/1".to_vec(),
+                        ..Default::default()
+                    })),
+                },
+                op_put("a/3", "x"),
+            ],
+            failure: vec![],
+        };
+        txn(&mut kv, &swap).expect("one out, one in");
+        assert_eq!(usage(&kv), Some(2));
+        let restored = KeySpace::from_image(kv.keys.image());
+        assert_eq!(
+            restored.tenants().get("acme").map(|o| o.usage),
+            kv.keys.tenants().get("acme").map(|o| o.usage)
+        );
+        // Without its record the tenant is gone, and so is its quota.
+        delete_range(
+            &mut kv,
+            &PbDeleteRequest {
+                key: record_key("acme"),
+                ..Default::default()
+            },
+        )
+        .expect("delete the record");
+        assert!(kv.keys.tenants().is_empty());
+        put(&mut kv, &put_req("a/4", "x")).expect("no quota now");
     }
 }

@@ -13,6 +13,7 @@ pub mod auth_gate;
 pub mod kv;
 pub mod lease;
 pub mod locks;
+pub mod tenants;
 
 use crate::node::CellNode;
 use latchkey_shared::ApiError;

@@ -10,7 +10,7 @@
 use super::{CellState, StateImage};
 use crate::metrics_catalog::{
     APPLIED_INDEX, KEYS, KEYSPACE_BYTES, LEASES, REVISION, SNAPSHOTS_BUILT, SNAPSHOTS_INSTALLED,
-    SNAPSHOT_BUILD_SECONDS, SNAPSHOT_INSTALLED_BYTES,
+    SNAPSHOT_BUILD_SECONDS, SNAPSHOT_INSTALLED_BYTES, TENANT_BYTES, TENANT_KEYS,
 };
 use crate::mvcc::lease_table::LeaseSeed;
 use crate::raft::command::{Reply, Request, Response};
@@ -288,6 +288,12 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             metrics::gauge!(KEYS.name).set(s.keys.live_keys() as f64);
             metrics::gauge!(LEASES.name).set(s.leases.len() as f64);
             metrics::gauge!(KEYSPACE_BYTES.name).set(s.keys.bytes() as f64);
+            for t in s.keys.tenants().iter() {
+                let tenant = t.record.name.clone();
+                metrics::gauge!(TENANT_KEYS.name, "tenant" => tenant.clone())
+                    .set(t.usage.keys as f64);
+                metrics::gauge!(TENANT_BYTES.name, "tenant" => tenant).set(t.usage.bytes as f64);
+            }
         }
         // Watchers hear of the changes once the state holds them.
         self.hub.publish(changes, std::time::Instant::now());

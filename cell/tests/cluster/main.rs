@@ -14,6 +14,7 @@ mod t70_sessions;
 mod t80_sharing;
 mod t90_tls;
 mod t95_auth;
+mod t96_tenants;
 
 /// The binary under test; cargo builds it for this test binary.
 pub const CELL_BIN: &str = env!("CARGO_BIN_EXE_latchkey-cell");

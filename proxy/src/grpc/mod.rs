@@ -16,6 +16,7 @@ pub mod kv;
 pub mod lease;
 pub mod maintenance;
 pub mod request_metrics;
+pub mod tenants;
 pub mod watch;
 
 use crate::ops::locks::UpstreamLocks;
@@ -171,8 +172,15 @@ pub async fn serve(
             state: state.clone(),
         }))
         .add_service(latchkey_shared::auth_pb::auth_server::AuthServer::new(
-            auth::AuthService { state },
+            auth::AuthService {
+                state: state.clone(),
+            },
         ))
+        .add_service(
+            latchkey_shared::tenants_pb::tenants_server::TenantsServer::new(
+                tenants::TenantsService { state },
+            ),
+        )
         .serve_with_incoming_shutdown(listener, shutdown)
         .await?;
     Ok(())

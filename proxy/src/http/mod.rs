@@ -10,6 +10,7 @@
 //! - [`locks`]: `/v1/locks/{name}`; [`elections`]: `/v1/elections/{name}`;
 //!   [`audit`]: force-release and the audit stream;
 //! - [`cluster`]: the cell behind the proxy, `/v1/cluster`;
+//! - [`tenants`]: `/v1/admin/tenants`, tenants' prefixes, quotas and use;
 //! - [`model`]: the JSON shapes and the bytes-in-JSON rule;
 //!   [`extract`]: extractors whose rejections are API errors.
 //!
@@ -26,6 +27,7 @@ pub mod kv;
 pub mod locks;
 pub mod model;
 pub mod session;
+pub mod tenants;
 pub mod txn;
 pub mod watch_sse;
 
@@ -67,6 +69,7 @@ pub fn answer<T>(value: T) -> Answer<T> {
         (name = "elections", description = "Leader elections held by sessions: campaign, proclaim, resign, observe"),
         (name = "cluster", description = "The cell behind the proxy"),
         (name = "auth", description = "Tokens: a user name and password for a token sent as Authorization: Bearer"),
+        (name = "tenants", description = "Tenants: key prefixes with quotas on their keys and bytes (root only with authentication on)"),
         (name = "service", description = "The API document and health")
     )
 )]
@@ -93,6 +96,8 @@ pub fn routes() -> (Router<Arc<ProxyState>>, serde_json::Value) {
         .routes(routes!(audit::force_release))
         .routes(routes!(audit::records))
         .routes(routes!(cluster::status))
+        .routes(routes!(tenants::list))
+        .routes(routes!(tenants::get, tenants::put, tenants::delete))
         .routes(routes!(auth::token))
         .routes(routes!(openapi_json))
         .routes(routes!(healthz))

@@ -411,6 +411,14 @@ has_header!(
     PbDowngradeResponse,
 );
 
+use latchkey_shared::tenants_pb as tenants;
+has_header!(
+    tenants::TenantPutResponse,
+    tenants::TenantGetResponse,
+    tenants::TenantListResponse,
+    tenants::TenantDeleteResponse,
+);
+
 use latchkey_shared::auth_pb as auth;
 has_header!(
     auth::AuthEnableResponse,

@@ -20,6 +20,7 @@ mod t83_elections;
 mod t84_partition;
 mod t90_tls;
 mod t95_auth;
+mod t96_tenants;
 
 use latchkey_shared::etcdpb::{PbWatchRequest, PbWatchResponse};
 use std::path::Path;

@@ -132,7 +132,10 @@ error_table! {
     /// A Leader query on an election nobody campaigns in.
     ElectionNoLeader => "election_no_leader", 404, Unknown,
         Some("election: no leader"), Never;
-    QuotaExceeded => "quota_exceeded", 507, ResourceExhausted,
+    /// Past the keyspace's quota or a tenant's: HTTP 429, as gRPC's ResourceExhausted
+    /// maps to it (not a server error: the client asked for more than it
+    /// may have). Not retried: room comes only from deletes.
+    QuotaExceeded => "quota_exceeded", 429, ResourceExhausted,
         Some("etcdserver: mvcc: database space exceeded"), Never;
     ValueTooLarge => "value_too_large", 413, InvalidArgument, None, Never;
     RequestTooLarge => "request_too_large", 413, InvalidArgument,
@@ -217,6 +220,8 @@ error_table! {
     /// `Detail::RetryAfter` says when to try again. Nothing happened; not
     /// retried at once by a proxy, which would only add attempts.
     RateLimited => "rate_limited", 429, ResourceExhausted, None, Never;
+    /// No tenant of that name (the tenants API).
+    TenantNotFound => "tenant_not_found", 404, NotFound, None, Never;
     UserExists => "user_exists", 409, FailedPrecondition,
         Some("etcdserver: user name already exists"), Never;
     UserNotFound => "user_not_found", 404, FailedPrecondition,

@@ -397,6 +397,13 @@ impl ApiError {
         )
     }
 
+    pub fn tenant_not_found(name: &str) -> Self {
+        ApiError::new(
+            ErrorCode::TenantNotFound,
+            format!("tenant {name:?} not found"),
+        )
+    }
+
     pub fn user_not_found(name: &str) -> Self {
         ApiError::new(ErrorCode::UserNotFound, format!("user {name:?} not found"))
     }
@@ -607,6 +614,7 @@ mod tests {
                 ErrorCode::RateLimited => {
                     ApiError::rate_limited("attempts", std::time::Duration::from_millis(250))
                 }
+                ErrorCode::TenantNotFound => ApiError::tenant_not_found("acme"),
                 ErrorCode::UserExists => ApiError::user_exists("alice"),
                 ErrorCode::UserNotFound => ApiError::user_not_found("alice"),
                 ErrorCode::RoleExists => ApiError::role_exists("ops"),

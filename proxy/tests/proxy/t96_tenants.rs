@@ -1,0 +1,129 @@
+//! Tenants through a proxy: the tenants API passed through to the cell,
+//! and a tenant's quota refusing a write over gRPC (ResourceExhausted, as
+//! etcd's "database space exceeded") and over HTTP (429 `quota_exceeded`,
+//! retry never, naming the tenant), another tenant unaffected.
+
+use crate::{member_addrs, proxy_bin};
+use latchkey_shared::tenants_pb::tenants_client::TenantsClient;
+use latchkey_shared::tenants_pb::{Tenant, TenantGetRequest, TenantPutRequest};
+use latchkey_testkit::auth_matrix::{code, connect_anonymous};
+use latchkey_testkit::{cell_binary, Cluster, ProxyProcess};
+use serde_json::Value;
+use tonic::Code;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_quota_through_a_proxy_on_both_faces() {
+    let cluster = Cluster::start(cell_binary(), 1, &[]).await;
+    let proxy = ProxyProcess::start(proxy_bin(), &member_addrs(&cluster), &[]).await;
+    let grpc = format!("http://{}", proxy.grpc);
+    let mut admin = TenantsClient::connect(grpc.clone()).await.expect("connect");
+    for (name, prefix) in [("acme", "acme/"), ("globex", "globex/")] {
+        admin
+            .put(TenantPutRequest {
+                tenant: Some(Tenant {
+                    name: name.into(),
+                    prefixes: vec![prefix.as_bytes().to_vec()],
+                    max_keys: 1,
+                    max_bytes: 0,
+                }),
+            })
+            .await
+            .expect("tenant put through the proxy");
+    }
+    let mut kv = connect_anonymous(&grpc).await;
+    kv.put("acme/1", "v", None).await.expect("the one key");
+    let e = kv.put("acme/2", "v", None).await.expect_err("a second");
+    assert_eq!(code(&e), Code::ResourceExhausted, "{e}");
+
+    let resp = reqwest::Client::new()
+        .put(format!("http://{}/v1/kv/acme/3", proxy.http))
+        .body("v")
+        .send()
+        .await
+        .expect("http put");
+    assert_eq!(resp.status().as_u16(), 429);
+    let body: Value = resp.json().await.expect("json");
+    assert_eq!(body["error"], "quota_exceeded", "{body}");
+    assert_eq!(body["retry"], "never", "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("tenant acme")),
+        "{body}"
+    );
+    kv.put("globex/1", "v", None)
+        .await
+        .expect("another tenant's first key");
+    let usage = admin
+        .get(TenantGetRequest {
+            name: "acme".into(),
+        })
+        .await
+        .expect("tenant get")
+        .into_inner()
+        .info
+        .and_then(|i| i.usage)
+        .expect("usage");
+    assert_eq!(usage.keys, 1);
+
+    // The HTTP routes: put, read, list, delete.
+    let http = reqwest::Client::new();
+    let url = |path: &str| format!("http://{}{path}", proxy.http);
+    let resp = http
+        .put(url("/v1/admin/tenants/initech"))
+        .json(&serde_json::json!({"prefixes": ["initech/"], "max_keys": 1}))
+        .send()
+        .await
+        .expect("put");
+    assert_eq!(resp.status().as_u16(), 200);
+    let resp = http
+        .put(url("/v1/admin/tenants/initech2"))
+        .json(&serde_json::json!({"prefixes": ["initech/x"]}))
+        .send()
+        .await
+        .expect("put");
+    assert_eq!(resp.status().as_u16(), 400, "an overlapping prefix");
+    kv.put("initech/1", "v", None).await.expect("its one key");
+    let state: Value = http
+        .get(url("/v1/admin/tenants/initech"))
+        .send()
+        .await
+        .expect("get")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(
+        (state["keys"].as_u64(), state["bytes"].as_u64()),
+        (Some(1), Some(10)),
+        "{state}"
+    );
+    let list: Value = http
+        .get(url("/v1/admin/tenants"))
+        .send()
+        .await
+        .expect("list")
+        .json()
+        .await
+        .expect("json");
+    let names: Vec<&str> = list["tenants"]
+        .as_array()
+        .expect("tenants")
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert_eq!(names, ["acme", "globex", "initech"]);
+    let resp = http
+        .delete(url("/v1/admin/tenants/initech"))
+        .send()
+        .await
+        .expect("delete");
+    assert_eq!(resp.status().as_u16(), 200);
+    let resp = http
+        .get(url("/v1/admin/tenants/initech"))
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(resp.status().as_u16(), 404);
+    let body: Value = resp.json().await.expect("json");
+    assert_eq!(body["error"], "tenant_not_found", "{body}");
+}
