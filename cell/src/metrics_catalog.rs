@@ -158,7 +158,7 @@ pub const TENANT_KEYS: Metric = Metric {
     name: "latchkey_tenant_keys",
     kind: Kind::Gauge,
     unit: Unit::Count,
-    help: "Live keys under a tenant's prefixes (label tenant), what its max_keys quota limits; as this member has applied them.",
+    help: "Live keys under a tenant's prefixes (label tenant), what its max_keys quota limits, as this member has applied them; 0 once the tenant is deleted.",
 };
 
 pub const TENANT_BYTES: Metric = Metric {

@@ -13,6 +13,7 @@ use crate::metrics_catalog::{
     SNAPSHOT_BUILD_SECONDS, SNAPSHOT_INSTALLED_BYTES, TENANT_BYTES, TENANT_KEYS,
 };
 use crate::mvcc::lease_table::LeaseSeed;
+use crate::mvcc::tenants::Usage;
 use crate::raft::command::{Reply, Request, Response};
 use crate::raft::log_purger::LogPurger;
 use crate::raft::snapshot_data::SnapshotData;
@@ -27,6 +28,7 @@ use crate::state_machine::watch_hub::WatchHub;
 use crate::storage::codec::{decode, encode};
 use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine};
 use openraft::{EntryPayload, OptionalSend, RaftLogId, StorageIOError};
+use std::collections::BTreeSet;
 use std::panic::AssertUnwindSafe;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -74,6 +76,8 @@ pub struct StateMachineStore {
     lessor: Option<Arc<dyn LeaseObserver>>,
     hub: Arc<WatchHub>,
     snapshot_seq: Arc<AtomicU64>,
+    /// The tenants whose use the gauges show.
+    tenant_gauges: BTreeSet<String>,
 }
 
 /// Makes `state` the starting point of a new member in `dir` (a restore):
@@ -102,6 +106,21 @@ pub fn write_restored_state(
 }
 
 impl StateMachineStore {
+    /// Sets each tenant's gauges; a tenant deleted since the last batch
+    /// shows 0 (the metrics crate keeps a series once made).
+    fn export_tenant_use(&mut self, tenant_use: Vec<(String, Usage)>) {
+        let now: BTreeSet<String> = tenant_use.iter().map(|(name, _)| name.clone()).collect();
+        let gone = self.tenant_gauges.difference(&now).cloned();
+        let zeros = gone
+            .map(|name| (name, Usage::default()))
+            .collect::<Vec<_>>();
+        for (tenant, usage) in tenant_use.into_iter().chain(zeros) {
+            metrics::gauge!(TENANT_KEYS.name, "tenant" => tenant.clone()).set(usage.keys as f64);
+            metrics::gauge!(TENANT_BYTES.name, "tenant" => tenant).set(usage.bytes as f64);
+        }
+        self.tenant_gauges = now;
+    }
+
     /// Opens the state machine of `dir`, starting from its snapshot if any.
     /// `purger` learns of every snapshot made durable.
     pub async fn open(
@@ -124,6 +143,7 @@ impl StateMachineStore {
         }
         let (applied_tx, applied_rx) = watch::channel(applied);
         Ok(StateMachineStore {
+            tenant_gauges: BTreeSet::new(),
             state: Arc::new(RwLock::new(state)),
             files,
             applied_tx,
@@ -234,6 +254,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let mut out = Vec::new();
         let mut last_index = None;
         let mut changes = Vec::new();
+        let tenant_use: Vec<(String, Usage)>;
         {
             let mut s = self.write_lock();
             // O(1): the maps are persistent. What the state goes back to if
@@ -288,13 +309,14 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             metrics::gauge!(KEYS.name).set(s.keys.live_keys() as f64);
             metrics::gauge!(LEASES.name).set(s.leases.len() as f64);
             metrics::gauge!(KEYSPACE_BYTES.name).set(s.keys.bytes() as f64);
-            for t in s.keys.tenants().iter() {
-                let tenant = t.record.name.clone();
-                metrics::gauge!(TENANT_KEYS.name, "tenant" => tenant.clone())
-                    .set(t.usage.keys as f64);
-                metrics::gauge!(TENANT_BYTES.name, "tenant" => tenant).set(t.usage.bytes as f64);
-            }
+            tenant_use = s
+                .keys
+                .tenants()
+                .iter()
+                .map(|t| (t.record.name.clone(), t.usage))
+                .collect();
         }
+        self.export_tenant_use(tenant_use);
         // Watchers hear of the changes once the state holds them.
         self.hub.publish(changes, std::time::Instant::now());
         if let Some(index) = last_index {

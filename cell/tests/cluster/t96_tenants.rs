@@ -168,6 +168,20 @@ async fn quotas_hold_on_every_member_refuse_whole_writes_and_survive_a_restart()
         .expect_err("gone");
     assert_eq!(e.code(), Code::NotFound, "{e:?}");
     kv.put("acme/9", "v", None).await.expect("no quota now");
+    // Each member's gauges: a deleted tenant's show 0.
+    for (series, want) in [
+        ("latchkey_tenant_keys{tenant=\"globex\"}", 1.0),
+        ("latchkey_tenant_bytes{tenant=\"globex\"}", 88.0),
+        ("latchkey_tenant_keys{tenant=\"acme\"}", 0.0),
+    ] {
+        eventually(Duration::from_secs(10), async || {
+            match cluster.metric(leader, series).await {
+                Some(got) if got == want => Ok(()),
+                got => Err(format!("{series}: {got:?}, not {want}")),
+            }
+        })
+        .await;
+    }
     let listed = admin
         .list(TenantListRequest {})
         .await
