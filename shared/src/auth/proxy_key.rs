@@ -81,14 +81,14 @@ pub fn read_own(path: &Path) -> Result<String> {
     validate(line, path).map(str::to_string)
 }
 
-/// A new random key (256 bits, hex).
+/// A new random key (256 bits, hex), from the same source as the token
+/// keys.
 pub fn generate() -> String {
-    use ring::rand::SecureRandom;
-    let mut bytes = [0u8; 32];
-    ring::rand::SystemRandom::new()
-        .fill(&mut bytes)
-        .expect("the system's random source");
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    super::token::new_secret()
+        .expect("the system's random source")
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// The key in the file at `path`, written first with a new key (readable
