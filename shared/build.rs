@@ -17,6 +17,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 "proto/v3election.proto",
                 "proto/auth.proto",
                 "proto/tenants.proto",
+                "proto/proxy_auth.proto",
             ],
             &["proto"],
         )?;

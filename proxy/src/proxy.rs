@@ -88,6 +88,7 @@ impl Proxy {
             max_request_bytes: cfg.max_request_bytes,
             lifecycle: lifecycle.clone(),
             auth_attempts: crate::ops::auth::attempts_per_address(),
+            read_permits: Default::default(),
         });
         if let Some(path) = &cfg.proxy_key_file {
             let key =
@@ -115,6 +116,9 @@ impl Proxy {
         };
         lifecycle.spawn_owned(|token| batcher.run(token));
         lifecycle.spawn_owned(|token| cache.keep_fresh(token));
+        let permits = state.read_permits.clone();
+        let home = state.upstream.home().clone();
+        lifecycle.spawn_owned(|token| permits.run(home, token));
         let sweeper = state.clone();
         lifecycle.spawn_owned(|token| async move {
             let mut tick = tokio::time::interval(crate::cache::client_floor::IDLE_FORGET / 10);

@@ -6,6 +6,7 @@ use crate::upstream::Upstream;
 use crate::watch::client_watches::ClientWatches;
 use crate::watch::coalescer::Coalescer;
 use crate::watch::fanout::Fanout;
+use crate::watch::read_permits::ReadPermits;
 use latchkey_shared::auth::limiter::AttemptLimiter;
 use latchkey_shared::idempotency::RetentionLease;
 use latchkey_shared::lifecycle::Lifecycle;
@@ -36,4 +37,7 @@ pub struct ProxyState {
     pub lifecycle: Lifecycle,
     /// Authenticate attempts per client address (`ops::auth`).
     pub auth_attempts: AttemptLimiter,
+    /// The user and range each client watch reads for, checked again when
+    /// the cell's auth records change.
+    pub read_permits: Arc<ReadPermits>,
 }

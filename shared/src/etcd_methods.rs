@@ -78,6 +78,11 @@ pub mod auth {
     pub const ROLE_REVOKE_PERMISSION: &str = "/etcdserverpb.Auth/RoleRevokePermission";
 }
 
+/// `latchkey.proxyauth.v1.ProxyAuth` (latchkey's, proxies only).
+pub mod proxy_auth {
+    pub const CHECK_READS: &str = "/latchkey.proxyauth.v1.ProxyAuth/CheckReads";
+}
+
 /// `latchkey.tenants.v1.Tenants` (latchkey's, not etcd's).
 pub mod tenants {
     pub const PUT: &str = "/latchkey.tenants.v1.Tenants/Put";

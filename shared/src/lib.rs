@@ -11,6 +11,8 @@
 //! - [`sessions_pb`]: the batched lease refresh service, from
 //!   `proto/sessions.proto` (a latchkey extension, not etcd's API).
 //! - [`tenants_pb`]: the tenants service, from `proto/tenants.proto`.
+//! - [`proxy_auth_pb`]: a proxy's permission rechecks, from
+//!   `proto/proxy_auth.proto`.
 //!
 //! The nouns every tier speaks, one per file:
 //! - [`lease_id`] ([`LeaseId`], shown in hex), [`member_id`] ([`MemberId`],
@@ -112,6 +114,12 @@ pub mod authpb {
 /// latchkey's tenants service (prefixes and quotas).
 pub mod tenants_pb {
     tonic::include_proto!("latchkey.tenants.v1");
+}
+
+/// What a proxy asks a cell about its clients' permissions (watch
+/// rechecks), from `proto/proxy_auth.proto`.
+pub mod proxy_auth_pb {
+    tonic::include_proto!("latchkey.proxyauth.v1");
 }
 
 /// latchkey's session extension service (batched lease refresh).

@@ -11,6 +11,7 @@ pub mod cluster;
 pub mod kv;
 pub mod lease;
 pub mod maintenance;
+pub mod proxy_auth;
 pub mod sessions;
 pub mod tenants;
 pub mod watch;
@@ -103,6 +104,13 @@ pub async fn serve(
             ops: TenantOps::new(node.clone()),
             gate: gate.clone(),
         });
+    let proxy_auth = latchkey_shared::proxy_auth_pb::proxy_auth_server::ProxyAuthServer::new(
+        proxy_auth::ProxyAuthService {
+            node: node.clone(),
+            gate: gate.clone(),
+        },
+    )
+    .max_decoding_message_size(max_message);
     let cluster = PbClusterServer::new(cluster::ClusterService { node, gate });
     tonic::transport::Server::builder()
         .add_service(kv)
@@ -115,6 +123,7 @@ pub async fn serve(
         .add_service(elections)
         .add_service(auth)
         .add_service(tenants)
+        .add_service(proxy_auth)
         .serve_with_incoming_shutdown(listener, shutdown)
         .await?;
     Ok(())

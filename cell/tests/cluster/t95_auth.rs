@@ -355,3 +355,85 @@ async fn only_the_proxies_key_writes_latchkeys_records_while_authentication_is_o
     .await
     .expect("a delete with the key");
 }
+
+/// `ProxyAuth/CheckReads` tells a proxy whether its clients may still
+/// read what they watch; it would tell anyone else other users'
+/// permissions, so only the proxies' user asks it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_proxy_asks_whether_others_may_still_read() {
+    use latchkey_shared::proxy_auth_pb::proxy_auth_client::ProxyAuthClient;
+    use latchkey_shared::proxy_auth_pb::{CheckReadsRequest, ReadCheck};
+    use latchkey_testkit::auth_matrix::PROXY;
+
+    let cluster = Cluster::start(CELL_BIN, 1, &[]).await;
+    let ep = cluster.url(1);
+    auth_matrix::configure(&ep).await;
+    let mut auth = AuthClient::connect(ep.clone()).await.expect("connect");
+    let mut token_of = async |(name, password): (&str, &str)| {
+        let answer = auth.authenticate(AuthenticateRequest {
+            name: name.into(),
+            password: password.into(),
+        });
+        answer.await.expect("authenticate").into_inner().token
+    };
+    let (root_token, proxy_token) = (token_of(ROOT).await, token_of(PROXY).await);
+    let checks = || CheckReadsRequest {
+        checks: vec![
+            ReadCheck {
+                user: WORKER.0.into(),
+                key: b"jobs/".to_vec(),
+                range_end: b"jobs0".to_vec(),
+                admin: false,
+            },
+            ReadCheck {
+                user: WORKER.0.into(),
+                key: b"config/a".to_vec(),
+                range_end: Vec::new(),
+                admin: false,
+            },
+            ReadCheck {
+                user: WORKER.0.into(),
+                key: Vec::new(),
+                range_end: Vec::new(),
+                admin: true,
+            },
+            ReadCheck {
+                user: "mallory".into(),
+                key: b"jobs/".to_vec(),
+                range_end: b"jobs0".to_vec(),
+                admin: false,
+            },
+        ],
+    };
+    let ask = async |token: Option<&str>| {
+        let mut client = ProxyAuthClient::connect(ep.clone()).await.expect("connect");
+        let mut request = tonic::Request::new(checks());
+        if let Some(t) = token {
+            request
+                .metadata_mut()
+                .insert("token", t.parse().expect("ascii token"));
+        }
+        client.check_reads(request).await.map(|r| r.into_inner())
+    };
+    // Root may do everything but this: it is not a proxy.
+    for token in [None, Some(root_token.as_str())] {
+        let e = ask(token).await.expect_err("not a proxy");
+        assert!(
+            matches!(e.code(), Code::PermissionDenied | Code::InvalidArgument),
+            "{e:?}"
+        );
+    }
+    let answer = ask(Some(&proxy_token)).await.expect("the proxy asks");
+    let codes: Vec<&str> = answer.answers.iter().map(|a| a.code.as_str()).collect();
+    assert_eq!(
+        codes,
+        [
+            "",
+            "permission_denied",
+            "permission_denied",
+            "invalid_auth_token"
+        ]
+    );
+    assert!(answer.auth_revision > 0);
+    assert!(answer.header.map(|h| h.revision).unwrap_or(0) >= answer.auth_revision as i64);
+}

@@ -180,10 +180,10 @@ impl ClientStream {
                 // The shared watch reads as the proxy: the cell first says
                 // this client may read the range.
                 let range = latchkey_shared::KeyRange::new(key.clone(), c.range_end.clone());
-                let cell = self.state.upstream.home().clone();
-                if let Err(e) = crate::ops::auth::require_read(&cell, &range).await {
-                    return self.send(refuse(e.grpc_message().to_string())).await;
-                }
+                let permit = match crate::ops::auth::read_permit(&self.state, &range).await {
+                    Ok(permit) => permit,
+                    Err(e) => return self.send(refuse(e.grpc_message().to_string())).await,
+                };
                 let watch_key = match WatchKey::new(key, c.range_end, &c.filters, c.prev_kv) {
                     Ok(k) => k,
                     Err(e) => return self.send(refuse(e.message)).await,
@@ -224,7 +224,8 @@ impl ClientStream {
                 };
                 self.send(created).await?;
                 let sent_through = Arc::new(AtomicI64::new(from - 1));
-                let paced = Paced::new(subscription, self.state.fanout.next_pace());
+                let paced =
+                    Paced::new(subscription, self.state.fanout.next_pace()).stands_on(permit);
                 let forwarder = tokio::spawn(forward(
                     id,
                     paced,
@@ -324,6 +325,13 @@ async fn forward(
                 watch_id: id,
                 canceled: true,
                 cancel_reason: reason,
+                ..Default::default()
+            },
+            Some(Item::Cancelled(Cancel::Revoked(refused))) => PbWatchResponse {
+                header: at(sent_through.load(Ordering::Relaxed)),
+                watch_id: id,
+                canceled: true,
+                cancel_reason: refused.grpc_message().to_string(),
                 ..Default::default()
             },
             // Closed without a cancel: dropped for reading too slowly.

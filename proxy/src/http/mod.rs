@@ -226,6 +226,7 @@ mod tests {
             max_request_bytes: 1 << 20,
             lifecycle: Lifecycle::new(),
             auth_attempts: crate::ops::auth::attempts_per_address(),
+            read_permits: Default::default(),
         }))
     }
 

@@ -18,6 +18,7 @@ use crate::metrics_catalog::SLOW_CLIENTS_CANCELLED;
 use crate::state::ProxyState;
 use crate::watch::client_watches::Held;
 use crate::watch::fanout::Paced;
+use crate::watch::read_permits::ReadPermit;
 use crate::watch::{Cancel, Item, WatchKey};
 use axum::extract::State;
 use axum::http::HeaderMap;
@@ -94,13 +95,13 @@ pub async fn watch(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let range = key_range(key.as_bytes(), on(params.prefix))?;
-    // The shared watch reads as the proxy: the cell first says this client
-    // may read the range.
-    crate::ops::auth::require_read(state.upstream.home(), &range).await?;
     let start_revision = start_revision(&headers, params.from_revision)?;
     let with_prev = on(params.prev_kv);
+    // The shared watch reads as the proxy: the cell first says this client
+    // may read the range, and again whenever its auth records change.
+    let permit = crate::ops::auth::read_permit(&state, &range).await?;
     let watch_key = WatchKey::new(range.start, range.end, &[], with_prev)?;
-    serve(&state, watch_key, start_revision).await
+    serve(&state, watch_key, start_revision, permit).await
 }
 
 /// Where a watch starts: right after `Last-Event-ID` when the client
@@ -131,11 +132,14 @@ pub fn start_revision(headers: &HeaderMap, from_revision: Option<i64>) -> Result
     Ok(start)
 }
 
-/// The SSE stream of the coalesced watch `watch_key` from `start_revision`.
+/// The SSE stream of the coalesced watch `watch_key` from `start_revision`,
+/// for a client whose `permit` allows it; it ends when the permit is
+/// revoked.
 pub async fn serve(
     state: &Arc<ProxyState>,
     watch_key: WatchKey,
     start_revision: i64,
+    permit: ReadPermit,
 ) -> Result<Response, ApiError> {
     let with_prev = watch_key.prev_kv;
     let held = state.client_watches.take("sse")?;
@@ -150,7 +154,7 @@ pub async fn serve(
         Err(e) => return Err(e),
     };
     let from = subscription.from;
-    let paced = Paced::new(subscription, state.fanout.next_pace());
+    let paced = Paced::new(subscription, state.fanout.next_pace()).stands_on(permit);
     let events = sse_events(paced, from - 1, with_prev, held);
     Ok(Sse::new(events)
         .keep_alive(KeepAlive::new().interval(SSE_KEEP_ALIVE))
@@ -203,6 +207,10 @@ fn sse_events(
                         "the watch was canceled: {reason}; watch again from revision {}",
                         feed.sent_through + 1
                     )))]
+                }
+                Some(Item::Cancelled(Cancel::Revoked(refused))) => {
+                    feed.ended = true;
+                    vec![error_event(&refused)]
                 }
                 // Closed without a cancel: dropped for reading too slowly.
                 None => {

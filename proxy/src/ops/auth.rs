@@ -17,8 +17,11 @@
 //! once per request by each face (gRPC metadata `token`, HTTP
 //! `Authorization: Bearer`).
 
+use crate::state::ProxyState;
 use crate::upstream::cell_client::HasHeader;
 use crate::upstream::{Cell, Kind, Route, Who};
+use crate::watch::read_permits::ReadPermit;
+use latchkey_shared::auth::token::user_of_accepted;
 use latchkey_shared::auth_pb::{AuthUserListRequest, AuthUserListResponse};
 use latchkey_shared::etcd_enums::{CompareResult, CompareTarget};
 use latchkey_shared::etcd_methods::auth::USER_LIST;
@@ -172,11 +175,17 @@ fn op_key(op: &PbTxnRequestOp) -> Option<Vec<u8>> {
     }
 }
 
-/// The client may read `range` (a watch the proxy shares, a cached read).
+/// The client may read `range` (a lock's state, an election's leader).
 pub async fn require_read(cell: &Cell, range: &KeyRange) -> Result<(), ApiError> {
     if !cell.auth_may_be_on() {
         return Ok(());
     }
+    probe_read(cell, range).await.map(|_| ())
+}
+
+/// Asks the cell, as the client, to read `range`; the revision it
+/// allowed at.
+async fn probe_read(cell: &Cell, range: &KeyRange) -> Result<i64, ApiError> {
     let token = client_token();
     let probe = PbRangeRequest {
         key: range.start.clone(),
@@ -186,7 +195,7 @@ pub async fn require_read(cell: &Cell, range: &KeyRange) -> Result<(), ApiError>
         count_only: true,
         ..Default::default()
     };
-    let _: PbRangeResponse = cell
+    let answer: PbRangeResponse = cell
         .call_as(
             Who::Client(token.as_deref()),
             Route::Any,
@@ -195,7 +204,48 @@ pub async fn require_read(cell: &Cell, range: &KeyRange) -> Result<(), ApiError>
             probe,
         )
         .await?;
-    Ok(())
+    Ok(answer.header.map_or(0, |h| h.revision))
+}
+
+/// The client may read `range`, which the proxy will watch for it as
+/// itself: the permit the client's watch stands on, checked again when
+/// the cell's auth records change
+/// ([`ReadPermits`](crate::watch::read_permits::ReadPermits)).
+pub async fn read_permit(state: &ProxyState, range: &KeyRange) -> Result<ReadPermit, ApiError> {
+    let cell = state.upstream.home();
+    // The version first: the status task stores "on" before the version,
+    // so a version read before "off" is one under which it was off.
+    let known = cell.auth_revision() as i64;
+    if !cell.auth_may_be_on() {
+        return Ok(state.read_permits.grant("", range.clone(), false, known));
+    }
+    let at = probe_read(cell, range).await?;
+    Ok(state
+        .read_permits
+        .grant(&client_user(), range.clone(), false, at))
+}
+
+/// As [`read_permit`], for a stream of latchkey's `range` only root may
+/// read (the audit stream).
+pub async fn admin_permit(state: &ProxyState, range: &KeyRange) -> Result<ReadPermit, ApiError> {
+    let cell = state.upstream.home();
+    let known = cell.auth_revision() as i64;
+    if !cell.auth_may_be_on() {
+        return Ok(state.read_permits.grant("", range.clone(), true, known));
+    }
+    let at = probe_admin(cell).await?;
+    Ok(state
+        .read_permits
+        .grant(&client_user(), range.clone(), true, at))
+}
+
+/// The user this task's client token names (the cell has just accepted
+/// it); empty without one.
+fn client_user() -> String {
+    client_token()
+        .as_deref()
+        .and_then(user_of_accepted)
+        .unwrap_or_default()
 }
 
 /// The client may read and write every key of `range`: a lock's or an
@@ -232,8 +282,14 @@ pub async fn require_admin(cell: &Cell) -> Result<(), ApiError> {
     if !cell.auth_may_be_on() {
         return Ok(());
     }
+    probe_admin(cell).await.map(|_| ())
+}
+
+/// Asks the cell, as the client, for something only root may; the
+/// revision it allowed at.
+async fn probe_admin(cell: &Cell) -> Result<i64, ApiError> {
     let token = client_token();
-    let _: AuthUserListResponse = cell
+    let answer: AuthUserListResponse = cell
         .call_as(
             Who::Client(token.as_deref()),
             Route::Any,
@@ -242,7 +298,7 @@ pub async fn require_admin(cell: &Cell) -> Result<(), ApiError> {
             AuthUserListRequest {},
         )
         .await?;
-    Ok(())
+    Ok(answer.header.map_or(0, |h| h.revision))
 }
 
 /// The client is authenticated (keep-alives, which need nothing more).

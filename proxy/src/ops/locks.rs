@@ -166,6 +166,7 @@ impl UpstreamLocks {
                         "the watch behind a lock or election wait ended: {reason}"
                     )))
                 }
+                Some(Item::Cancelled(Cancel::Revoked(refused))) => return Err(refused),
             }
         }
     }

@@ -110,6 +110,9 @@ pub struct CellClient {
     /// Whether the cell had authentication on when last asked:
     /// [`AUTH_UNKNOWN`] until it answers.
     auth: AtomicU8,
+    /// The cell's auth version when last asked (0 until it answers):
+    /// what the proxy's shared watches are checked again on.
+    auth_revision: tokio::sync::watch::Sender<u64>,
 }
 
 const AUTH_UNKNOWN: u8 = 0;
@@ -161,6 +164,7 @@ impl CellClient {
             request_timeout,
             own_credentials: OwnCredentials::default(),
             auth: AtomicU8::new(AUTH_UNKNOWN),
+            auth_revision: tokio::sync::watch::Sender::new(0),
         })
     }
 
@@ -172,9 +176,29 @@ impl CellClient {
         self.auth.load(Ordering::Relaxed) != AUTH_OFF
     }
 
-    pub(crate) fn set_auth_on(&self, on: bool) {
+    /// What the cell answered to AuthStatus: whether authentication is
+    /// on, and its auth version (the revision of the last auth change).
+    pub(crate) fn set_auth_status(&self, on: bool, revision: u64) {
         let value = if on { AUTH_ON } else { AUTH_OFF };
         self.auth.store(value, Ordering::Relaxed);
+        self.auth_revision.send_if_modified(|known| {
+            let newer = revision > *known;
+            if newer {
+                *known = revision;
+            }
+            newer
+        });
+    }
+
+    /// The cell's auth version as last answered: every auth change
+    /// (users, roles, permissions, on and off) raises it.
+    pub fn auth_revision(&self) -> u64 {
+        *self.auth_revision.borrow()
+    }
+
+    /// Wakes on each rise of [`auth_revision`](Self::auth_revision).
+    pub fn watch_auth_revision(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.auth_revision.subscribe()
     }
 
     /// The cell's id once any member has answered.
@@ -418,6 +442,8 @@ has_header!(
     tenants::TenantListResponse,
     tenants::TenantDeleteResponse,
 );
+
+has_header!(latchkey_shared::proxy_auth_pb::CheckReadsResponse);
 
 use latchkey_shared::auth_pb as auth;
 has_header!(

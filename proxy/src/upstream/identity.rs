@@ -17,9 +17,11 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-/// How often the cell is asked whether authentication is on: a proxy acts
-/// on a change within this.
-pub const STATUS_INTERVAL: Duration = Duration::from_secs(1);
+/// How often the cell is asked whether authentication is on and for its
+/// auth version: a proxy acts on a change within this (a revoked
+/// permission ends the shared watches it allowed within this and one
+/// check's round trip).
+pub const STATUS_INTERVAL: Duration = Duration::from_millis(250);
 
 /// The user and password the proxy authenticates as.
 #[derive(Clone)]
@@ -45,11 +47,13 @@ impl CellIdentity {
                 .call(Route::Any, Kind::Read, AUTH_STATUS, AuthStatusRequest {})
                 .await;
             let on = match status {
-                Ok(s) => s.enabled,
+                Ok(s) => {
+                    self.cell.set_auth_status(s.enabled, s.auth_revision);
+                    s.enabled
+                }
                 // No answer: what was known stays known.
                 Err(_) => continue,
             };
-            self.cell.set_auth_on(on);
             let Some(credentials) = &self.credentials else {
                 continue;
             };

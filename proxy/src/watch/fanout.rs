@@ -15,7 +15,8 @@
 //! its revisions out one after another, so they keep their order.
 
 use super::coalescer::Subscription;
-use super::shared_watch::Item;
+use super::read_permits::ReadPermit;
+use super::shared_watch::{Cancel, Item};
 use crate::metrics_catalog::{FANOUT_DELAY_SECONDS, WATCH_EVENTS_OUT};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -87,6 +88,9 @@ pub fn offset(jitter: Duration, subscriber: u64) -> Duration {
 pub struct Paced {
     items: Subscription,
     pace: Pace,
+    /// The client's standing, when its watch reads for a user: revoked,
+    /// it ends the items with [`Cancel::Revoked`].
+    permit: Option<ReadPermit>,
     /// Looked up once: every delivery of every client records into them.
     delay: metrics::Histogram,
     events_out: metrics::Counter,
@@ -97,15 +101,38 @@ impl Paced {
         Paced {
             items,
             pace,
+            permit: None,
             delay: metrics::histogram!(FANOUT_DELAY_SECONDS.name),
             events_out: metrics::counter!(WATCH_EVENTS_OUT.name),
         }
     }
 
+    /// Ends the items with [`Cancel::Revoked`] once `permit` is revoked.
+    pub fn stands_on(mut self, permit: ReadPermit) -> Paced {
+        self.permit = Some(permit);
+        self
+    }
+
     /// The next item when it is due; `None` when the subscription closed
     /// (with no cancel item before it: dropped as too slow).
     pub async fn next(&mut self) -> Option<Item> {
-        let item = self.items.recv().await?;
+        let item = match &mut self.permit {
+            None => self.items.recv().await?,
+            Some(permit) => {
+                let revoked = tokio::select! {
+                    biased;
+                    why = permit.revoked() => Err(why),
+                    item = self.items.recv() => Ok(item),
+                };
+                match revoked {
+                    Ok(item) => item?,
+                    Err(why) => {
+                        self.permit = None;
+                        return Some(Item::Cancelled(Cancel::Revoked(why)));
+                    }
+                }
+            }
+        };
         if let Item::Events(revision) = &item {
             let due = revision.received + self.pace.delay(revision.herd);
             if due > tokio::time::Instant::now() {

@@ -22,6 +22,9 @@
 //! - [`watch_key`]: [`WatchKey`], what makes two client watches one.
 //! - [`client_watches`]: [`client_watches::ClientWatches`], the limits on
 //!   client watches per proxy and per gRPC stream.
+//! - [`read_permits`]: [`read_permits::ReadPermits`], the user and range
+//!   each client watch reads for, checked with the cell again when its
+//!   auth records change; a revoked one cancels its watch.
 //! - [`fanout`]: each client watch's fixed offset inside
 //!   `--fanout-jitter`, and [`fanout::Paced`], its items handed out when
 //!   they are due.
@@ -37,6 +40,7 @@ pub mod coalescer;
 pub mod fanout;
 pub mod member_stream;
 pub mod pump;
+pub mod read_permits;
 pub mod shared_watch;
 pub mod subscriber_queue;
 #[cfg(test)]

@@ -71,6 +71,10 @@ pub enum Cancel {
     Ended { reason: String },
     /// History the watch needed was compacted away.
     Compacted { compact_revision: i64 },
+    /// The client may no longer read what it watches (its permission was
+    /// revoked, its user deleted, or authentication came on under it):
+    /// from [`read_permits`](super::read_permits), never from upstream.
+    Revoked(latchkey_shared::ApiError),
 }
 
 /// What a subscriber receives, in order.

@@ -24,16 +24,38 @@ async fn proxy_as_root(cluster: &Cluster, dir: &tempfile::TempDir) -> ProxyProce
     .await
 }
 
+/// A cell of `members` with the matrix's users and roles and
+/// authentication on, configured through a proxy that enforces it.
+struct AuthOn {
+    _cluster: Cluster,
+    _dir: tempfile::TempDir,
+    proxy: ProxyProcess,
+    /// The proxy's gRPC address as a URL.
+    grpc: String,
+}
+
+impl AuthOn {
+    async fn start(members: usize) -> AuthOn {
+        let cluster = Cluster::start(cell_binary(), members, &[]).await;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let proxy = proxy_as_root(&cluster, &dir).await;
+        let grpc = format!("http://{}", proxy.grpc);
+        // Users, roles and auth on through the proxy's Auth API.
+        auth_matrix::configure(&grpc).await;
+        auth_matrix::wait_until_proxy_enforces(&grpc).await;
+        AuthOn {
+            _cluster: cluster,
+            _dir: dir,
+            proxy,
+            grpc,
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn permission_matrix_through_a_proxy_over_grpc() {
-    let cluster = Cluster::start(cell_binary(), 3, &[]).await;
-    let dir = tempfile::tempdir().expect("temp dir");
-    let proxy = proxy_as_root(&cluster, &dir).await;
-    let ep = format!("http://{}", proxy.grpc);
-    // Users, roles and auth on through the proxy's Auth API.
-    auth_matrix::configure(&ep).await;
-    auth_matrix::wait_until_proxy_enforces(&ep).await;
-    auth_matrix::check(&ep).await;
+    let on = AuthOn::start(3).await;
+    auth_matrix::check(&on.grpc).await;
 }
 
 /// The HTTP face of one proxy, calling with a bearer token.
@@ -321,12 +343,8 @@ async fn take_and_give_back(
 /// gRPC) nothing a refused write named changed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn permission_matrix_through_a_proxy_over_http() {
-    let cluster = Cluster::start(cell_binary(), 1, &[]).await;
-    let dir = tempfile::tempdir().expect("temp dir");
-    let proxy = proxy_as_root(&cluster, &dir).await;
-    let grpc = format!("http://{}", proxy.grpc);
-    auth_matrix::configure(&grpc).await;
-    auth_matrix::wait_until_proxy_enforces(&grpc).await;
+    let on = AuthOn::start(1).await;
+    let (proxy, grpc) = (&on.proxy, on.grpc.clone());
     let http = Http {
         client: reqwest::Client::new(),
         base: format!("http://{}", proxy.http),
@@ -373,11 +391,8 @@ async fn etcdctl_auth_commands_through_a_proxy() {
 /// watches and the admin routes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_tokens_and_permissions() {
-    let cluster = Cluster::start(cell_binary(), 1, &[]).await;
-    let dir = tempfile::tempdir().expect("temp dir");
-    let proxy = proxy_as_root(&cluster, &dir).await;
-    auth_matrix::configure(&format!("http://{}", proxy.grpc)).await;
-    auth_matrix::wait_until_proxy_enforces(&format!("http://{}", proxy.grpc)).await;
+    let on = AuthOn::start(1).await;
+    let proxy = &on.proxy;
     let http = reqwest::Client::new();
     let base = format!("http://{}", proxy.http);
     let call =
@@ -583,4 +598,147 @@ async fn http_tokens_and_permissions() {
         (403, Some("permission_denied")),
         "{body}"
     );
+}
+
+/// Watches the proxy serves from its own shared watch end when their
+/// client's permission goes: a worker's gRPC watch and its SSE watch on
+/// `jobs/` are cancelled with the cell's reason once its role loses
+/// `jobs/`, a root watch on the same range (the same shared watch) goes
+/// on, and nothing written after the cancel reaches the worker. Then
+/// root's audit stream ends when root's role is taken from its user.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watches_through_a_proxy_end_when_their_permission_is_revoked() {
+    use crate::t50_watch_sse::events;
+    use etcd_client::WatchOptions;
+    use futures::StreamExt;
+    use std::time::{Duration, Instant};
+
+    let on = AuthOn::start(1).await;
+    let (proxy, grpc) = (&on.proxy, on.grpc.clone());
+    let mut worker = auth_matrix::connect_as(&grpc, WORKER).await;
+    let mut root = auth_matrix::connect_as(&grpc, ROOT).await;
+    let prefix = || Some(WatchOptions::new().with_prefix());
+    let mut worker_events = worker.watch("jobs/", prefix()).await.expect("watch");
+    let mut root_events = root.watch("jobs/", prefix()).await.expect("watch");
+    for events in [&mut worker_events, &mut root_events] {
+        let created = events.message().await.expect("created").expect("message");
+        assert!(created.created() && !created.canceled(), "{created:?}");
+    }
+    let http = reqwest::Client::new();
+    let base = format!("http://{}", proxy.http);
+    let token = async |(name, password): (&str, &str)| {
+        let resp = http
+            .post(format!("{base}/v1/auth/token"))
+            .json(&json!({"name": name, "password": password}))
+            .send()
+            .await
+            .expect("token request");
+        let body: Value = resp.json().await.expect("json");
+        body["token"].as_str().expect("token").to_string()
+    };
+    let sse = http
+        .get(format!("http://{}/v1/watch/jobs/?prefix=true", proxy.http))
+        .bearer_auth(token(WORKER).await)
+        .send()
+        .await
+        .expect("SSE watch");
+    assert_eq!(sse.status().as_u16(), 200);
+    let mut sse = Box::pin(sse.bytes_stream());
+
+    root.put("jobs/seen", "1", None).await.expect("put");
+    for events in [&mut worker_events, &mut root_events] {
+        let seen = events.message().await.expect("event").expect("message");
+        assert_eq!(seen.events().len(), 1, "{seen:?}");
+    }
+    let seen = events(&mut sse, 1).await;
+    assert!(seen[0].contains("jobs/seen"), "{seen:?}");
+
+    let revoked_at = Instant::now();
+    root.role_revoke_permission(
+        "jobs-rw",
+        "jobs/",
+        Some(etcd_client::RoleRevokePermissionOptions::new().with_prefix()),
+    )
+    .await
+    .expect("revoke");
+    let ended = tokio::time::timeout(Duration::from_secs(10), worker_events.message())
+        .await
+        .expect("the gRPC watch ends within 10 s")
+        .expect("a message")
+        .expect("not the end of the stream");
+    let took = revoked_at.elapsed();
+    assert!(ended.canceled(), "{ended:?}");
+    assert!(
+        ended.cancel_reason().contains("permission denied"),
+        "{}",
+        ended.cancel_reason()
+    );
+    let refused = events(&mut sse, 1).await;
+    assert!(
+        refused[0].starts_with("event: error") && refused[0].contains("permission_denied"),
+        "{refused:?}"
+    );
+    // The proxy looks for auth changes every 250 ms and asks the cell in
+    // one round trip; a loaded machine adds to both, so the bound here is
+    // loose and the figure is printed.
+    eprintln!("the worker's watch ended {took:?} after the revoke was acknowledged");
+    assert!(took < Duration::from_secs(10));
+
+    // Root's watch, on the same shared watch, goes on; the worker's SSE
+    // stream has ended.
+    root.put("jobs/after", "2", None).await.expect("put");
+    let after = root_events
+        .message()
+        .await
+        .expect("event")
+        .expect("message");
+    assert_eq!(
+        after.events()[0].kv().map(|kv| kv.key()),
+        Some(&b"jobs/after"[..])
+    );
+    let rest = tokio::time::timeout(Duration::from_secs(5), sse.next())
+        .await
+        .expect("the SSE stream closes");
+    assert!(rest.is_none(), "{rest:?}");
+
+    // The audit stream is root's: it ends when the user loses root.
+    let audit = http
+        .get(format!("http://{}/v1/audit", proxy.http))
+        .bearer_auth(token(WORKER).await)
+        .send()
+        .await
+        .expect("audit");
+    assert_eq!(audit.status().as_u16(), 403);
+    root.user_add("auditor", "auditor-secret", None)
+        .await
+        .expect("user add");
+    root.user_grant_role("auditor", "root")
+        .await
+        .expect("grant root");
+    let audit = http
+        .get(format!("http://{}/v1/audit", proxy.http))
+        .bearer_auth(token(("auditor", "auditor-secret")).await)
+        .send()
+        .await
+        .expect("audit");
+    assert_eq!(audit.status().as_u16(), 200);
+    let mut audit = Box::pin(audit.bytes_stream());
+    root.user_revoke_role("auditor", "root")
+        .await
+        .expect("revoke root");
+    // The revoke's own audit record may come first.
+    let mut text = String::new();
+    let read = async {
+        while !text.contains("event: error") || !text.ends_with("\n\n") {
+            match audit.next().await {
+                Some(Ok(chunk)) => text.push_str(&String::from_utf8_lossy(&chunk)),
+                other => panic!("the audit stream ended: {other:?} after {text:?}"),
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), read)
+        .await
+        .unwrap_or_else(|_| panic!("no error event: {text:?}"));
+    let refused = &text[text.find("event: error").expect("error event")..];
+    assert!(refused.contains("permission_denied"), "{text}");
 }

@@ -91,6 +91,18 @@ pub fn verify(keys: &[TokenKey], token: &str, now_unix_ms: u64) -> Result<Claims
     Ok(claims)
 }
 
+/// The user a token names, read without checking its signature: only for
+/// a token a cell has just accepted (a proxy learns whose watch it serves
+/// from the token the cell checked). Never a basis for granting anything.
+pub fn user_of_accepted(token: &str) -> Option<String> {
+    let token = token.strip_prefix("Bearer ").unwrap_or(token).trim();
+    let (payload, _) = token.split_once('.')?;
+    let payload = URL_SAFE_NO_PAD.decode(payload).ok()?;
+    serde_json::from_slice::<Claims>(&payload)
+        .ok()
+        .map(|c| c.user)
+}
+
 /// A fresh random secret for a new signing key.
 pub fn new_secret() -> Result<Vec<u8>, ApiError> {
     use ring::rand::SecureRandom;
@@ -143,6 +155,17 @@ mod tests {
             secret: k1.secret.clone(),
         };
         assert!(verify(&[other_secret], &token, 5_000).is_err());
+    }
+
+    #[test]
+    fn an_accepted_tokens_user_is_read_back() {
+        let token = sign(&key(1), &alice(), 1_000, Duration::from_secs(10));
+        assert_eq!(user_of_accepted(&token).as_deref(), Some("alice"));
+        assert_eq!(
+            user_of_accepted(&format!("Bearer {token}")).as_deref(),
+            Some("alice")
+        );
+        assert_eq!(user_of_accepted("simple.42"), None);
     }
 
     #[test]

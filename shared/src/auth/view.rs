@@ -111,6 +111,40 @@ impl AuthView {
         })
     }
 
+    /// Whether `user` (empty: a reader that began while authentication
+    /// was off) may still read `range` (or, with `admin`, still holds the
+    /// root role) by this view: how a proxy's shared watches, begun after
+    /// a check with the client's token, are checked again when the records
+    /// change (a token may have expired since; the user it named is what
+    /// counts, as for a member's own watch streams).
+    pub fn may_still_read(
+        self: &Arc<Self>,
+        user: &str,
+        range: &KeyRange,
+        admin: bool,
+    ) -> Result<(), ApiError> {
+        if !self.enabled {
+            return Ok(());
+        }
+        if user.is_empty() {
+            return Err(ApiError::user_empty());
+        }
+        if !self.users.contains_key(user) {
+            return Err(ApiError::invalid_auth_token(
+                "invalid auth token: the user is gone",
+            ));
+        }
+        let caller = Caller::User {
+            view: self.clone(),
+            name: user.to_string(),
+        };
+        if admin {
+            caller.require_admin("the audit stream")
+        } else {
+            caller.require(Need::Read, range)
+        }
+    }
+
     /// Whether `user` holds the root role.
     pub fn is_admin(&self, user: &str) -> bool {
         self.users.get(user).is_some_and(|u| u.roles.contains(ROOT))
@@ -423,6 +457,29 @@ mod tests {
         assert!(caller("gone").require(Need::Read, &r(b"a", b"")).is_err());
         assert!(caller("root").require(Need::Write, &r(b"\0", &[0])).is_ok());
         assert!(Caller::Anyone.require(Need::Write, &r(b"x", b"")).is_ok());
+    }
+
+    #[test]
+    fn a_reader_is_checked_again_by_its_user_name() {
+        let v = view();
+        let config = r(b"config/a", b"");
+        assert!(v.may_still_read("reader", &config, false).is_ok());
+        let e = v
+            .may_still_read("reader", &r(b"jobs/", b"jobs0"), false)
+            .unwrap_err();
+        assert_eq!(e.code, ErrorCode::PermissionDenied);
+        let e = v.may_still_read("reader", &config, true).unwrap_err();
+        assert_eq!(e.code, ErrorCode::PermissionDenied, "not root");
+        let e = v.may_still_read("gone", &config, false).unwrap_err();
+        assert_eq!(e.code, ErrorCode::InvalidAuthToken);
+        let e = v.may_still_read("", &config, false).unwrap_err();
+        assert_eq!(e.code, ErrorCode::UserEmpty);
+        assert!(v
+            .may_still_read("root", &r(b"jobs/", b"jobs0"), false)
+            .is_ok());
+        assert!(v.may_still_read("root", &config, true).is_ok());
+        let off = Arc::new(AuthView::default());
+        assert!(off.may_still_read("", &config, true).is_ok());
     }
 
     #[test]
