@@ -360,6 +360,16 @@ def _():
             return f"LATCHKEY_CELLS={cells}"
 
 
+@check("each proxy's share of tenants' request rates is 1/replicas (1/minReplicas with the HPA), or as set")
+def _():
+    for docs in (DEFAULT, FIVE):
+        data = one(docs, "ConfigMap", PROXY)["data"]
+        hpa = [d for d in docs if d["kind"] == "HorizontalPodAutoscaler"]
+        n = hpa[0]["spec"]["minReplicas"] if hpa else one(docs, "Deployment", PROXY)["spec"]["replicas"]
+        if abs(float(data.get("LATCHKEY_RATE_SHARE", "nan")) - 1 / n) > 1e-9:
+            return f"LATCHKEY_RATE_SHARE={data.get('LATCHKEY_RATE_SHARE')} with {n} proxies"
+
+
 @check("services target container ports that exist")
 def _():
     for render, docs in RENDERS.items():

@@ -87,6 +87,14 @@ pub struct Config {
     #[arg(long, env = "LATCHKEY_CACHE_BYTES", default_value_t = 64 << 20)]
     pub cache_bytes: usize,
 
+    /// This proxy's share of each tenant's request rates, between 0 and 1:
+    /// a tenant's `requests_per_second` (and per user) are for all proxies
+    /// together, and each enforces rate x share. Give 1/N with N proxies
+    /// behind one balancer that spreads clients evenly (the Helm chart
+    /// sets 1/replicas).
+    #[arg(long, env = "LATCHKEY_RATE_SHARE", default_value_t = 1.0)]
+    pub rate_share: f64,
+
     /// How long an `Idempotency-Key` is remembered: a retry within it gets
     /// the first attempt's answer. Records are kept between this and 1.1
     /// times this (e.g. "24h", "10m").
@@ -193,6 +201,12 @@ impl Config {
         }
         if self.watch_buffer == 0 {
             bail!("--watch-buffer must be at least 1");
+        }
+        if !(self.rate_share > 0.0 && self.rate_share <= 1.0) {
+            bail!(
+                "--rate-share must be more than 0 and at most 1, not {}",
+                self.rate_share
+            );
         }
         if self.request_timeout.is_zero() {
             bail!("--request-timeout must be more than 0");

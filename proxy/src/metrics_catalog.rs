@@ -210,6 +210,22 @@ pub const CACHE_EVICTIONS: Metric = Metric {
     help: "Ranges the read cache evicted: least recently used first to stay within its range count or byte budget, and any nobody read for 10 s.",
 };
 
+// Tenants' request rates (tenant_rates.rs).
+
+pub const RATE_LIMITED: Metric = Metric {
+    name: "latchkey_proxy_rate_limited_total",
+    kind: Kind::Counter,
+    unit: Unit::Count,
+    help: "Client requests this proxy refused with rate_limited past a tenant's request rate, by tenant and scope (tenant: its requests_per_second; user: its user_requests_per_second).",
+};
+
+pub const TENANTS_KNOWN: Metric = Metric {
+    name: "latchkey_proxy_tenants",
+    kind: Kind::Gauge,
+    unit: Unit::Count,
+    help: "Tenants this proxy knows from the cell's Tenants service (read every second), whose request rates it enforces.",
+};
+
 /// Every metric the proxy records.
 pub const ALL: &[Metric] = &[
     REQUEST_SECONDS,
@@ -239,6 +255,8 @@ pub const ALL: &[Metric] = &[
     CACHE_BYTES,
     CACHE_NOT_ADMITTED,
     CACHE_EVICTIONS,
+    RATE_LIMITED,
+    TENANTS_KNOWN,
 ];
 
 /// Describes the proxy's metrics and the shared crate's to the process's

@@ -89,6 +89,7 @@ impl Proxy {
             lifecycle: lifecycle.clone(),
             auth_attempts: crate::ops::auth::attempts_per_address(),
             read_permits: Default::default(),
+            tenant_rates: Arc::new(crate::tenant_rates::TenantRates::new(cfg.rate_share)),
         });
         if let Some(path) = &cfg.proxy_key_file {
             let key =
@@ -118,7 +119,9 @@ impl Proxy {
         lifecycle.spawn_owned(|token| cache.keep_fresh(token));
         let permits = state.read_permits.clone();
         let home = state.upstream.home().clone();
-        lifecycle.spawn_owned(|token| permits.run(home, token));
+        lifecycle.spawn_owned(|token| permits.run(home.clone(), token));
+        let rates = state.tenant_rates.clone();
+        lifecycle.spawn_owned(|token| rates.keep_current(home, token));
         let sweeper = state.clone();
         lifecycle.spawn_owned(|token| async move {
             let mut tick = tokio::time::interval(crate::cache::client_floor::IDLE_FORGET / 10);

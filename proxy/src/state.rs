@@ -2,6 +2,7 @@
 
 use crate::cache::{ClientFloors, ReadCache};
 use crate::session::SessionTable;
+use crate::tenant_rates::TenantRates;
 use crate::upstream::Upstream;
 use crate::watch::client_watches::ClientWatches;
 use crate::watch::coalescer::Coalescer;
@@ -40,4 +41,6 @@ pub struct ProxyState {
     /// The user and range each client watch reads for, checked again when
     /// the cell's auth records change.
     pub read_permits: Arc<ReadPermits>,
+    /// Tenants' request rates, from this proxy's share.
+    pub tenant_rates: Arc<TenantRates>,
 }

@@ -27,7 +27,7 @@ pub const MAX_PREFIXES: usize = 64;
 pub const MAX_PREFIX_BYTES: usize = 1024;
 
 /// One tenant's settings, as stored.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TenantRecord {
     pub name: String,
     pub prefixes: Vec<Vec<u8>>,
@@ -37,6 +37,13 @@ pub struct TenantRecord {
     /// Most bytes of live keys and values under its prefixes; 0: no limit.
     #[serde(default)]
     pub max_bytes: u64,
+    /// Requests per second naming its keys, across all proxies; 0: no
+    /// limit. Enforced at the proxies (each its share), not the cell.
+    #[serde(default)]
+    pub requests_per_second: u64,
+    /// Requests per second naming its keys by one user; 0: no limit.
+    #[serde(default)]
+    pub user_requests_per_second: u64,
 }
 
 /// The key of tenant `name`'s record.
@@ -70,6 +77,8 @@ impl TenantRecord {
             prefixes: t.prefixes,
             max_keys: t.max_keys,
             max_bytes: t.max_bytes,
+            requests_per_second: t.requests_per_second,
+            user_requests_per_second: t.user_requests_per_second,
         }
     }
 
@@ -79,6 +88,8 @@ impl TenantRecord {
             prefixes: self.prefixes.clone(),
             max_keys: self.max_keys,
             max_bytes: self.max_bytes,
+            requests_per_second: self.requests_per_second,
+            user_requests_per_second: self.user_requests_per_second,
         }
     }
 }
@@ -169,7 +180,7 @@ mod tests {
             name: name.into(),
             prefixes: prefixes.iter().map(|p| p.as_bytes().to_vec()).collect(),
             max_keys: 10,
-            max_bytes: 0,
+            ..TenantRecord::default()
         }
     }
 

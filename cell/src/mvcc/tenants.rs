@@ -192,6 +192,7 @@ mod tests {
             prefixes: prefixes.iter().map(|p| p.as_bytes().to_vec()).collect(),
             max_keys,
             max_bytes,
+            ..TenantRecord::default()
         }
     }
 

@@ -804,6 +804,7 @@ pub(crate) mod tests {
             prefixes: vec![b"a/".to_vec()],
             max_keys: 2,
             max_bytes: 0,
+            ..TenantRecord::default()
         };
         let record = String::from_utf8(record_key("acme")).unwrap();
         let value = String::from_utf8(acme.encode()).unwrap();

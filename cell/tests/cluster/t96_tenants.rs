@@ -23,6 +23,7 @@ fn tenant(name: &str, prefixes: &[&str], max_keys: u64, max_bytes: u64) -> Tenan
             prefixes: prefixes.iter().map(|p| p.as_bytes().to_vec()).collect(),
             max_keys,
             max_bytes,
+            ..Default::default()
         }),
     }
 }

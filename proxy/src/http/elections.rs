@@ -10,7 +10,7 @@ use super::locks::{backend, wait_deadline};
 use super::model::{parse_session, session_gone, session_id, ErrorBody, KeyValue};
 use super::watch_sse::event_of;
 use super::{answer, Answer};
-use crate::ops::auth::{require_read, require_read_write};
+use crate::ops::locks::permit;
 use crate::state::ProxyState;
 use axum::extract::State;
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -19,6 +19,7 @@ use futures::StreamExt;
 use latchkey_shared::etcdpb::{PbKeyValue, PbRangeRequest};
 use latchkey_shared::lock::election;
 use latchkey_shared::lock::queue::queue_key;
+use latchkey_shared::lock::Access;
 use latchkey_shared::v3electionpb::LeaderKey;
 use latchkey_shared::ApiError;
 use latchkey_shared::KeyRange;
@@ -141,7 +142,12 @@ pub async fn campaign(
     Path(name): Path<String>,
     Json(req): Json<Campaign>,
 ) -> Answer<Leading> {
-    require_read_write(state.upstream.home(), &KeyRange::prefix(name.as_bytes())).await?;
+    permit(
+        &state,
+        Access::ReadWrite,
+        &KeyRange::prefix(name.as_bytes()),
+    )
+    .await?;
     let lease = parse_session(&req.session_id)?;
     let (leader, header) = election::campaign(
         backend(&state),
@@ -170,7 +176,12 @@ pub async fn proclaim(
     Path(name): Path<String>,
     Json(req): Json<Proclaim>,
 ) -> Answer<Done> {
-    require_read_write(state.upstream.home(), &KeyRange::prefix(name.as_bytes())).await?;
+    permit(
+        &state,
+        Access::ReadWrite,
+        &KeyRange::prefix(name.as_bytes()),
+    )
+    .await?;
     let leader = leader_key(&state, &name, &req.session_id, req.leader_revision).await?;
     let header =
         election::proclaim(backend(&state).as_ref(), &leader, req.value.into_bytes()).await?;
@@ -190,7 +201,12 @@ pub async fn resign(
     Path(name): Path<String>,
     Json(req): Json<Resign>,
 ) -> Answer<Done> {
-    require_read_write(state.upstream.home(), &KeyRange::prefix(name.as_bytes())).await?;
+    permit(
+        &state,
+        Access::ReadWrite,
+        &KeyRange::prefix(name.as_bytes()),
+    )
+    .await?;
     let leader = match leader_key(&state, &name, &req.session_id, req.leader_revision).await {
         Ok(leader) => leader,
         // No candidacy: nothing to resign.
@@ -214,7 +230,7 @@ pub async fn leader(
     State(state): State<Arc<ProxyState>>,
     Path(name): Path<String>,
 ) -> Answer<Leader> {
-    require_read(state.upstream.home(), &KeyRange::prefix(name.as_bytes())).await?;
+    permit(&state, Access::Read, &KeyRange::prefix(name.as_bytes())).await?;
     match election::leader(backend(&state).as_ref(), name.as_bytes()).await? {
         (Some(kv), header) => answer(leader_of(&kv, header.revision)),
         (None, _) => Err(ApiError::election_no_leader(name.as_bytes())),
@@ -233,7 +249,7 @@ pub async fn observe(
     State(state): State<Arc<ProxyState>>,
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
-    require_read(state.upstream.home(), &KeyRange::prefix(name.as_bytes())).await?;
+    permit(&state, Access::Read, &KeyRange::prefix(name.as_bytes())).await?;
     if name.is_empty() {
         return Err(ApiError::invalid("an election needs a name"));
     }

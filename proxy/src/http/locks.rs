@@ -8,14 +8,15 @@
 use super::extract::{KeyedJson, Path, Query};
 use super::model::{parse_session, session_gone, session_id, ErrorBody};
 use super::{answer, Answer};
-use crate::ops::auth::{require_read, require_read_write};
 use crate::ops::idempotency;
+use crate::ops::locks::permit;
 use crate::ops::locks::UpstreamLocks;
 use crate::state::ProxyState;
 use axum::extract::State;
 use latchkey_shared::etcdpb::PbKeyValue;
 use latchkey_shared::lock::mutex;
 use latchkey_shared::lock::queue::{line, queue_key};
+use latchkey_shared::lock::Access;
 use latchkey_shared::ApiError;
 use latchkey_shared::KeyRange;
 use serde::{Deserialize, Serialize};
@@ -148,7 +149,7 @@ pub async fn acquire(
 ) -> Answer<Granted> {
     let lease = parse_session(&req.session_id)?;
     let queue = KeyRange::prefix(name.as_bytes());
-    require_read_write(state.upstream.home(), &queue).await?;
+    permit(&state, Access::ReadWrite, &queue).await?;
     let deadline = wait_deadline(req.timeout_ms);
     let lock_delay = Duration::from_millis(req.lock_delay_ms.unwrap_or(0));
     let guard = idempotency::guard(&state, keyed.as_ref()).await?;
@@ -183,7 +184,7 @@ pub async fn release(
 ) -> Answer<Released> {
     let lease = parse_session(&req.session_id)?;
     let key = queue_key(name.as_bytes(), lease.get());
-    require_read_write(state.upstream.home(), &KeyRange::single(key.clone())).await?;
+    permit(&state, Access::ReadWrite, &KeyRange::single(key.clone())).await?;
     let guard = idempotency::guard(&state, keyed.as_ref()).await?;
     let released = mutex::release(backend(&state).as_ref(), key, guard.as_ref()).await;
     let (header, released) = idempotency::after(&state, released).await?;
@@ -201,7 +202,7 @@ pub async fn state_of(
     State(state): State<Arc<ProxyState>>,
     Path(name): Path<String>,
 ) -> Answer<LockState> {
-    require_read(state.upstream.home(), &KeyRange::prefix(name.as_bytes())).await?;
+    permit(&state, Access::Read, &KeyRange::prefix(name.as_bytes())).await?;
     let (kvs, revision) = queue(&state, &name).await?;
     let mut line = kvs.iter().map(contender);
     answer(LockState {
@@ -220,7 +221,7 @@ pub async fn check(
     Path(name): Path<String>,
     Query(params): Query<CheckParams>,
 ) -> Answer<Checked> {
-    require_read(state.upstream.home(), &KeyRange::prefix(name.as_bytes())).await?;
+    permit(&state, Access::Read, &KeyRange::prefix(name.as_bytes())).await?;
     let (kvs, revision) = queue(&state, &name).await?;
     let holder_token = kvs.first().map(|kv| kv.create_revision);
     answer(Checked {

@@ -31,6 +31,14 @@ pub struct TenantSettings {
     /// absent: no limit.
     #[serde(default)]
     pub max_bytes: u64,
+    /// Requests per second naming its keys, across all proxies; 0 or
+    /// absent: no limit (`rate_limited` past it).
+    #[serde(default)]
+    pub requests_per_second: u64,
+    /// Requests per second naming its keys by one user; 0 or absent: no
+    /// limit.
+    #[serde(default)]
+    pub user_requests_per_second: u64,
 }
 
 /// A tenant's settings and what its keys use now.
@@ -40,6 +48,8 @@ pub struct TenantState {
     pub prefixes: Vec<String>,
     pub max_keys: u64,
     pub max_bytes: u64,
+    pub requests_per_second: u64,
+    pub user_requests_per_second: u64,
     /// Live keys under its prefixes.
     pub keys: u64,
     /// Bytes of those keys and their values.
@@ -70,6 +80,8 @@ fn state_of(info: TenantInfo) -> TenantState {
             .collect(),
         max_keys: t.max_keys,
         max_bytes: t.max_bytes,
+        requests_per_second: t.requests_per_second,
+        user_requests_per_second: t.user_requests_per_second,
         keys: u.keys,
         bytes: u.bytes,
     }
@@ -130,6 +142,8 @@ pub async fn put(
             .collect(),
         max_keys: settings.max_keys,
         max_bytes: settings.max_bytes,
+        requests_per_second: settings.requests_per_second,
+        user_requests_per_second: settings.user_requests_per_second,
     };
     let request = TenantPutRequest {
         tenant: Some(tenant),

@@ -146,12 +146,7 @@ pub async fn require_txn(cell: &Cell, txn: &PbTxnRequest) -> Result<(), ApiError
     if !cell.auth_may_be_on() {
         return Ok(());
     }
-    let key = txn
-        .compare
-        .first()
-        .map(|c| c.key.clone())
-        .or_else(|| txn.success.iter().chain(&txn.failure).find_map(op_key))
-        .unwrap_or_default();
+    let key = super::rates::txn_key(txn);
     let mut compare = txn.compare.clone();
     compare.push(never(&key));
     probe_txn(
@@ -165,7 +160,7 @@ pub async fn require_txn(cell: &Cell, txn: &PbTxnRequest) -> Result<(), ApiError
     .await
 }
 
-fn op_key(op: &PbTxnRequestOp) -> Option<Vec<u8>> {
+pub(crate) fn op_key(op: &PbTxnRequestOp) -> Option<Vec<u8>> {
     match &op.request {
         Some(PbTxnOpRequest::RequestRange(r)) => Some(r.key.clone()),
         Some(PbTxnOpRequest::RequestPut(p)) => Some(p.key.clone()),
@@ -212,6 +207,7 @@ async fn probe_read(cell: &Cell, range: &KeyRange) -> Result<i64, ApiError> {
 /// the cell's auth records change
 /// ([`ReadPermits`](crate::watch::read_permits::ReadPermits)).
 pub async fn read_permit(state: &ProxyState, range: &KeyRange) -> Result<ReadPermit, ApiError> {
+    super::rates::charge(state, &range.start)?;
     let cell = state.upstream.home();
     // The version first: the status task stores "on" before the version,
     // so a version read before "off" is one under which it was off.

@@ -31,6 +31,7 @@ pub async fn range(
     client: Option<SocketAddr>,
     req: PbRangeRequest,
 ) -> Result<PbRangeResponse, ApiError> {
+    super::rates::charge(state, &req.key)?;
     let cell = state.upstream.cell_for(&req.key);
     let token = client_token();
     let who = Who::Client(token.as_deref());
@@ -83,6 +84,7 @@ pub async fn put(
     req: PbPutRequest,
 ) -> Result<PbPutResponse, ApiError> {
     reserved::check_put(&req)?;
+    super::rates::charge(state, &req.key)?;
     let cell = state.upstream.cell_for(&req.key);
     let token = client_token();
     let who = Who::Client(token.as_deref());
@@ -103,6 +105,7 @@ pub async fn delete_range(
     req: PbDeleteRequest,
 ) -> Result<PbDeleteResponse, ApiError> {
     reserved::check_delete(&req)?;
+    super::rates::charge(state, &req.key)?;
     let cell = state.upstream.cell_for(&req.key);
     let token = client_token();
     let who = Who::Client(token.as_deref());
@@ -124,6 +127,7 @@ pub async fn txn(
     req: PbTxnRequest,
 ) -> Result<PbTxnResponse, ApiError> {
     reserved::check_txn(&req)?;
+    super::rates::charge(state, &super::rates::txn_key(&req))?;
     let key = req
         .compare
         .first()

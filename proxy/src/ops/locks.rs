@@ -24,6 +24,18 @@ pub struct UpstreamLocks {
     pub state: Arc<ProxyState>,
 }
 
+/// Whether this task's client may have `access` to a lock's or an
+/// election's `range`, which the proxy then uses with its own identity:
+/// charged to the range's tenant, then asked of the cell.
+pub async fn permit(state: &ProxyState, access: Access, range: &KeyRange) -> Result<(), ApiError> {
+    super::rates::charge(state, &range.start)?;
+    let cell = state.upstream.home();
+    match access {
+        Access::Read => super::auth::require_read(cell, range).await,
+        Access::ReadWrite => super::auth::require_read_write(cell, range).await,
+    }
+}
+
 impl LockBackend for UpstreamLocks {
     /// The recipes write with the proxy's identity: the cell first says
     /// the client (whose token the face put on this task) may.
@@ -33,13 +45,7 @@ impl LockBackend for UpstreamLocks {
         access: Access,
         range: &'a KeyRange,
     ) -> BoxFuture<'a, Result<(), ApiError>> {
-        Box::pin(async move {
-            let cell = self.state.upstream.home();
-            match access {
-                Access::Read => super::auth::require_read(cell, range).await,
-                Access::ReadWrite => super::auth::require_read_write(cell, range).await,
-            }
-        })
+        Box::pin(permit(&self.state, access, range))
     }
 
     fn txn(&self, req: PbTxnRequest) -> BoxFuture<'_, Result<PbTxnResponse, ApiError>> {

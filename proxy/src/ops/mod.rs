@@ -18,9 +18,11 @@
 //!   `Idempotency-Key`, written with the proxy's retention lease.
 //! - [`locks`]: the lock and election recipes' backend over the cell
 //!   client and coalesced watches.
+//! - [`rates`]: a request charged to its key's tenant's request rates.
 
 pub mod auth;
 pub mod idempotency;
 pub mod kv;
 pub mod lease;
 pub mod locks;
+pub mod rates;

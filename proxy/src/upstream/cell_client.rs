@@ -10,6 +10,7 @@
 //! outcome is unknown is reported as such and never resent. Every call ends
 //! by the request deadline.
 
+use super::accepted_tokens::AcceptedTokens;
 use crate::chaos::{broken, Defect};
 use crate::metrics_catalog::{UPSTREAM_ERRORS, UPSTREAM_SECONDS};
 use latchkey_shared::client::own_credentials::attach_client_token;
@@ -113,6 +114,8 @@ pub struct CellClient {
     /// The cell's auth version when last asked (0 until it answers):
     /// what the proxy's shared watches are checked again on.
     auth_revision: tokio::sync::watch::Sender<u64>,
+    /// Client tokens the cell accepted while authentication was on.
+    pub accepted_tokens: AcceptedTokens,
 }
 
 const AUTH_UNKNOWN: u8 = 0;
@@ -165,6 +168,7 @@ impl CellClient {
             own_credentials: OwnCredentials::default(),
             auth: AtomicU8::new(AUTH_UNKNOWN),
             auth_revision: tokio::sync::watch::Sender::new(0),
+            accepted_tokens: AcceptedTokens::default(),
         })
     }
 
@@ -181,13 +185,16 @@ impl CellClient {
     pub(crate) fn set_auth_status(&self, on: bool, revision: u64) {
         let value = if on { AUTH_ON } else { AUTH_OFF };
         self.auth.store(value, Ordering::Relaxed);
-        self.auth_revision.send_if_modified(|known| {
+        let rose = self.auth_revision.send_if_modified(|known| {
             let newer = revision > *known;
             if newer {
                 *known = revision;
             }
             newer
         });
+        if rose {
+            self.accepted_tokens.forget_all();
+        }
     }
 
     /// The cell's auth version as last answered: every auth change
@@ -315,6 +322,11 @@ impl CellClient {
             .await;
         metrics::histogram!(UPSTREAM_SECONDS.name, "path" => path)
             .record(started.elapsed().as_secs_f64());
+        if let (Ok(_), Who::Client(Some(token))) = (&result, who) {
+            if self.auth.load(Ordering::Relaxed) == AUTH_ON {
+                self.accepted_tokens.remember(token);
+            }
+        }
         result
     }
 

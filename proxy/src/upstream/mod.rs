@@ -7,12 +7,15 @@
 //!   member ids, the leader and which members are up.
 //! - [`identity`]: [`CellIdentity`], one task per cell that learns whether
 //!   it has authentication on and keeps the proxy's own token fresh.
+//! - [`accepted_tokens`]: the client tokens a cell accepted, with their
+//!   users, for what the proxy does per user before it asks the cell.
 //!
 //! [`Upstream`] holds the cells by cell id. A proxy fronts one cell today;
 //! DESIGN section 9 routes each tenant (top-level key prefix) to its cell,
 //! so callers ask [`Upstream::cell_for`] with the key they serve instead of
 //! assuming there is only one.
 
+pub mod accepted_tokens;
 pub mod cell_client;
 pub mod identity;
 pub mod leader_tracker;

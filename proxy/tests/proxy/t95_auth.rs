@@ -742,3 +742,67 @@ async fn watches_through_a_proxy_end_when_their_permission_is_revoked() {
     let refused = &text[text.find("event: error").expect("error event")..];
     assert!(refused.contains("permission_denied"), "{text}");
 }
+
+/// A tenant's rate per user, with authentication on: the worker's reads
+/// past its 2 a second are refused, naming it, and root's read of the same
+/// tenant's keys right after passes (each user has its own bucket; the
+/// tenant as a whole has no limit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_rate_per_user_through_a_proxy() {
+    use latchkey_shared::tenants_pb::tenants_client::TenantsClient;
+    use latchkey_shared::tenants_pb::{Tenant, TenantPutRequest};
+    use std::time::{Duration, Instant};
+
+    let on = AuthOn::start(1).await;
+    let mut root = auth_matrix::connect_as(&on.grpc, ROOT).await;
+    let worker = auth_matrix::connect_as(&on.grpc, WORKER).await;
+    let root_token = root
+        .auth_client()
+        .authenticate(ROOT.0.into(), ROOT.1.into())
+        .await
+        .expect("authenticate")
+        .token()
+        .to_string();
+    let mut admin = TenantsClient::connect(on.grpc.clone())
+        .await
+        .expect("connect");
+    let mut put = tonic::Request::new(TenantPutRequest {
+        tenant: Some(Tenant {
+            name: "jobs".into(),
+            prefixes: vec![b"jobs/".to_vec()],
+            user_requests_per_second: 2,
+            ..Default::default()
+        }),
+    });
+    put.metadata_mut()
+        .insert("token", root_token.parse().expect("ascii"));
+    admin.put(put).await.expect("tenant put as root");
+
+    let reads = |client: &etcd_client::Client| {
+        let client = client.clone();
+        futures::future::join_all((0..20).map(move |i| {
+            let mut client = client.clone();
+            async move { client.get(format!("jobs/{i}"), None).await }
+        }))
+    };
+    // The proxy reads the tenants every second.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let refused = loop {
+        let refusal = reads(&worker).await.into_iter().find_map(Result::err);
+        if let Some(e) = refusal {
+            break e;
+        }
+        assert!(Instant::now() < deadline, "no refusal within 10 s");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    // The worker's bucket is empty; root's is its own.
+    root.get("jobs/0", None)
+        .await
+        .expect("root's read has a bucket of its own");
+    assert_eq!(
+        auth_matrix::code(&refused),
+        tonic::Code::ResourceExhausted,
+        "{refused}"
+    );
+    assert!(refused.to_string().contains("worker"), "{refused}");
+}

@@ -24,7 +24,7 @@ async fn a_tenants_quota_through_a_proxy_on_both_faces() {
                     name: name.into(),
                     prefixes: vec![prefix.as_bytes().to_vec()],
                     max_keys: 1,
-                    max_bytes: 0,
+                    ..Default::default()
                 }),
             })
             .await
@@ -126,4 +126,114 @@ async fn a_tenants_quota_through_a_proxy_on_both_faces() {
     assert_eq!(resp.status().as_u16(), 404);
     let body: Value = resp.json().await.expect("json");
     assert_eq!(body["error"], "tenant_not_found", "{body}");
+}
+
+/// A tenant's request rate at a proxy with `--rate-share 0.5`: 10/s for
+/// the tenant is 5/s here, a burst of 5; past it gRPC answers
+/// ResourceExhausted and HTTP 429 `rate_limited` with Retry-After, while
+/// another tenant's requests, sent at the same time, all pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_request_rate_at_a_proxy_from_its_share() {
+    use std::time::{Duration, Instant};
+
+    let cluster = Cluster::start(cell_binary(), 1, &[]).await;
+    let proxy = ProxyProcess::start(
+        proxy_bin(),
+        &member_addrs(&cluster),
+        &["--rate-share", "0.5"],
+    )
+    .await;
+    let grpc = format!("http://{}", proxy.grpc);
+    let mut admin = TenantsClient::connect(grpc.clone()).await.expect("connect");
+    for (name, prefix, rate) in [("acme", "acme/", 10), ("globex", "globex/", 0)] {
+        let tenant = Tenant {
+            name: name.into(),
+            prefixes: vec![prefix.as_bytes().to_vec()],
+            requests_per_second: rate,
+            ..Default::default()
+        };
+        admin
+            .put(TenantPutRequest {
+                tenant: Some(tenant),
+            })
+            .await
+            .expect("tenant put");
+    }
+    let http = reqwest::Client::new();
+    let url = |path: &str| format!("http://{}{path}", proxy.http);
+    // The proxy reads the tenants every second: over HTTP, until a 429.
+    // Reads, many at once: a put may take longer than 1/rate by itself.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let limited = 'found: loop {
+        let reads = (0..20).map(|_| http.get(url("/v1/kv/acme/h")).send());
+        for resp in futures::future::join_all(reads).await {
+            let resp = resp.expect("http get");
+            match resp.status().as_u16() {
+                429 => break 'found resp,
+                status => assert!(status == 200 || status == 404, "{status}"),
+            }
+        }
+        assert!(Instant::now() < deadline, "no 429 within 10 s");
+    };
+    let wait: u64 = limited.headers()["retry-after"]
+        .to_str()
+        .expect("ascii")
+        .parse()
+        .expect("seconds");
+    assert!((1..=2).contains(&wait), "Retry-After {wait}");
+    let body: Value = limited.json().await.expect("json");
+    assert_eq!(body["error"], "rate_limited", "{body}");
+    assert!(
+        body["message"].as_str().is_some_and(|m| m.contains("acme")),
+        "{body}"
+    );
+
+    // A full bucket again, then 40 reads for each tenant at once.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let client = connect_anonymous(&grpc).await;
+    let started = Instant::now();
+    let read = |key: String| {
+        let mut client = client.clone();
+        async move { client.get(key, None).await }
+    };
+    let acme_run = futures::future::join_all((0..40).map(|i| read(format!("acme/{i}"))));
+    let globex_run = futures::future::join_all((0..40).map(|i| read(format!("globex/{i}"))));
+    let (acme, globex) = tokio::join!(acme_run, globex_run);
+    let took = started.elapsed();
+    for answer in globex {
+        answer.expect("another tenant is never refused");
+    }
+    let (mut passed, mut refused) = (0u32, 0u32);
+    for answer in acme {
+        match answer {
+            Ok(_) => passed += 1,
+            Err(e) => {
+                assert_eq!(code(&e), Code::ResourceExhausted, "{e}");
+                refused += 1;
+            }
+        }
+    }
+    // 5 at once and 5 a second after, however long the run took.
+    let most = 5.0 + 5.0 * took.as_secs_f64() + 1.0;
+    assert!(
+        passed >= 5 && f64::from(passed) <= most,
+        "{passed} passed, {refused} refused in {took:?} (at most {most})"
+    );
+    assert_eq!(passed + refused, 40);
+
+    let metrics = http
+        .get(format!("http://{}/metrics", proxy.metrics))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("latchkey_proxy_rate_limited_total")
+                && l.contains("tenant=\"acme\"")),
+        "{metrics}"
+    );
 }

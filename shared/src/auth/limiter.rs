@@ -1,6 +1,8 @@
 //! [`AttemptLimiter`]: attempts per key (a user name, a source address) as
 //! token buckets, so guessing passwords is slow for one user and for one
 //! source, and an argon2 check per attempt cannot be made to eat the CPU.
+//! [`TokenBuckets`]: the buckets themselves, with a rate per call (a
+//! proxy's tenant rates).
 
 use crate::ApiError;
 use std::collections::HashMap;
@@ -17,6 +19,58 @@ struct Bucket {
     at: Instant,
 }
 
+/// Token buckets by key, each with the rate and burst its caller gives:
+/// the one mechanism behind [`AttemptLimiter`] and a proxy's tenant rates.
+#[derive(Default)]
+pub struct TokenBuckets {
+    buckets: Mutex<HashMap<String, Bucket>>,
+}
+
+impl TokenBuckets {
+    /// Takes one token from `key`'s bucket (`per_second` sustained, `burst`
+    /// at once) at `now`, or says how long until one is free. Past
+    /// [`MAX_KEYS`] keys, a new key is refused for a second unless some
+    /// bucket has refilled (and is forgotten).
+    pub fn take(
+        &self,
+        key: &str,
+        per_second: f64,
+        burst: f64,
+        now: Instant,
+    ) -> Result<(), Duration> {
+        let burst = burst.max(1.0);
+        let mut buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
+        if buckets.len() >= MAX_KEYS && !buckets.contains_key(key) {
+            buckets.retain(|_, b| refilled(b, now, per_second) < burst);
+        }
+        if buckets.len() >= MAX_KEYS && !buckets.contains_key(key) {
+            // Every remembered key is busy: a flood of distinct keys.
+            return Err(Duration::from_secs(1));
+        }
+        let bucket = buckets.entry(key.to_string()).or_insert(Bucket {
+            tokens: burst,
+            at: now,
+        });
+        bucket.tokens = refilled(bucket, now, per_second).min(burst);
+        bucket.at = now;
+        if bucket.tokens >= 1.0 {
+            bucket.tokens -= 1.0;
+            return Ok(());
+        }
+        Err(Duration::from_secs_f64(
+            (1.0 - bucket.tokens) / per_second.max(f64::MIN_POSITIVE),
+        ))
+    }
+
+    /// Gives back a token taken from `key`, up to `burst`.
+    pub fn give_back(&self, key: &str, burst: f64) {
+        let mut buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(bucket) = buckets.get_mut(key) {
+            bucket.tokens = (bucket.tokens + 1.0).min(burst.max(1.0));
+        }
+    }
+}
+
 pub struct AttemptLimiter {
     /// Attempts per second, sustained.
     rate: f64,
@@ -24,7 +78,7 @@ pub struct AttemptLimiter {
     burst: f64,
     /// What the error names ("Authenticate attempts by one user").
     what: &'static str,
-    buckets: Mutex<HashMap<String, Bucket>>,
+    buckets: TokenBuckets,
 }
 
 impl AttemptLimiter {
@@ -33,45 +87,22 @@ impl AttemptLimiter {
             rate: per_second,
             burst: f64::from(burst.max(1)),
             what,
-            buckets: Mutex::new(HashMap::new()),
+            buckets: TokenBuckets::default(),
         }
     }
 
     /// Takes one attempt for `key` at `now`, or says how long until one is
     /// free (`rate_limited`).
     pub fn take(&self, key: &str, now: Instant) -> Result<(), ApiError> {
-        let mut buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
-        if buckets.len() >= MAX_KEYS && !buckets.contains_key(key) {
-            let (rate, burst) = (self.rate, self.burst);
-            buckets.retain(|_, b| refilled(b, now, rate) < burst);
-        }
-        if buckets.len() >= MAX_KEYS && !buckets.contains_key(key) {
-            // Every remembered key is busy: a flood of distinct keys.
-            return Err(ApiError::rate_limited(self.what, Duration::from_secs(1)));
-        }
-        let bucket = buckets.entry(key.to_string()).or_insert(Bucket {
-            tokens: self.burst,
-            at: now,
-        });
-        bucket.tokens = refilled(bucket, now, self.rate).min(self.burst);
-        bucket.at = now;
-        if bucket.tokens >= 1.0 {
-            bucket.tokens -= 1.0;
-            return Ok(());
-        }
-        let wait = Duration::from_secs_f64((1.0 - bucket.tokens) / self.rate);
-        Err(ApiError::rate_limited(self.what, wait))
+        self.buckets
+            .take(key, self.rate, self.burst, now)
+            .map_err(|wait| ApiError::rate_limited(self.what, wait))
     }
-}
 
-impl AttemptLimiter {
     /// Gives back the attempt `take` took for `key` (it turned out not to
     /// count: a right password, where only failures are limited).
     pub fn refund(&self, key: &str) {
-        let mut buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(bucket) = buckets.get_mut(key) {
-            bucket.tokens = (bucket.tokens + 1.0).min(self.burst);
-        }
+        self.buckets.give_back(key, self.burst);
     }
 }
 

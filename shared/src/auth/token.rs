@@ -91,16 +91,20 @@ pub fn verify(keys: &[TokenKey], token: &str, now_unix_ms: u64) -> Result<Claims
     Ok(claims)
 }
 
-/// The user a token names, read without checking its signature: only for
-/// a token a cell has just accepted (a proxy learns whose watch it serves
-/// from the token the cell checked). Never a basis for granting anything.
-pub fn user_of_accepted(token: &str) -> Option<String> {
+/// What a token says, read without checking its signature: only for a
+/// token a cell has just accepted (a proxy learns whose requests it
+/// serves from the tokens the cell checked). Never a basis for granting
+/// anything.
+pub fn claims_of_accepted(token: &str) -> Option<Claims> {
     let token = token.strip_prefix("Bearer ").unwrap_or(token).trim();
     let (payload, _) = token.split_once('.')?;
     let payload = URL_SAFE_NO_PAD.decode(payload).ok()?;
-    serde_json::from_slice::<Claims>(&payload)
-        .ok()
-        .map(|c| c.user)
+    serde_json::from_slice::<Claims>(&payload).ok()
+}
+
+/// The user an accepted token names ([`claims_of_accepted`]).
+pub fn user_of_accepted(token: &str) -> Option<String> {
+    claims_of_accepted(token).map(|c| c.user)
 }
 
 /// A fresh random secret for a new signing key.
