@@ -15,7 +15,7 @@
 //! 2. [`upstream`]: the cells as the proxy sees them: channels to their
 //!    members, the leader tracker, and the one call path that routes,
 //!    times and retries (by retry class only); [`session`]: the session
-//!    table and the keep-alive batcher; [`tenant_rates`]: tenants' request
+//!    table and the keep-alive batcher; [`tenant_limits`]: tenants' request
 //!    rates, read from the cell and enforced from this proxy's share.
 //! 3. [`watch`]: watch coalescing: one shared upstream watch per distinct
 //!    client watch (gRPC and SSE alike), on one multiplexed stream per
@@ -55,7 +55,7 @@ pub mod ops;
 pub mod proxy;
 pub mod session;
 pub mod state;
-pub mod tenant_rates;
+pub mod tenant_limits;
 pub mod tls;
 pub mod upstream;
 pub mod watch;

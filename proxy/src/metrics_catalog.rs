@@ -210,13 +210,20 @@ pub const CACHE_EVICTIONS: Metric = Metric {
     help: "Ranges the read cache evicted: least recently used first to stay within its range count or byte budget, and any nobody read for 10 s.",
 };
 
-// Tenants' request rates (tenant_rates.rs).
+// Tenants' request rates and watch quotas (tenant_limits.rs).
 
 pub const RATE_LIMITED: Metric = Metric {
     name: "latchkey_proxy_rate_limited_total",
     kind: Kind::Counter,
     unit: Unit::Count,
     help: "Client requests this proxy refused with rate_limited past a tenant's request rate, by tenant and scope (tenant: its requests_per_second; user: its user_requests_per_second).",
+};
+
+pub const QUOTA_REFUSED: Metric = Metric {
+    name: "latchkey_proxy_quota_refused_total",
+    kind: Kind::Counter,
+    unit: Unit::Count,
+    help: "Client requests this proxy refused with quota_exceeded past its share of a tenant's quota, by tenant and quota (watches: max_watches).",
 };
 
 pub const TENANTS_KNOWN: Metric = Metric {
@@ -256,6 +263,7 @@ pub const ALL: &[Metric] = &[
     CACHE_NOT_ADMITTED,
     CACHE_EVICTIONS,
     RATE_LIMITED,
+    QUOTA_REFUSED,
     TENANTS_KNOWN,
 ];
 

@@ -89,7 +89,7 @@ impl Proxy {
             lifecycle: lifecycle.clone(),
             auth_attempts: crate::ops::auth::attempts_per_address(),
             read_permits: Default::default(),
-            tenant_rates: Arc::new(crate::tenant_rates::TenantRates::new(cfg.rate_share)),
+            tenant_limits: Arc::new(crate::tenant_limits::TenantLimits::new(cfg.rate_share)),
         });
         if let Some(path) = &cfg.proxy_key_file {
             let key =
@@ -120,7 +120,7 @@ impl Proxy {
         let permits = state.read_permits.clone();
         let home = state.upstream.home().clone();
         lifecycle.spawn_owned(|token| permits.run(home.clone(), token));
-        let rates = state.tenant_rates.clone();
+        let rates = state.tenant_limits.clone();
         lifecycle.spawn_owned(|token| rates.keep_current(home, token));
         let sweeper = state.clone();
         lifecycle.spawn_owned(|token| async move {

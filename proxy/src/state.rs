@@ -2,7 +2,7 @@
 
 use crate::cache::{ClientFloors, ReadCache};
 use crate::session::SessionTable;
-use crate::tenant_rates::TenantRates;
+use crate::tenant_limits::TenantLimits;
 use crate::upstream::Upstream;
 use crate::watch::client_watches::ClientWatches;
 use crate::watch::coalescer::Coalescer;
@@ -42,5 +42,5 @@ pub struct ProxyState {
     /// the cell's auth records change.
     pub read_permits: Arc<ReadPermits>,
     /// Tenants' request rates, from this proxy's share.
-    pub tenant_rates: Arc<TenantRates>,
+    pub tenant_limits: Arc<TenantLimits>,
 }

@@ -44,6 +44,10 @@ pub struct TenantRecord {
     /// Requests per second naming its keys by one user; 0: no limit.
     #[serde(default)]
     pub user_requests_per_second: u64,
+    /// Most client watches on its keys open at once through the proxies
+    /// (each its share); 0: no limit.
+    #[serde(default)]
+    pub max_watches: u64,
 }
 
 /// The key of tenant `name`'s record.
@@ -79,6 +83,7 @@ impl TenantRecord {
             max_bytes: t.max_bytes,
             requests_per_second: t.requests_per_second,
             user_requests_per_second: t.user_requests_per_second,
+            max_watches: t.max_watches,
         }
     }
 
@@ -90,6 +95,7 @@ impl TenantRecord {
             max_bytes: self.max_bytes,
             requests_per_second: self.requests_per_second,
             user_requests_per_second: self.user_requests_per_second,
+            max_watches: self.max_watches,
         }
     }
 }

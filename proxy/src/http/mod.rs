@@ -227,7 +227,7 @@ mod tests {
             lifecycle: Lifecycle::new(),
             auth_attempts: crate::ops::auth::attempts_per_address(),
             read_permits: Default::default(),
-            tenant_rates: Arc::new(crate::tenant_rates::TenantRates::new(1.0)),
+            tenant_limits: Arc::new(crate::tenant_limits::TenantLimits::new(1.0)),
         }))
     }
 

@@ -39,6 +39,10 @@ pub struct TenantSettings {
     /// limit.
     #[serde(default)]
     pub user_requests_per_second: u64,
+    /// Most client watches on its keys open at once through the proxies;
+    /// 0 or absent: no limit (`quota_exceeded` past it).
+    #[serde(default)]
+    pub max_watches: u64,
 }
 
 /// A tenant's settings and what its keys use now.
@@ -50,6 +54,7 @@ pub struct TenantState {
     pub max_bytes: u64,
     pub requests_per_second: u64,
     pub user_requests_per_second: u64,
+    pub max_watches: u64,
     /// Live keys under its prefixes.
     pub keys: u64,
     /// Bytes of those keys and their values.
@@ -82,6 +87,7 @@ fn state_of(info: TenantInfo) -> TenantState {
         max_bytes: t.max_bytes,
         requests_per_second: t.requests_per_second,
         user_requests_per_second: t.user_requests_per_second,
+        max_watches: t.max_watches,
         keys: u.keys,
         bytes: u.bytes,
     }
@@ -144,6 +150,7 @@ pub async fn put(
         max_bytes: settings.max_bytes,
         requests_per_second: settings.requests_per_second,
         user_requests_per_second: settings.user_requests_per_second,
+        max_watches: settings.max_watches,
     };
     let request = TenantPutRequest {
         tenant: Some(tenant),

@@ -206,19 +206,24 @@ async fn probe_read(cell: &Cell, range: &KeyRange) -> Result<i64, ApiError> {
 /// itself: the permit the client's watch stands on, checked again when
 /// the cell's auth records change
 /// ([`ReadPermits`](crate::watch::read_permits::ReadPermits)).
+/// The watch is charged to its tenant's rate and holds a place in its
+/// tenant's watch quota while it lives.
 pub async fn read_permit(state: &ProxyState, range: &KeyRange) -> Result<ReadPermit, ApiError> {
     super::rates::charge(state, &range.start)?;
+    let tenant_watch = state.tenant_limits.hold_watch(&range.start)?;
     let cell = state.upstream.home();
     // The version first: the status task stores "on" before the version,
     // so a version read before "off" is one under which it was off.
     let known = cell.auth_revision() as i64;
-    if !cell.auth_may_be_on() {
-        return Ok(state.read_permits.grant("", range.clone(), false, known));
-    }
-    let at = probe_read(cell, range).await?;
-    Ok(state
-        .read_permits
-        .grant(&client_user(), range.clone(), false, at))
+    let permit = if !cell.auth_may_be_on() {
+        state.read_permits.grant("", range.clone(), false, known)
+    } else {
+        let at = probe_read(cell, range).await?;
+        state
+            .read_permits
+            .grant(&client_user(), range.clone(), false, at)
+    };
+    Ok(permit.holding(tenant_watch))
 }
 
 /// As [`read_permit`], for a stream of latchkey's `range` only root may

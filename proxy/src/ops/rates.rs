@@ -1,5 +1,5 @@
 //! Charging a client's request to the tenant that owns the key it names
-//! ([`TenantRates`](crate::tenant_rates::TenantRates)), before the proxy
+//! ([`TenantLimits`](crate::tenant_limits::TenantLimits)), before the proxy
 //! acts on it: KV operations, watches, locks and elections.
 
 use super::auth::{client_token, op_key};
@@ -16,7 +16,7 @@ pub fn charge(state: &ProxyState, key: &[u8]) -> Result<(), ApiError> {
         .as_deref()
         .and_then(|t| state.upstream.cell_for(key).accepted_tokens.user(t));
     state
-        .tenant_rates
+        .tenant_limits
         .charge(key, user.as_deref(), Instant::now())
 }
 

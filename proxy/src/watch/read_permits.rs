@@ -22,6 +22,7 @@
 //! checks, as it outlives one of its upstream (which ends it only when
 //! the members lose their leader).
 
+use crate::tenant_limits::TenantWatch;
 use crate::upstream::{Cell, Kind, Route};
 use latchkey_shared::etcd_methods::proxy_auth::CHECK_READS;
 use latchkey_shared::proxy_auth_pb::{CheckReadsRequest, CheckReadsResponse, ReadCheck};
@@ -65,9 +66,17 @@ pub struct ReadPermit {
     id: u64,
     permits: Arc<ReadPermits>,
     revoked: oneshot::Receiver<ApiError>,
+    /// The watch's place in its tenant's watch quota, if it has one.
+    _tenant_watch: Option<TenantWatch>,
 }
 
 impl ReadPermit {
+    /// Holds the watch's place in its tenant's quota as long as it lives.
+    pub fn holding(mut self, tenant_watch: Option<TenantWatch>) -> ReadPermit {
+        self._tenant_watch = tenant_watch;
+        self
+    }
+
     /// Resolves when the client may no longer read its range, with why.
     pub async fn revoked(&mut self) -> ApiError {
         match (&mut self.revoked).await {
@@ -122,6 +131,7 @@ impl ReadPermits {
             id,
             permits: self.clone(),
             revoked,
+            _tenant_watch: None,
         }
     }
 

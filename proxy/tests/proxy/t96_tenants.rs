@@ -131,9 +131,11 @@ async fn a_tenants_quota_through_a_proxy_on_both_faces() {
 /// A tenant's request rate at a proxy with `--rate-share 0.5`: 10/s for
 /// the tenant is 5/s here, a burst of 5; past it gRPC answers
 /// ResourceExhausted and HTTP 429 `rate_limited` with Retry-After, while
-/// another tenant's requests, sent at the same time, all pass.
+/// another tenant's requests, sent at the same time, all pass. A third
+/// tenant's `max_watches` of 2 is 1 here: a second watch is refused on
+/// both faces until the first ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_tenants_request_rate_at_a_proxy_from_its_share() {
+async fn a_tenants_request_rate_and_watches_at_a_proxy_from_its_share() {
     use std::time::{Duration, Instant};
 
     let cluster = Cluster::start(cell_binary(), 1, &[]).await;
@@ -145,11 +147,17 @@ async fn a_tenants_request_rate_at_a_proxy_from_its_share() {
     .await;
     let grpc = format!("http://{}", proxy.grpc);
     let mut admin = TenantsClient::connect(grpc.clone()).await.expect("connect");
-    for (name, prefix, rate) in [("acme", "acme/", 10), ("globex", "globex/", 0)] {
+    let tenants = [
+        ("acme", "acme/", 10, 0),
+        ("globex", "globex/", 0, 0),
+        ("initech", "initech/", 0, 2),
+    ];
+    for (name, prefix, rate, watches) in tenants {
         let tenant = Tenant {
             name: name.into(),
             prefixes: vec![prefix.as_bytes().to_vec()],
             requests_per_second: rate,
+            max_watches: watches,
             ..Default::default()
         };
         admin
@@ -236,4 +244,65 @@ async fn a_tenants_request_rate_at_a_proxy_from_its_share() {
                 && l.contains("tenant=\"acme\"")),
         "{metrics}"
     );
+
+    // Watches: one here (2 x 0.5); the second is refused on both faces.
+    let mut watcher = client.clone();
+    let mut first_events = watcher
+        .watch(
+            "initech/",
+            Some(etcd_client::WatchOptions::new().with_prefix()),
+        )
+        .await
+        .expect("watch");
+    let created = first_events
+        .message()
+        .await
+        .expect("created")
+        .expect("message");
+    assert!(created.created() && !created.canceled(), "{created:?}");
+    let mut second_events = watcher
+        .watch("initech/x", None)
+        .await
+        .expect("watch stream");
+    let refused = second_events
+        .message()
+        .await
+        .expect("answer")
+        .expect("message");
+    assert!(refused.canceled(), "{refused:?}");
+    // etcd's words for a quota, which its clients know.
+    assert_eq!(
+        refused.cancel_reason(),
+        "etcdserver: mvcc: database space exceeded"
+    );
+    let resp = http
+        .get(url("/v1/watch/initech/y"))
+        .send()
+        .await
+        .expect("SSE watch");
+    assert_eq!(resp.status().as_u16(), 429);
+    let body: Value = resp.json().await.expect("json");
+    assert_eq!(body["error"], "quota_exceeded", "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("initech")),
+        "{body}"
+    );
+    // The first ends: its place is free again.
+    drop(first_events);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let resp = http
+            .get(url("/v1/watch/initech/y"))
+            .send()
+            .await
+            .expect("SSE watch");
+        if resp.status().as_u16() == 200 {
+            break;
+        }
+        assert_eq!(resp.status().as_u16(), 429);
+        assert!(Instant::now() < deadline, "the place was not given back");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

@@ -1,5 +1,5 @@
-//! [`TenantRates`]: each tenant's request rates, enforced at this proxy
-//! from its share.
+//! [`TenantLimits`]: each tenant's request rates and watch quota, enforced
+//! at this proxy from its share.
 //!
 //! A tenant ([`TenantRecord`]) may set `requests_per_second` (all of its
 //! requests) and `user_requests_per_second` (each user's), for all proxies
@@ -14,6 +14,11 @@
 //! each tenant has its own buckets, so one tenant's load never slows
 //! another's requests at this proxy.
 //!
+//! A tenant's `max_watches` bounds the client watches on its keys open at
+//! once through the proxies: this proxy holds ceil(max_watches x share) of
+//! them ([`TenantWatch`], given back when the watch ends); past it a watch
+//! is refused with `quota_exceeded`.
+//!
 //! A user's rate uses the user of a token the cell has already accepted
 //! (`upstream::accepted_tokens`): a forged token never spends another
 //! user's share, and a token's first request is charged to its tenant
@@ -23,7 +28,7 @@
 //! every [`REFRESH`]; a change reaches each proxy within it. While the
 //! cell cannot be asked, the tenants last read stay in force.
 
-use crate::metrics_catalog::{RATE_LIMITED, TENANTS_KNOWN};
+use crate::metrics_catalog::{QUOTA_REFUSED, RATE_LIMITED, TENANTS_KNOWN};
 use crate::upstream::{Cell, Kind, Route};
 use arc_swap::ArcSwap;
 use latchkey_shared::auth::limiter::TokenBuckets;
@@ -31,7 +36,8 @@ use latchkey_shared::etcd_methods::tenants::LIST;
 use latchkey_shared::tenant::TenantRecord;
 use latchkey_shared::tenants_pb::{TenantListRequest, TenantListResponse};
 use latchkey_shared::ApiError;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -42,21 +48,74 @@ pub const REFRESH: Duration = Duration::from_secs(1);
 /// How often a failing read is logged.
 const WARN_EVERY: Duration = Duration::from_secs(60);
 
-pub struct TenantRates {
+pub struct TenantLimits {
     /// `--rate-share`.
     share: f64,
     tenants: ArcSwap<Vec<TenantRecord>>,
     /// By tenant name, and by tenant name, NUL, user name.
     buckets: TokenBuckets,
+    /// Client watches open on each tenant's keys, by tenant name.
+    watches: Mutex<HashMap<String, u64>>,
 }
 
-impl TenantRates {
-    pub fn new(share: f64) -> TenantRates {
-        TenantRates {
+/// One client watch on a tenant's keys, counted until it is dropped.
+pub struct TenantWatch {
+    limits: Arc<TenantLimits>,
+    tenant: String,
+}
+
+impl Drop for TenantWatch {
+    fn drop(&mut self) {
+        let mut watches = self.limits.watches();
+        if let Some(n) = watches.get_mut(&self.tenant) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                watches.remove(&self.tenant);
+            }
+        }
+    }
+}
+
+impl TenantLimits {
+    pub fn new(share: f64) -> TenantLimits {
+        TenantLimits {
             share,
             tenants: ArcSwap::from_pointee(Vec::new()),
             buckets: TokenBuckets::default(),
+            watches: Mutex::default(),
         }
+    }
+
+    fn watches(&self) -> std::sync::MutexGuard<'_, HashMap<String, u64>> {
+        self.watches.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A place for one more client watch starting at `key`, held until
+    /// the [`TenantWatch`] is dropped: `None` when no tenant with a watch
+    /// quota owns the key; `quota_exceeded` when this proxy's share of it
+    /// is taken.
+    pub fn hold_watch(self: &Arc<Self>, key: &[u8]) -> Result<Option<TenantWatch>, ApiError> {
+        let tenants = self.tenants.load();
+        let Some(tenant) = tenants.iter().find(|t| t.owns(key) && t.max_watches > 0) else {
+            return Ok(None);
+        };
+        let here = ((tenant.max_watches as f64 * self.share).ceil() as u64).max(1);
+        let mut watches = self.watches();
+        let open = watches.entry(tenant.name.clone()).or_default();
+        if *open >= here {
+            metrics::counter!(QUOTA_REFUSED.name, "tenant" => tenant.name.clone(), "quota" => "watches")
+                .increment(1);
+            return Err(ApiError::quota_exceeded(format!(
+                "tenant {:?} has {open} watches open at this proxy, its share of max_watches {}; \
+                 cancel one or raise the quota",
+                tenant.name, tenant.max_watches
+            )));
+        }
+        *open += 1;
+        Ok(Some(TenantWatch {
+            limits: self.clone(),
+            tenant: tenant.name.clone(),
+        }))
     }
 
     /// The tenants as the cell has them now.
@@ -150,7 +209,7 @@ mod tests {
 
     #[test]
     fn a_tenant_is_held_to_its_share_and_another_is_not_slowed() {
-        let rates = TenantRates::new(0.5);
+        let rates = TenantLimits::new(0.5);
         rates.set(vec![
             tenant("acme", "acme/", 8, 0),
             tenant("free", "free/", 0, 0),
@@ -174,8 +233,28 @@ mod tests {
     }
 
     #[test]
+    fn a_tenants_watches_are_held_to_its_share_and_given_back() {
+        let limits = Arc::new(TenantLimits::new(0.5));
+        let mut acme = tenant("acme", "acme/", 0, 0);
+        acme.max_watches = 3;
+        limits.set(vec![acme, tenant("free", "free/", 0, 0)]);
+        // ceil(3 x 0.5) = 2 here.
+        let first = limits.hold_watch(b"acme/a").expect("one").expect("held");
+        let _second = limits.hold_watch(b"acme/b").expect("two").expect("held");
+        let e = limits.hold_watch(b"acme/c").err().expect("a third");
+        assert_eq!(e.code, ErrorCode::QuotaExceeded);
+        assert!(e.message.contains("acme"), "{}", e.message);
+        assert!(limits.hold_watch(b"free/x").expect("no quota").is_none());
+        drop(first);
+        limits
+            .hold_watch(b"acme/c")
+            .expect("given back")
+            .expect("held");
+    }
+
+    #[test]
     fn each_user_has_its_own_rate_inside_the_tenants() {
-        let rates = TenantRates::new(1.0);
+        let rates = TenantLimits::new(1.0);
         rates.set(vec![tenant("acme", "acme/", 5, 2)]);
         let t0 = Instant::now();
         for _ in 0..2 {
