@@ -124,16 +124,29 @@ impl TenantLimits {
         self.tenants.store(Arc::new(tenants));
     }
 
-    /// Charges one request naming `key`, by `user` when the cell has
-    /// accepted the token that names it, at `now`: `rate_limited` past
-    /// the owning tenant's rate or its rate per user (a request refused by
-    /// one is not charged to the other).
-    pub fn charge(&self, key: &[u8], user: Option<&str>, now: Instant) -> Result<(), ApiError> {
+    /// Charges one request naming `key`, by the user `user` says (when
+    /// the cell has accepted the token that names it; asked only when the
+    /// tenant has a rate per user), at `now`: `rate_limited` past the
+    /// owning tenant's rate or its rate per user (a request refused by one
+    /// is not charged to the other).
+    pub fn charge<U: AsRef<str>>(
+        &self,
+        key: &[u8],
+        user: impl FnOnce() -> Option<U>,
+        now: Instant,
+    ) -> Result<(), ApiError> {
         let tenants = self.tenants.load();
         let Some(tenant) = tenants.iter().find(|t| t.owns(key)) else {
             return Ok(());
         };
-        let per_user = match (user, tenant.user_requests_per_second) {
+        let user = match tenant.user_requests_per_second {
+            0 => None,
+            _ => user(),
+        };
+        let per_user = match (
+            user.as_ref().map(AsRef::as_ref),
+            tenant.user_requests_per_second,
+        ) {
             (Some(user), rate) if rate > 0 => {
                 let rate = rate as f64 * self.share;
                 let bucket = format!("{}\0{user}", tenant.name);
@@ -217,19 +230,29 @@ mod tests {
         let t0 = Instant::now();
         // 8/s with a share of one half: a burst of 4, then 4 a second.
         for _ in 0..4 {
-            rates.charge(b"acme/k", None, t0).expect("within the burst");
+            rates
+                .charge(b"acme/k", || None::<&str>, t0)
+                .expect("within the burst");
         }
-        let e = rates.charge(b"acme/k", None, t0).expect_err("past it");
+        let e = rates
+            .charge(b"acme/k", || None::<&str>, t0)
+            .expect_err("past it");
         assert_eq!(e.code, ErrorCode::RateLimited);
         assert_eq!(e.retry_after(), Some(Duration::from_millis(250)));
         assert!(e.message.contains("acme"), "{}", e.message);
         for _ in 0..1000 {
-            rates.charge(b"free/k", None, t0).expect("no rate");
-            rates.charge(b"other", None, t0).expect("no tenant");
+            rates
+                .charge(b"free/k", || None::<&str>, t0)
+                .expect("no rate");
+            rates
+                .charge(b"other", || None::<&str>, t0)
+                .expect("no tenant");
         }
         let later = t0 + Duration::from_millis(250);
-        rates.charge(b"acme/k", None, later).expect("one back");
-        assert!(rates.charge(b"acme/k", None, later).is_err());
+        rates
+            .charge(b"acme/k", || None::<&str>, later)
+            .expect("one back");
+        assert!(rates.charge(b"acme/k", || None::<&str>, later).is_err());
     }
 
     #[test]
@@ -258,23 +281,25 @@ mod tests {
         rates.set(vec![tenant("acme", "acme/", 5, 2)]);
         let t0 = Instant::now();
         for _ in 0..2 {
-            rates.charge(b"acme/k", Some("bob"), t0).expect("bob's two");
+            rates
+                .charge(b"acme/k", || Some("bob"), t0)
+                .expect("bob's two");
         }
         let e = rates
-            .charge(b"acme/k", Some("bob"), t0)
+            .charge(b"acme/k", || Some("bob"), t0)
             .expect_err("bob's third");
         assert!(e.message.contains("bob"), "{}", e.message);
         // Refused by bob's rate: not charged to the tenant.
         for _ in 0..2 {
             rates
-                .charge(b"acme/k", Some("carol"), t0)
+                .charge(b"acme/k", || Some("carol"), t0)
                 .expect("carol's two");
         }
         rates
-            .charge(b"acme/k", None, t0)
+            .charge(b"acme/k", || None::<&str>, t0)
             .expect("the tenant's fifth");
         let e = rates
-            .charge(b"acme/k", Some("dave"), t0)
+            .charge(b"acme/k", || Some("dave"), t0)
             .expect_err("tenant's sixth");
         assert!(
             !e.message.contains("dave"),
@@ -283,9 +308,11 @@ mod tests {
         );
         // Refused by the tenant's rate: dave's token is given back.
         let later = t0 + Duration::from_millis(200);
-        rates.charge(b"acme/k", Some("dave"), later).expect("dave");
         rates
-            .charge(b"acme/k", Some("dave"), later)
+            .charge(b"acme/k", || Some("dave"), later)
+            .expect("dave");
+        rates
+            .charge(b"acme/k", || Some("dave"), later)
             .expect_err("the tenant's");
     }
 }

@@ -11,13 +11,11 @@ use tokio::time::Instant;
 /// Charges this task's client for one request naming `key`: refused with
 /// `rate_limited` past its tenant's rate, or its rate per user.
 pub fn charge(state: &ProxyState, key: &[u8]) -> Result<(), ApiError> {
-    let token = client_token();
-    let user = token
-        .as_deref()
-        .and_then(|t| state.upstream.cell_for(key).accepted_tokens.user(t));
-    state
-        .tenant_limits
-        .charge(key, user.as_deref(), Instant::now())
+    let user = || {
+        let token = client_token()?;
+        state.upstream.cell_for(key).accepted_tokens.user(&token)
+    };
+    state.tenant_limits.charge(key, user, Instant::now())
 }
 
 /// The key a txn is charged for: its first compare's, else its first
