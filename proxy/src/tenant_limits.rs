@@ -4,15 +4,15 @@
 //! A tenant ([`TenantRecord`]) may set `requests_per_second` (all of its
 //! requests) and `user_requests_per_second` (each user's), for all proxies
 //! together; this proxy enforces rate x `--rate-share`, each as a token
-//! bucket whose burst is one second of it. A request is charged to the
-//! tenant owning the first key it names (a range's start, a put's key, a
-//! txn's first compare or operation, a watch's start, a lock's or
-//! election's name); one naming no tenant's key, and calls that name no
-//! key (leases, sessions, the Auth and cluster APIs), are not charged.
-//! Past a rate the request is refused before it reaches the cell with
-//! `rate_limited` (HTTP 429 with Retry-After, gRPC ResourceExhausted);
-//! each tenant has its own buckets, so one tenant's load never slows
-//! another's requests at this proxy.
+//! bucket whose burst is one second of it. A request is charged to every
+//! tenant whose prefixes overlap a key range it names (a range, a put's or
+//! delete's key, every compare and operation of a txn, a watch, a lock's
+//! or election's name), once each; if any refuses, none is charged. Calls
+//! that name no key (leases, sessions, the Auth and cluster APIs) are not
+//! charged. Past a rate the request is refused before it reaches the cell
+//! with `rate_limited` (HTTP 429 with Retry-After, gRPC
+//! ResourceExhausted); each tenant has its own buckets, so one tenant's
+//! load never slows another's requests at this proxy.
 //!
 //! A tenant's `max_watches` bounds the client watches on its keys open at
 //! once through the proxies: this proxy holds ceil(max_watches x share) of
@@ -35,7 +35,7 @@ use latchkey_shared::auth::limiter::TokenBuckets;
 use latchkey_shared::etcd_methods::tenants::LIST;
 use latchkey_shared::tenant::TenantRecord;
 use latchkey_shared::tenants_pb::{TenantListRequest, TenantListResponse};
-use latchkey_shared::ApiError;
+use latchkey_shared::{ApiError, KeyRange};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -58,22 +58,25 @@ pub struct TenantLimits {
     watches: Mutex<HashMap<String, u64>>,
 }
 
-/// One client watch on a tenant's keys, counted until it is dropped.
+/// One client watch's places in its tenants' watch quotas, held until it
+/// is dropped.
 pub struct TenantWatch {
     limits: Arc<TenantLimits>,
-    tenant: String,
+    tenants: Vec<String>,
 }
 
 impl Drop for TenantWatch {
     fn drop(&mut self) {
-        let mut watches = self.limits.watches();
-        if let Some(n) = watches.get_mut(&self.tenant) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                watches.remove(&self.tenant);
-            }
-        }
+        self.limits.release_watches(&self.tenants);
     }
+}
+
+/// Whether any of `tenant`'s prefixes overlaps any of `ranges`.
+fn touches(tenant: &TenantRecord, ranges: &[KeyRange]) -> bool {
+    tenant
+        .prefixes
+        .iter()
+        .any(|p| ranges.iter().any(|r| KeyRange::prefix(p).overlaps(r)))
 }
 
 impl TenantLimits {
@@ -86,36 +89,9 @@ impl TenantLimits {
         }
     }
 
-    fn watches(&self) -> std::sync::MutexGuard<'_, HashMap<String, u64>> {
-        self.watches.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// A place for one more client watch starting at `key`, held until
-    /// the [`TenantWatch`] is dropped: `None` when no tenant with a watch
-    /// quota owns the key; `quota_exceeded` when this proxy's share of it
-    /// is taken.
-    pub fn hold_watch(self: &Arc<Self>, key: &[u8]) -> Result<Option<TenantWatch>, ApiError> {
-        let tenants = self.tenants.load();
-        let Some(tenant) = tenants.iter().find(|t| t.owns(key) && t.max_watches > 0) else {
-            return Ok(None);
-        };
-        let here = ((tenant.max_watches as f64 * self.share).ceil() as u64).max(1);
-        let mut watches = self.watches();
-        let open = watches.entry(tenant.name.clone()).or_default();
-        if *open >= here {
-            metrics::counter!(QUOTA_REFUSED.name, "tenant" => tenant.name.clone(), "quota" => "watches")
-                .increment(1);
-            return Err(ApiError::quota_exceeded(format!(
-                "tenant {:?} has {open} watches open at this proxy, its share of max_watches {}; \
-                 cancel one or raise the quota",
-                tenant.name, tenant.max_watches
-            )));
-        }
-        *open += 1;
-        Ok(Some(TenantWatch {
-            limits: self.clone(),
-            tenant: tenant.name.clone(),
-        }))
+    /// Whether any tenant exists (else nothing is charged or counted).
+    pub fn any(&self) -> bool {
+        !self.tenants.load().is_empty()
     }
 
     /// The tenants as the cell has them now.
@@ -124,48 +100,115 @@ impl TenantLimits {
         self.tenants.store(Arc::new(tenants));
     }
 
-    /// Charges one request naming `key`, by the user `user` says (when
-    /// the cell has accepted the token that names it; asked only when the
-    /// tenant has a rate per user), at `now`: `rate_limited` past the
-    /// owning tenant's rate or its rate per user (a request refused by one
-    /// is not charged to the other).
+    fn watches(&self) -> std::sync::MutexGuard<'_, HashMap<String, u64>> {
+        self.watches.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn release_watches(&self, tenants: &[String]) {
+        let mut watches = self.watches();
+        for tenant in tenants {
+            if let Some(n) = watches.get_mut(tenant) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    watches.remove(tenant);
+                }
+            }
+        }
+    }
+
+    /// This proxy's share of `per_second`, and of one second's burst.
+    fn here(&self, per_second: u64) -> f64 {
+        per_second as f64 * self.share
+    }
+
+    /// Places for one more client watch on `range`, one in the quota of
+    /// every tenant it overlaps that has one, held until the
+    /// [`TenantWatch`] is dropped; `quota_exceeded` (holding none) when
+    /// this proxy's share of one of them is taken.
+    pub fn hold_watch(self: &Arc<Self>, range: &KeyRange) -> Result<TenantWatch, ApiError> {
+        let tenants = self.tenants.load();
+        let mut held = TenantWatch {
+            limits: self.clone(),
+            tenants: Vec::new(),
+        };
+        let quoted = tenants
+            .iter()
+            .filter(|t| t.max_watches > 0 && touches(t, std::slice::from_ref(range)));
+        for tenant in quoted {
+            let here = ((tenant.max_watches as f64 * self.share).ceil() as u64).max(1);
+            let mut watches = self.watches();
+            let open = watches.entry(tenant.name.clone()).or_default();
+            if *open >= here {
+                let open = *open;
+                drop(watches);
+                metrics::counter!(QUOTA_REFUSED.name, "tenant" => tenant.name.clone(), "quota" => "watches")
+                    .increment(1);
+                // `held` gives back what it took when it drops here.
+                return Err(ApiError::quota_exceeded(format!(
+                    "tenant {:?} has {open} watches open at this proxy, its share of max_watches {}; \
+                     cancel one or raise the quota",
+                    tenant.name, tenant.max_watches
+                )));
+            }
+            *open += 1;
+            held.tenants.push(tenant.name.clone());
+        }
+        Ok(held)
+    }
+
+    /// Charges one request naming `ranges` to every tenant they overlap,
+    /// and to its rate for the user `user` says (asked only when such a
+    /// tenant has a rate per user; it names a user only for a token the
+    /// cell has accepted), at `now`: `rate_limited` past any of those
+    /// rates, and then nothing is charged.
     pub fn charge<U: AsRef<str>>(
         &self,
-        key: &[u8],
+        ranges: &[KeyRange],
         user: impl FnOnce() -> Option<U>,
         now: Instant,
     ) -> Result<(), ApiError> {
         let tenants = self.tenants.load();
-        let Some(tenant) = tenants.iter().find(|t| t.owns(key)) else {
+        if tenants.is_empty() {
             return Ok(());
+        }
+        let owners: Vec<&TenantRecord> = tenants
+            .iter()
+            .filter(|t| {
+                (t.requests_per_second > 0 || t.user_requests_per_second > 0) && touches(t, ranges)
+            })
+            .collect();
+        if owners.is_empty() {
+            return Ok(());
+        }
+        let user = match owners.iter().any(|t| t.user_requests_per_second > 0) {
+            true => user(),
+            false => None,
         };
-        let user = match tenant.user_requests_per_second {
-            0 => None,
-            _ => user(),
-        };
-        let per_user = match (
-            user.as_ref().map(AsRef::as_ref),
-            tenant.user_requests_per_second,
-        ) {
-            (Some(user), rate) if rate > 0 => {
-                let rate = rate as f64 * self.share;
-                let bucket = format!("{}\0{user}", tenant.name);
-                self.buckets
-                    .take(&bucket, rate, rate, now)
-                    .map_err(|wait| {
-                        refused(&tenant.name, "user", wait, &format!("by user {user:?} "))
-                    })?;
-                Some((bucket, rate))
+        let user = user.as_ref().map(AsRef::as_ref);
+        // Every bucket this request takes from, and what refuses it.
+        let mut wanted: Vec<(String, f64, Refusal)> = Vec::new();
+        for tenant in owners {
+            if let (Some(user), rate @ 1..) = (user, tenant.user_requests_per_second) {
+                wanted.push((
+                    format!("{}\0{user}", tenant.name),
+                    self.here(rate),
+                    Refusal::User(tenant.name.clone(), user.to_string()),
+                ));
             }
-            _ => None,
-        };
-        if tenant.requests_per_second > 0 {
-            let rate = tenant.requests_per_second as f64 * self.share;
-            if let Err(wait) = self.buckets.take(&tenant.name, rate, rate, now) {
-                if let Some((bucket, rate)) = per_user {
-                    self.buckets.give_back(&bucket, rate);
+            if tenant.requests_per_second > 0 {
+                wanted.push((
+                    tenant.name.clone(),
+                    self.here(tenant.requests_per_second),
+                    Refusal::Tenant(tenant.name.clone()),
+                ));
+            }
+        }
+        for (i, (bucket, rate, refusal)) in wanted.iter().enumerate() {
+            if let Err(wait) = self.buckets.take(bucket, *rate, *rate, now) {
+                for (taken, rate, _) in &wanted[..i] {
+                    self.buckets.give_back(taken, *rate);
                 }
-                return Err(refused(&tenant.name, "tenant", wait, ""));
+                return Err(refusal.error(wait));
             }
         }
         Ok(())
@@ -199,16 +242,32 @@ impl TenantLimits {
     }
 }
 
-fn refused(tenant: &str, scope: &'static str, wait: Duration, by: &str) -> ApiError {
-    metrics::counter!(RATE_LIMITED.name, "tenant" => tenant.to_string(), "scope" => scope)
-        .increment(1);
-    ApiError::rate_limited(&format!("requests {by}for tenant {tenant:?}"), wait)
+/// Which rate refused a request.
+enum Refusal {
+    Tenant(String),
+    User(String, String),
+}
+
+impl Refusal {
+    fn error(&self, wait: Duration) -> ApiError {
+        let (tenant, scope, by) = match self {
+            Refusal::Tenant(t) => (t, "tenant", String::new()),
+            Refusal::User(t, u) => (t, "user", format!("by user {u:?} ")),
+        };
+        metrics::counter!(RATE_LIMITED.name, "tenant" => tenant.clone(), "scope" => scope)
+            .increment(1);
+        ApiError::rate_limited(&format!("requests {by}for tenant {tenant:?}"), wait)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use latchkey_shared::ErrorCode;
+
+    fn k(key: &[u8]) -> [KeyRange; 1] {
+        [KeyRange::single(key.to_vec())]
+    }
 
     fn tenant(name: &str, prefix: &str, rate: u64, user_rate: u64) -> TenantRecord {
         TenantRecord {
@@ -231,28 +290,28 @@ mod tests {
         // 8/s with a share of one half: a burst of 4, then 4 a second.
         for _ in 0..4 {
             rates
-                .charge(b"acme/k", || None::<&str>, t0)
+                .charge(&k(b"acme/k"), || None::<&str>, t0)
                 .expect("within the burst");
         }
         let e = rates
-            .charge(b"acme/k", || None::<&str>, t0)
+            .charge(&k(b"acme/k"), || None::<&str>, t0)
             .expect_err("past it");
         assert_eq!(e.code, ErrorCode::RateLimited);
         assert_eq!(e.retry_after(), Some(Duration::from_millis(250)));
         assert!(e.message.contains("acme"), "{}", e.message);
         for _ in 0..1000 {
             rates
-                .charge(b"free/k", || None::<&str>, t0)
+                .charge(&k(b"free/k"), || None::<&str>, t0)
                 .expect("no rate");
             rates
-                .charge(b"other", || None::<&str>, t0)
+                .charge(&k(b"other"), || None::<&str>, t0)
                 .expect("no tenant");
         }
         let later = t0 + Duration::from_millis(250);
         rates
-            .charge(b"acme/k", || None::<&str>, later)
+            .charge(&k(b"acme/k"), || None::<&str>, later)
             .expect("one back");
-        assert!(rates.charge(b"acme/k", || None::<&str>, later).is_err());
+        assert!(rates.charge(&k(b"acme/k"), || None::<&str>, later).is_err());
     }
 
     #[test]
@@ -262,17 +321,46 @@ mod tests {
         acme.max_watches = 3;
         limits.set(vec![acme, tenant("free", "free/", 0, 0)]);
         // ceil(3 x 0.5) = 2 here.
-        let first = limits.hold_watch(b"acme/a").expect("one").expect("held");
-        let _second = limits.hold_watch(b"acme/b").expect("two").expect("held");
-        let e = limits.hold_watch(b"acme/c").err().expect("a third");
+        let first = limits.hold_watch(&k(b"acme/a")[0]).expect("one");
+        let _second = limits.hold_watch(&k(b"acme/b")[0]).expect("two");
+        let e = limits.hold_watch(&k(b"acme/c")[0]).err().expect("a third");
         assert_eq!(e.code, ErrorCode::QuotaExceeded);
         assert!(e.message.contains("acme"), "{}", e.message);
-        assert!(limits.hold_watch(b"free/x").expect("no quota").is_none());
+        assert!(limits
+            .hold_watch(&k(b"free/x")[0])
+            .expect("no quota")
+            .tenants
+            .is_empty());
         drop(first);
-        limits
-            .hold_watch(b"acme/c")
-            .expect("given back")
-            .expect("held");
+        let _third = limits.hold_watch(&k(b"acme/c")[0]).expect("given back");
+        // A watch over every key is in acme's quota too.
+        let everything = KeyRange::prefix(b"");
+        assert!(limits.hold_watch(&everything).is_err());
+    }
+
+    #[test]
+    fn a_range_over_two_tenants_is_charged_to_both_or_neither() {
+        let rates = TenantLimits::new(1.0);
+        rates.set(vec![tenant("a", "a/", 1, 0), tenant("b", "b/", 2, 0)]);
+        let t0 = Instant::now();
+        let both = [KeyRange::new(b"a".to_vec(), b"c".to_vec())];
+        rates
+            .charge(&both, || None::<&str>, t0)
+            .expect("one of each");
+        // a's bucket is empty: refused, and b is not charged for it.
+        let e = rates.charge(&both, || None::<&str>, t0).expect_err("a's");
+        assert!(e.message.contains("\"a\""), "{}", e.message);
+        rates
+            .charge(&k(b"b/1"), || None::<&str>, t0)
+            .expect("b's second");
+        assert!(rates.charge(&k(b"b/1"), || None::<&str>, t0).is_err());
+        // Every key, from the start: both.
+        let later = t0 + Duration::from_secs(1);
+        let all = [KeyRange::prefix(b"")];
+        rates
+            .charge(&all, || None::<&str>, later)
+            .expect("refilled");
+        assert!(rates.charge(&k(b"a/1"), || None::<&str>, later).is_err());
     }
 
     #[test]
@@ -282,24 +370,24 @@ mod tests {
         let t0 = Instant::now();
         for _ in 0..2 {
             rates
-                .charge(b"acme/k", || Some("bob"), t0)
+                .charge(&k(b"acme/k"), || Some("bob"), t0)
                 .expect("bob's two");
         }
         let e = rates
-            .charge(b"acme/k", || Some("bob"), t0)
+            .charge(&k(b"acme/k"), || Some("bob"), t0)
             .expect_err("bob's third");
         assert!(e.message.contains("bob"), "{}", e.message);
         // Refused by bob's rate: not charged to the tenant.
         for _ in 0..2 {
             rates
-                .charge(b"acme/k", || Some("carol"), t0)
+                .charge(&k(b"acme/k"), || Some("carol"), t0)
                 .expect("carol's two");
         }
         rates
-            .charge(b"acme/k", || None::<&str>, t0)
+            .charge(&k(b"acme/k"), || None::<&str>, t0)
             .expect("the tenant's fifth");
         let e = rates
-            .charge(b"acme/k", || Some("dave"), t0)
+            .charge(&k(b"acme/k"), || Some("dave"), t0)
             .expect_err("tenant's sixth");
         assert!(
             !e.message.contains("dave"),
@@ -309,10 +397,10 @@ mod tests {
         // Refused by the tenant's rate: dave's token is given back.
         let later = t0 + Duration::from_millis(200);
         rates
-            .charge(b"acme/k", || Some("dave"), later)
+            .charge(&k(b"acme/k"), || Some("dave"), later)
             .expect("dave");
         rates
-            .charge(b"acme/k", || Some("dave"), later)
+            .charge(&k(b"acme/k"), || Some("dave"), later)
             .expect_err("the tenant's");
     }
 }

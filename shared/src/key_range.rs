@@ -86,6 +86,19 @@ impl KeyRange {
         !self.end.is_empty() && self.end != TO_THE_END && self.end <= self.start
     }
 
+    /// Whether some key lies in both ranges (reserved keys aside).
+    pub fn overlaps(&self, other: &KeyRange) -> bool {
+        if self.is_empty() || other.is_empty() {
+            return false;
+        }
+        let starts_before = |start: &[u8], end: Bound<&[u8]>| match end {
+            Bound::Unbounded => true,
+            Bound::Included(e) => start <= e,
+            Bound::Excluded(e) => start < e,
+        };
+        starts_before(&self.start, other.bounds().1) && starts_before(&other.start, self.bounds().1)
+    }
+
     /// The range as bounds for `BTreeMap::range` and friends. An empty
     /// range gives `[start, start)`, which selects nothing and, unlike an
     /// inverted pair, does not make `BTreeMap::range` panic.
@@ -118,6 +131,21 @@ pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn ranges_overlap_when_some_key_is_in_both() {
+        let r = |a: &[u8], b: &[u8]| KeyRange::new(a.to_vec(), b.to_vec());
+        let acme = KeyRange::prefix(b"acme/");
+        assert!(acme.overlaps(&r(b"acme/x", b"")));
+        assert!(!acme.overlaps(&r(b"acme", b"")));
+        assert!(acme.overlaps(&r(b"acme", b"acme0")), "a range around it");
+        assert!(acme.overlaps(&r(b"a", TO_THE_END)), "to the end");
+        assert!(acme.overlaps(&KeyRange::prefix(b"")), "every key");
+        assert!(!acme.overlaps(&r(b"acme0", b"b")), "just after");
+        assert!(!acme.overlaps(&r(b"a", b"acme/")), "ends where it starts");
+        assert!(!acme.overlaps(&r(b"z", b"a")), "inverted");
+        assert!(r(b"k", b"").overlaps(&r(b"k", b"")));
+    }
+
     use super::*;
     use std::collections::BTreeMap;
 

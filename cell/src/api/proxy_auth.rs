@@ -5,8 +5,10 @@
 
 use crate::node::CellNode;
 use crate::ops::auth_gate::AuthGate;
+use latchkey_shared::auth::token::now_unix_ms;
+use latchkey_shared::auth::Caller;
 use latchkey_shared::proxy_auth_pb::proxy_auth_server::ProxyAuth;
-use latchkey_shared::proxy_auth_pb::{CheckReadsRequest, CheckReadsResponse, Refusal};
+use latchkey_shared::proxy_auth_pb::{CheckReadsRequest, CheckReadsResponse, ReadAnswer};
 use latchkey_shared::{ApiError, KeyRange};
 use std::sync::Arc;
 use tonic::{Request, Response, Status};
@@ -42,15 +44,30 @@ impl ProxyAuth for ProxyAuthService {
         // The header first: the view below is at least as new as it.
         let header = self.node.header_now();
         let view = self.gate.view();
+        let now = now_unix_ms();
         let answers = checks
             .into_iter()
             .map(|c| {
                 let range = KeyRange::new(c.key, c.range_end);
-                match view.may_still_read(&c.user, &range, c.admin) {
-                    Ok(()) => Refusal::default(),
-                    Err(e) => Refusal {
+                // A token is verified now; its user is the one checked.
+                let user = match c.token.as_str() {
+                    "" => Ok(c.user),
+                    token => view.caller(Some(token), now).map(|caller| match caller {
+                        Caller::User { name, .. } => name,
+                        Caller::Anyone | Caller::Proxy => String::new(),
+                    }),
+                };
+                let verdict = user
+                    .and_then(|user| view.may_still_read(&user, &range, c.admin).map(|()| user));
+                match verdict {
+                    Ok(user) => ReadAnswer {
+                        user,
+                        ..ReadAnswer::default()
+                    },
+                    Err(e) => ReadAnswer {
                         code: e.code.as_str().to_string(),
                         message: e.message,
+                        user: String::new(),
                     },
                 }
             })

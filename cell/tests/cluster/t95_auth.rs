@@ -357,7 +357,8 @@ async fn only_the_proxies_key_writes_latchkeys_records_while_authentication_is_o
 }
 
 /// `ProxyAuth/CheckReads` tells a proxy whether its clients may still
-/// read what they watch; it would tell anyone else other users'
+/// read what they watch (by user name, or by a token the cell verifies and
+/// names the user of); it would tell anyone else other users'
 /// permissions, so only the proxies' user asks it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_a_proxy_asks_whether_others_may_still_read() {
@@ -377,31 +378,44 @@ async fn only_a_proxy_asks_whether_others_may_still_read() {
         answer.await.expect("authenticate").into_inner().token
     };
     let (root_token, proxy_token) = (token_of(ROOT).await, token_of(PROXY).await);
+    let worker_token = token_of(WORKER).await;
+    let by_token = |token: &str| ReadCheck {
+        key: b"jobs/".to_vec(),
+        range_end: b"jobs0".to_vec(),
+        token: token.to_string(),
+        ..Default::default()
+    };
     let checks = || CheckReadsRequest {
         checks: vec![
+            by_token(&worker_token),
+            by_token("forged.token"),
             ReadCheck {
                 user: WORKER.0.into(),
                 key: b"jobs/".to_vec(),
                 range_end: b"jobs0".to_vec(),
                 admin: false,
+                token: String::new(),
             },
             ReadCheck {
                 user: WORKER.0.into(),
                 key: b"config/a".to_vec(),
                 range_end: Vec::new(),
                 admin: false,
+                token: String::new(),
             },
             ReadCheck {
                 user: WORKER.0.into(),
                 key: Vec::new(),
                 range_end: Vec::new(),
                 admin: true,
+                token: String::new(),
             },
             ReadCheck {
                 user: "mallory".into(),
                 key: b"jobs/".to_vec(),
                 range_end: b"jobs0".to_vec(),
                 admin: false,
+                token: String::new(),
             },
         ],
     };
@@ -429,11 +443,16 @@ async fn only_a_proxy_asks_whether_others_may_still_read() {
         codes,
         [
             "",
+            "invalid_auth_token",
+            "",
             "permission_denied",
             "permission_denied",
             "invalid_auth_token"
         ]
     );
+    // A token is verified by the cell, which names its user.
+    assert_eq!(answer.answers[0].user, WORKER.0);
+    assert_eq!(answer.answers[2].user, WORKER.0);
     assert!(answer.auth_revision > 0);
     assert!(answer.header.map(|h| h.revision).unwrap_or(0) >= answer.auth_revision as i64);
 }

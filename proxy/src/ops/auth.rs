@@ -20,8 +20,7 @@
 use crate::state::ProxyState;
 use crate::upstream::cell_client::HasHeader;
 use crate::upstream::{Cell, Kind, Route, Who};
-use crate::watch::read_permits::ReadPermit;
-use latchkey_shared::auth::token::user_of_accepted;
+use crate::watch::read_permits::{ReadPermit, Reader};
 use latchkey_shared::auth_pb::{AuthUserListRequest, AuthUserListResponse};
 use latchkey_shared::etcd_enums::{CompareResult, CompareTarget};
 use latchkey_shared::etcd_methods::auth::USER_LIST;
@@ -146,7 +145,12 @@ pub async fn require_txn(cell: &Cell, txn: &PbTxnRequest) -> Result<(), ApiError
     if !cell.auth_may_be_on() {
         return Ok(());
     }
-    let key = super::rates::txn_key(txn);
+    let key = txn
+        .compare
+        .first()
+        .map(|c| c.key.clone())
+        .or_else(|| txn.success.iter().chain(&txn.failure).find_map(op_key))
+        .unwrap_or_default();
     let mut compare = txn.compare.clone();
     compare.push(never(&key));
     probe_txn(
@@ -160,7 +164,7 @@ pub async fn require_txn(cell: &Cell, txn: &PbTxnRequest) -> Result<(), ApiError
     .await
 }
 
-pub(crate) fn op_key(op: &PbTxnRequestOp) -> Option<Vec<u8>> {
+fn op_key(op: &PbTxnRequestOp) -> Option<Vec<u8>> {
     match &op.request {
         Some(PbTxnOpRequest::RequestRange(r)) => Some(r.key.clone()),
         Some(PbTxnOpRequest::RequestPut(p)) => Some(p.key.clone()),
@@ -206,22 +210,20 @@ async fn probe_read(cell: &Cell, range: &KeyRange) -> Result<i64, ApiError> {
 /// itself: the permit the client's watch stands on, checked again when
 /// the cell's auth records change
 /// ([`ReadPermits`](crate::watch::read_permits::ReadPermits)).
-/// The watch is charged to its tenant's rate and holds a place in its
-/// tenant's watch quota while it lives.
+/// The watch is charged to its tenants' rates and holds a place in their
+/// watch quotas while it lives.
 pub async fn read_permit(state: &ProxyState, range: &KeyRange) -> Result<ReadPermit, ApiError> {
-    super::rates::charge(state, &range.start)?;
-    let tenant_watch = state.tenant_limits.hold_watch(&range.start)?;
-    let cell = state.upstream.home();
-    // The version first: the status task stores "on" before the version,
-    // so a version read before "off" is one under which it was off.
-    let known = cell.auth_revision() as i64;
-    let permit = if !cell.auth_may_be_on() {
-        state.read_permits.grant("", range.clone(), false, known)
-    } else {
-        let at = probe_read(cell, range).await?;
-        state
+    super::rates::charge(state, || vec![range.clone()])?;
+    let tenant_watch = state.tenant_limits.hold_watch(range)?;
+    let permit = match probe(state, || probe_read(state.upstream.home(), range)).await? {
+        Probed::Skipped { known } => {
+            state
+                .read_permits
+                .grant(Reader::User("".into()), range.clone(), false, known)
+        }
+        Probed::Allowed => state
             .read_permits
-            .grant(&client_user(), range.clone(), false, at)
+            .grant(client_reader(), range.clone(), false, 0),
     };
     Ok(permit.holding(tenant_watch))
 }
@@ -229,24 +231,52 @@ pub async fn read_permit(state: &ProxyState, range: &KeyRange) -> Result<ReadPer
 /// As [`read_permit`], for a stream of latchkey's `range` only root may
 /// read (the audit stream).
 pub async fn admin_permit(state: &ProxyState, range: &KeyRange) -> Result<ReadPermit, ApiError> {
-    let cell = state.upstream.home();
-    let known = cell.auth_revision() as i64;
-    if !cell.auth_may_be_on() {
-        return Ok(state.read_permits.grant("", range.clone(), true, known));
-    }
-    let at = probe_admin(cell).await?;
-    Ok(state
-        .read_permits
-        .grant(&client_user(), range.clone(), true, at))
+    Ok(
+        match probe(state, || probe_admin(state.upstream.home())).await? {
+            Probed::Skipped { known } => {
+                state
+                    .read_permits
+                    .grant(Reader::User("".into()), range.clone(), true, known)
+            }
+            Probed::Allowed => state
+                .read_permits
+                .grant(client_reader(), range.clone(), true, 0),
+        },
+    )
 }
 
-/// The user this task's client token names (the cell has just accepted
-/// it); empty without one.
-fn client_user() -> String {
-    client_token()
-        .as_deref()
-        .and_then(user_of_accepted)
-        .unwrap_or_default()
+enum Probed {
+    /// Authentication was off at auth version `known`.
+    Skipped { known: i64 },
+    /// The cell allowed it; the permit's first check confirms it (the
+    /// cell's answer may rest on auth records older than the revision it
+    /// reports).
+    Allowed,
+}
+
+/// Runs `probe` unless the cell has authentication off.
+async fn probe<F: Future<Output = Result<i64, ApiError>>>(
+    state: &ProxyState,
+    probe: impl FnOnce() -> F,
+) -> Result<Probed, ApiError> {
+    let cell = state.upstream.home();
+    // The version first: the status task stores "on" before the version,
+    // so a version read before "off" is one under which it was off.
+    let known = cell.auth_revision() as i64;
+    if !cell.auth_may_be_on() {
+        return Ok(Probed::Skipped { known });
+    }
+    probe().await?;
+    Ok(Probed::Allowed)
+}
+
+/// Whom this task's client reads as: its token, whose user the cell names
+/// at the permit's first check; an empty user without one.
+fn client_reader() -> Reader {
+    match client_token() {
+        Some(token) => Reader::Token(token),
+        None => Reader::User("".into()),
+    }
 }
 
 /// The client may read and write every key of `range`: a lock's or an

@@ -122,6 +122,22 @@ const AUTH_UNKNOWN: u8 = 0;
 const AUTH_OFF: u8 = 1;
 const AUTH_ON: u8 = 2;
 
+/// Whether the cell checks the caller's token on `path` with
+/// authentication on: a call there that succeeds vouches for its token.
+/// (Status, MemberList, AuthStatus and Authenticate answer anyone.)
+fn authenticates(path: &str) -> bool {
+    use latchkey_shared::etcd_methods::{kv, lease};
+    [
+        kv::RANGE,
+        kv::PUT,
+        kv::DELETE_RANGE,
+        kv::TXN,
+        lease::GRANT,
+        lease::REVOKE,
+    ]
+    .contains(&path)
+}
+
 /// Whose identity a call carries.
 #[derive(Debug, Clone, Copy)]
 pub enum Who<'a> {
@@ -182,14 +198,18 @@ impl CellClient {
 
     /// What the cell answered to AuthStatus: whether authentication is
     /// on, and its auth version (the revision of the last auth change).
+    /// An answer older than the version already known (a member behind
+    /// the others) changes nothing: the switch and the version move
+    /// together, under the version's lock.
     pub(crate) fn set_auth_status(&self, on: bool, revision: u64) {
-        let value = if on { AUTH_ON } else { AUTH_OFF };
-        self.auth.store(value, Ordering::Relaxed);
         let rose = self.auth_revision.send_if_modified(|known| {
-            let newer = revision > *known;
-            if newer {
-                *known = revision;
+            if revision < *known {
+                return false;
             }
+            let value = if on { AUTH_ON } else { AUTH_OFF };
+            self.auth.store(value, Ordering::Relaxed);
+            let newer = revision > *known;
+            *known = revision;
             newer
         });
         if rose {
@@ -323,7 +343,7 @@ impl CellClient {
         metrics::histogram!(UPSTREAM_SECONDS.name, "path" => path)
             .record(started.elapsed().as_secs_f64());
         if let (Ok(_), Who::Client(Some(token))) = (&result, who) {
-            if self.auth.load(Ordering::Relaxed) == AUTH_ON {
+            if self.auth.load(Ordering::Relaxed) == AUTH_ON && authenticates(path) {
                 self.accepted_tokens.remember(token);
             }
         }

@@ -5,17 +5,21 @@
 //! the cell said the client may read the range (`ops::auth::require_read`).
 //! A permission revoked later must end the client's watch too, as a
 //! member's own watch streams end theirs. So every client watch holds a
-//! [`ReadPermit`]: the user its token named (empty for a watch begun while
-//! authentication was off), the range, and the revision at which the cell
-//! last allowed it. One task per proxy ([`ReadPermits::run`]) wakes when
-//! the cell's auth version rises (`upstream::identity` asks for it every
+//! [`ReadPermit`]: its reader (the client's token until the cell, asked at
+//! the first check, verifies it and names its user; an empty user for a
+//! watch begun while authentication was off), the range, and the revision
+//! at which the cell last allowed it (0 for a new one: the proxy's own
+//! probe may have been answered on auth records older than the revision it
+//! reports, so the first check confirms it, within a second).
+//!
+//! One task per proxy ([`ReadPermits::run`]) wakes when the cell's auth
+//! version rises (`upstream::identity` asks for it every
 //! `STATUS_INTERVAL`) and once a second, and asks the cell
 //! (`latchkey.proxyauth.v1.ProxyAuth/CheckReads`, as the proxy) about
 //! every permit last allowed before that version, one check per distinct
-//! user and range. A refused permit's watch is cancelled with the cell's
-//! reason
-//! ([`Cancel::Revoked`](crate::watch::Cancel::Revoked)); an allowed one is marked with the
-//! answer's revision.
+//! reader and range. A refused permit's watch is cancelled with the
+//! cell's reason ([`Cancel::Revoked`](crate::watch::Cancel::Revoked)); an
+//! allowed one is marked with the answer's revision.
 //!
 //! When the cell cannot be asked, nothing is cancelled: the check runs
 //! again at the next wake. A watch outlives an outage of its permission
@@ -45,8 +49,19 @@ const CHECKS_PER_CALL: usize = 1_000;
 /// How often a failing check is logged.
 const WARN_EVERY: Duration = Duration::from_secs(60);
 
+/// Whom a permit reads for.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Reader {
+    /// A user the cell named (empty: authentication was off).
+    User(Arc<str>),
+    /// The token the client sent, until the cell, asked at the next check,
+    /// verifies it and names its user: the proxy never takes a user from
+    /// a token itself.
+    Token(Arc<str>),
+}
+
 struct Entry {
-    user: Arc<str>,
+    reader: Reader,
     range: KeyRange,
     /// The audit stream: the user must hold root (the range is latchkey's).
     admin: bool,
@@ -66,14 +81,14 @@ pub struct ReadPermit {
     id: u64,
     permits: Arc<ReadPermits>,
     revoked: oneshot::Receiver<ApiError>,
-    /// The watch's place in its tenant's watch quota, if it has one.
+    /// The watch's places in its tenants' watch quotas.
     _tenant_watch: Option<TenantWatch>,
 }
 
 impl ReadPermit {
     /// Holds the watch's place in its tenant's quota as long as it lives.
-    pub fn holding(mut self, tenant_watch: Option<TenantWatch>) -> ReadPermit {
-        self._tenant_watch = tenant_watch;
+    pub fn holding(mut self, tenant_watch: TenantWatch) -> ReadPermit {
+        self._tenant_watch = Some(tenant_watch);
         self
     }
 
@@ -94,9 +109,9 @@ impl Drop for ReadPermit {
     }
 }
 
-/// One question for the cell: may this user still read this range (or,
+/// One question for the cell: may this reader still read this range (or,
 /// admin, still hold root).
-type Question = (Arc<str>, KeyRange, bool);
+type Question = (Reader, KeyRange, bool);
 
 /// The permits each question stands for.
 type Due = HashMap<Question, Vec<u64>>;
@@ -106,11 +121,12 @@ impl ReadPermits {
         self.entries.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A permit for `user` (empty: authentication was off) to read `range`
-    /// (`admin`: to hold root), which the cell allowed at `allowed_at`.
+    /// A permit for `reader` to read `range` (`admin`: to hold root),
+    /// which the cell allowed at `allowed_at` (0: not yet confirmed; the
+    /// next check asks).
     pub fn grant(
         self: &Arc<Self>,
-        user: &str,
+        reader: Reader,
         range: KeyRange,
         admin: bool,
         allowed_at: i64,
@@ -120,7 +136,7 @@ impl ReadPermits {
         self.lock().insert(
             id,
             Entry {
-                user: Arc::from(user),
+                reader,
                 range,
                 admin,
                 allowed_at,
@@ -173,7 +189,7 @@ impl ReadPermits {
         let mut due = Due::new();
         for (id, entry) in self.lock().iter() {
             if entry.allowed_at < version && entry.revoke.is_some() {
-                due.entry((entry.user.clone(), entry.range.clone(), entry.admin))
+                due.entry((entry.reader.clone(), entry.range.clone(), entry.admin))
                     .or_default()
                     .push(*id);
             }
@@ -189,11 +205,18 @@ impl ReadPermits {
             let request = CheckReadsRequest {
                 checks: chunk
                     .iter()
-                    .map(|((user, range, admin), _)| ReadCheck {
-                        user: user.to_string(),
-                        key: range.start.clone(),
-                        range_end: range.end.clone(),
-                        admin: *admin,
+                    .map(|((reader, range, admin), _)| {
+                        let (user, token) = match reader {
+                            Reader::User(user) => (user.to_string(), String::new()),
+                            Reader::Token(token) => (String::new(), token.to_string()),
+                        };
+                        ReadCheck {
+                            user,
+                            token,
+                            key: range.start.clone(),
+                            range_end: range.end.clone(),
+                            admin: *admin,
+                        }
                     })
                     .collect(),
             };
@@ -209,18 +232,23 @@ impl ReadPermits {
             }
             let at = answer.header.map_or(0, |h| h.revision);
             let mut entries = self.lock();
-            for ((_, ids), refusal) in chunk.iter().zip(answer.answers) {
-                let refused = (!refusal.code.is_empty()).then(|| {
+            for ((_, ids), answer) in chunk.iter().zip(answer.answers) {
+                let refused = (!answer.code.is_empty()).then(|| {
                     let code =
-                        ErrorCode::from_name(&refusal.code).unwrap_or(ErrorCode::PermissionDenied);
-                    ApiError::new(code, refusal.message)
+                        ErrorCode::from_name(&answer.code).unwrap_or(ErrorCode::PermissionDenied);
+                    ApiError::new(code, answer.message)
                 });
+                let user: Arc<str> = Arc::from(answer.user);
                 for id in ids {
                     let Some(entry) = entries.get_mut(id) else {
                         continue;
                     };
                     match &refused {
-                        None => entry.allowed_at = entry.allowed_at.max(at),
+                        None => {
+                            entry.allowed_at = entry.allowed_at.max(at);
+                            // From now on, the user the cell named.
+                            entry.reader = Reader::User(user.clone());
+                        }
                         Some(why) => {
                             if let Some(revoke) = entry.revoke.take() {
                                 let _ = revoke.send(why.clone());

@@ -14,9 +14,15 @@ use tokio::time::Instant;
 /// so say nothing) are forgotten first.
 const MAX_KEYS: usize = 65_536;
 
+/// The longest wait a refusal names (a rate near 0 would name years).
+const MAX_WAIT: Duration = Duration::from_secs(3600);
+
 struct Bucket {
     tokens: f64,
     at: Instant,
+    /// The rate and burst it was last taken from with.
+    rate: f64,
+    burst: f64,
 }
 
 /// Token buckets by key, each with the rate and burst its caller gives:
@@ -41,7 +47,7 @@ impl TokenBuckets {
         let burst = burst.max(1.0);
         let mut buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
         if buckets.len() >= MAX_KEYS && !buckets.contains_key(key) {
-            buckets.retain(|_, b| refilled(b, now, per_second) < burst);
+            buckets.retain(|_, b| refilled(b, now) < b.burst);
         }
         if buckets.len() >= MAX_KEYS && !buckets.contains_key(key) {
             // Every remembered key is busy: a flood of distinct keys.
@@ -50,16 +56,21 @@ impl TokenBuckets {
         let bucket = buckets.entry(key.to_string()).or_insert(Bucket {
             tokens: burst,
             at: now,
+            rate: per_second,
+            burst,
         });
-        bucket.tokens = refilled(bucket, now, per_second).min(burst);
-        bucket.at = now;
+        (bucket.rate, bucket.burst) = (per_second, burst);
+        bucket.tokens = refilled(bucket, now).min(burst);
+        // Two callers with instants a little apart: time never runs back.
+        bucket.at = bucket.at.max(now);
         if bucket.tokens >= 1.0 {
             bucket.tokens -= 1.0;
             return Ok(());
         }
-        Err(Duration::from_secs_f64(
-            (1.0 - bucket.tokens) / per_second.max(f64::MIN_POSITIVE),
-        ))
+        let wait = (1.0 - bucket.tokens) / per_second;
+        Err(Duration::try_from_secs_f64(wait)
+            .unwrap_or(MAX_WAIT)
+            .min(MAX_WAIT))
     }
 
     /// Gives back a token taken from `key`, up to `burst`.
@@ -106,8 +117,8 @@ impl AttemptLimiter {
     }
 }
 
-fn refilled(bucket: &Bucket, now: Instant, rate: f64) -> f64 {
-    bucket.tokens + now.saturating_duration_since(bucket.at).as_secs_f64() * rate
+fn refilled(bucket: &Bucket, now: Instant) -> f64 {
+    bucket.tokens + now.saturating_duration_since(bucket.at).as_secs_f64() * bucket.rate
 }
 
 #[cfg(test)]
