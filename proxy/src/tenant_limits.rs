@@ -19,10 +19,15 @@
 //! them ([`TenantWatch`], given back when the watch ends); past it a watch
 //! is refused with `quota_exceeded`.
 //!
-//! A user's rate uses the user of a token the cell has already accepted
-//! (`upstream::accepted_tokens`): a forged token never spends another
-//! user's share, and a token's first request is charged to its tenant
-//! only.
+//! Who sends a request ([`Requester`]) decides which buckets it takes
+//! from. With authentication on, a request whose token the cell has
+//! already accepted (`upstream::accepted_tokens`) is charged to its
+//! tenant's bucket and to its user's; any other (no token, a forged one,
+//! or a token's first request) to a bucket of the tenant's own for
+//! unverified requests, at the tenant's rate: requests the cell will
+//! refuse never spend the share of the tenant's real users, and a forged
+//! token never spends another user's. With authentication off, the
+//! tenant's bucket alone.
 //!
 //! The tenants are read from the cell's `Tenants` service (as the proxy)
 //! every [`REFRESH`]; a change reaches each proxy within it. While the
@@ -69,6 +74,16 @@ impl Drop for TenantWatch {
     fn drop(&mut self) {
         self.limits.release_watches(&self.tenants);
     }
+}
+
+/// Who sends a request, as the proxy knows it.
+pub enum Requester<U> {
+    /// Authentication is off.
+    Anyone,
+    /// A user the cell has accepted a token of.
+    User(U),
+    /// Authentication is on and the token is none the cell has accepted.
+    Unverified,
 }
 
 /// Whether any of `tenant`'s prefixes overlaps any of `ranges`.
@@ -156,15 +171,14 @@ impl TenantLimits {
         Ok(held)
     }
 
-    /// Charges one request naming `ranges` to every tenant they overlap,
-    /// and to its rate for the user `user` says (asked only when such a
-    /// tenant has a rate per user; it names a user only for a token the
-    /// cell has accepted), at `now`: `rate_limited` past any of those
-    /// rates, and then nothing is charged.
+    /// Charges one request naming `ranges`, from whom `requester` says
+    /// (asked only when a tenant with a rate is touched), to every tenant
+    /// they overlap at `now`: `rate_limited` past any of those rates, and
+    /// then nothing is charged.
     pub fn charge<U: AsRef<str>>(
         &self,
         ranges: &[KeyRange],
-        user: impl FnOnce() -> Option<U>,
+        requester: impl FnOnce() -> Requester<U>,
         now: Instant,
     ) -> Result<(), ApiError> {
         let tenants = self.tenants.load();
@@ -180,11 +194,12 @@ impl TenantLimits {
         if owners.is_empty() {
             return Ok(());
         }
-        let user = match owners.iter().any(|t| t.user_requests_per_second > 0) {
-            true => user(),
-            false => None,
+        let requester = requester();
+        let (user, unverified) = match &requester {
+            Requester::Anyone => (None, false),
+            Requester::User(user) => (Some(user.as_ref()), false),
+            Requester::Unverified => (None, true),
         };
-        let user = user.as_ref().map(AsRef::as_ref);
         // Every bucket this request takes from, and what refuses it.
         let mut wanted: Vec<(String, f64, Refusal)> = Vec::new();
         for tenant in owners {
@@ -196,8 +211,13 @@ impl TenantLimits {
                 ));
             }
             if tenant.requests_per_second > 0 {
+                // NUL never ends a user name's bucket key: this one is apart.
+                let bucket = match unverified {
+                    false => tenant.name.clone(),
+                    true => format!("{}\0", tenant.name),
+                };
                 wanted.push((
-                    tenant.name.clone(),
+                    bucket,
                     self.here(tenant.requests_per_second),
                     Refusal::Tenant(tenant.name.clone()),
                 ));
@@ -290,28 +310,30 @@ mod tests {
         // 8/s with a share of one half: a burst of 4, then 4 a second.
         for _ in 0..4 {
             rates
-                .charge(&k(b"acme/k"), || None::<&str>, t0)
+                .charge(&k(b"acme/k"), || Requester::<&str>::Anyone, t0)
                 .expect("within the burst");
         }
         let e = rates
-            .charge(&k(b"acme/k"), || None::<&str>, t0)
+            .charge(&k(b"acme/k"), || Requester::<&str>::Anyone, t0)
             .expect_err("past it");
         assert_eq!(e.code, ErrorCode::RateLimited);
         assert_eq!(e.retry_after(), Some(Duration::from_millis(250)));
         assert!(e.message.contains("acme"), "{}", e.message);
         for _ in 0..1000 {
             rates
-                .charge(&k(b"free/k"), || None::<&str>, t0)
+                .charge(&k(b"free/k"), || Requester::<&str>::Anyone, t0)
                 .expect("no rate");
             rates
-                .charge(&k(b"other"), || None::<&str>, t0)
+                .charge(&k(b"other"), || Requester::<&str>::Anyone, t0)
                 .expect("no tenant");
         }
         let later = t0 + Duration::from_millis(250);
         rates
-            .charge(&k(b"acme/k"), || None::<&str>, later)
+            .charge(&k(b"acme/k"), || Requester::<&str>::Anyone, later)
             .expect("one back");
-        assert!(rates.charge(&k(b"acme/k"), || None::<&str>, later).is_err());
+        assert!(rates
+            .charge(&k(b"acme/k"), || Requester::<&str>::Anyone, later)
+            .is_err());
     }
 
     #[test]
@@ -339,28 +361,54 @@ mod tests {
     }
 
     #[test]
+    fn unverified_requests_never_spend_the_share_of_verified_ones() {
+        let rates = TenantLimits::new(1.0);
+        rates.set(vec![tenant("acme", "acme/", 2, 0)]);
+        let t0 = Instant::now();
+        for _ in 0..2 {
+            rates
+                .charge(&k(b"acme/k"), || Requester::<&str>::Unverified, t0)
+                .expect("the unverified bucket's two");
+        }
+        assert!(rates
+            .charge(&k(b"acme/k"), || Requester::<&str>::Unverified, t0)
+            .is_err());
+        for _ in 0..2 {
+            rates
+                .charge(&k(b"acme/k"), || Requester::User("bob"), t0)
+                .expect("a verified user's requests are apart");
+        }
+    }
+
+    #[test]
     fn a_range_over_two_tenants_is_charged_to_both_or_neither() {
         let rates = TenantLimits::new(1.0);
         rates.set(vec![tenant("a", "a/", 1, 0), tenant("b", "b/", 2, 0)]);
         let t0 = Instant::now();
         let both = [KeyRange::new(b"a".to_vec(), b"c".to_vec())];
         rates
-            .charge(&both, || None::<&str>, t0)
+            .charge(&both, || Requester::<&str>::Anyone, t0)
             .expect("one of each");
         // a's bucket is empty: refused, and b is not charged for it.
-        let e = rates.charge(&both, || None::<&str>, t0).expect_err("a's");
+        let e = rates
+            .charge(&both, || Requester::<&str>::Anyone, t0)
+            .expect_err("a's");
         assert!(e.message.contains("\"a\""), "{}", e.message);
         rates
-            .charge(&k(b"b/1"), || None::<&str>, t0)
+            .charge(&k(b"b/1"), || Requester::<&str>::Anyone, t0)
             .expect("b's second");
-        assert!(rates.charge(&k(b"b/1"), || None::<&str>, t0).is_err());
+        assert!(rates
+            .charge(&k(b"b/1"), || Requester::<&str>::Anyone, t0)
+            .is_err());
         // Every key, from the start: both.
         let later = t0 + Duration::from_secs(1);
         let all = [KeyRange::prefix(b"")];
         rates
-            .charge(&all, || None::<&str>, later)
+            .charge(&all, || Requester::<&str>::Anyone, later)
             .expect("refilled");
-        assert!(rates.charge(&k(b"a/1"), || None::<&str>, later).is_err());
+        assert!(rates
+            .charge(&k(b"a/1"), || Requester::<&str>::Anyone, later)
+            .is_err());
     }
 
     #[test]
@@ -370,24 +418,24 @@ mod tests {
         let t0 = Instant::now();
         for _ in 0..2 {
             rates
-                .charge(&k(b"acme/k"), || Some("bob"), t0)
+                .charge(&k(b"acme/k"), || Requester::User("bob"), t0)
                 .expect("bob's two");
         }
         let e = rates
-            .charge(&k(b"acme/k"), || Some("bob"), t0)
+            .charge(&k(b"acme/k"), || Requester::User("bob"), t0)
             .expect_err("bob's third");
         assert!(e.message.contains("bob"), "{}", e.message);
         // Refused by bob's rate: not charged to the tenant.
         for _ in 0..2 {
             rates
-                .charge(&k(b"acme/k"), || Some("carol"), t0)
+                .charge(&k(b"acme/k"), || Requester::User("carol"), t0)
                 .expect("carol's two");
         }
         rates
-            .charge(&k(b"acme/k"), || None::<&str>, t0)
+            .charge(&k(b"acme/k"), || Requester::<&str>::Anyone, t0)
             .expect("the tenant's fifth");
         let e = rates
-            .charge(&k(b"acme/k"), || Some("dave"), t0)
+            .charge(&k(b"acme/k"), || Requester::User("dave"), t0)
             .expect_err("tenant's sixth");
         assert!(
             !e.message.contains("dave"),
@@ -397,10 +445,10 @@ mod tests {
         // Refused by the tenant's rate: dave's token is given back.
         let later = t0 + Duration::from_millis(200);
         rates
-            .charge(&k(b"acme/k"), || Some("dave"), later)
+            .charge(&k(b"acme/k"), || Requester::User("dave"), later)
             .expect("dave");
         rates
-            .charge(&k(b"acme/k"), || Some("dave"), later)
+            .charge(&k(b"acme/k"), || Requester::User("dave"), later)
             .expect_err("the tenant's");
     }
 }

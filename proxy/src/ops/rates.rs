@@ -4,6 +4,7 @@
 
 use super::auth::client_token;
 use crate::state::ProxyState;
+use crate::tenant_limits::Requester;
 use latchkey_shared::etcdpb::{PbTxnOpRequest, PbTxnRequest};
 use latchkey_shared::{ApiError, KeyRange};
 use tokio::time::Instant;
@@ -11,18 +12,26 @@ use tokio::time::Instant;
 /// Charges this task's client for one request naming the key ranges
 /// `ranges` gives (asked only while some tenant exists): refused with
 /// `rate_limited` past a rate of any tenant they overlap, or its rate per
-/// user.
+/// user (see [`Requester`] for which buckets).
 pub fn charge(state: &ProxyState, ranges: impl FnOnce() -> Vec<KeyRange>) -> Result<(), ApiError> {
     if !state.tenant_limits.any() {
         return Ok(());
     }
     let ranges = ranges();
     let first = ranges.first().map(|r| r.start.clone()).unwrap_or_default();
-    let user = || {
-        let token = client_token()?;
-        state.upstream.cell_for(&first).accepted_tokens.user(&token)
+    let requester = || {
+        let cell = state.upstream.cell_for(&first);
+        if !cell.auth_may_be_on() {
+            return Requester::Anyone;
+        }
+        match client_token().and_then(|t| cell.accepted_tokens.user(&t)) {
+            Some(user) => Requester::User(user),
+            None => Requester::Unverified,
+        }
     };
-    state.tenant_limits.charge(&ranges, user, Instant::now())
+    state
+        .tenant_limits
+        .charge(&ranges, requester, Instant::now())
 }
 
 /// One key.

@@ -116,33 +116,53 @@ impl Paced {
     /// The next item when it is due; `None` when the subscription closed
     /// (with no cancel item before it: dropped as too slow).
     pub async fn next(&mut self) -> Option<Item> {
-        let item = match &mut self.permit {
-            None => self.items.recv().await?,
-            Some(permit) => {
-                let revoked = tokio::select! {
-                    biased;
-                    why = permit.revoked() => Err(why),
-                    item = self.items.recv() => Ok(item),
-                };
-                match revoked {
-                    Ok(item) => item?,
-                    Err(why) => {
-                        self.permit = None;
-                        return Some(Item::Cancelled(Cancel::Revoked(why)));
-                    }
-                }
-            }
+        let item = match self.until_revoked(Wait::Item).await {
+            Ok(item) => item?,
+            Err(revoked) => return Some(revoked),
         };
         if let Item::Events(revision) = &item {
             let due = revision.received + self.pace.delay(revision.herd);
             if due > tokio::time::Instant::now() {
-                tokio::time::sleep_until(due).await;
+                // A revoke while the events wait for their slot wins.
+                if let Err(revoked) = self.until_revoked(Wait::Until(due)).await {
+                    return Some(revoked);
+                }
             }
             self.delay.record(revision.received.elapsed().as_secs_f64());
             self.events_out.increment(revision.events.len() as u64);
         }
         Some(item)
     }
+
+    /// What `wait` gives, unless the permit is revoked first: then the
+    /// cancel item (once; the permit is dropped).
+    async fn until_revoked(&mut self, wait: Wait) -> Result<Option<Item>, Item> {
+        let waited = async {
+            match wait {
+                Wait::Item => self.items.recv().await,
+                Wait::Until(due) => {
+                    tokio::time::sleep_until(due).await;
+                    None
+                }
+            }
+        };
+        let Some(permit) = &mut self.permit else {
+            return Ok(waited.await);
+        };
+        let revoked = tokio::select! {
+            biased;
+            why = permit.revoked() => why,
+            got = waited => return Ok(got),
+        };
+        self.permit = None;
+        Err(Item::Cancelled(Cancel::Revoked(revoked)))
+    }
+}
+
+/// What [`Paced::until_revoked`] waits for.
+enum Wait {
+    Item,
+    Until(tokio::time::Instant),
 }
 
 #[cfg(test)]
