@@ -90,6 +90,7 @@ impl Proxy {
             auth_attempts: crate::ops::auth::attempts_per_address(),
             read_permits: Default::default(),
             tenant_limits: Arc::new(crate::tenant_limits::TenantLimits::new(cfg.rate_share)),
+            token_checks: crate::ops::rates::token_checks(),
         });
         if let Some(path) = &cfg.proxy_key_file {
             let key =

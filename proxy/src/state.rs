@@ -43,4 +43,6 @@ pub struct ProxyState {
     pub read_permits: Arc<ReadPermits>,
     /// Tenants' request rates, from this proxy's share.
     pub tenant_limits: Arc<TenantLimits>,
+    /// Unknown tokens this proxy asks the cell about (`ops::rates`).
+    pub token_checks: AttemptLimiter,
 }

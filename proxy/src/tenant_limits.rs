@@ -19,15 +19,15 @@
 //! them ([`TenantWatch`], given back when the watch ends); past it a watch
 //! is refused with `quota_exceeded`.
 //!
-//! Who sends a request ([`Requester`]) decides which buckets it takes
-//! from. With authentication on, a request whose token the cell has
-//! already accepted (`upstream::accepted_tokens`) is charged to its
-//! tenant's bucket and to its user's; any other (no token, a forged one,
-//! or a token's first request) to a bucket of the tenant's own for
-//! unverified requests, at the tenant's rate: requests the cell will
-//! refuse never spend the share of the tenant's real users, and a forged
-//! token never spends another user's. With authentication off, the
-//! tenant's bucket alone.
+//! Who sends a request ([`Requester`], found by `ops::rates`) decides
+//! which buckets it takes from. With authentication on, a request whose
+//! token the cell has vouched for (`upstream::accepted_tokens`) is charged
+//! to its tenant's bucket and to its user's; one whose token the cell
+//! refused, or that the proxy could not ask about in time, to a bucket of
+//! the tenant's own for unverified requests, at the tenant's rate:
+//! requests the cell will refuse never spend the share of the tenant's
+//! real users, and a forged token never spends another user's. With
+//! authentication off, the tenant's bucket alone.
 //!
 //! The tenants are read from the cell's `Tenants` service (as the proxy)
 //! every [`REFRESH`]; a change reaches each proxy within it. While the
@@ -109,6 +109,13 @@ impl TenantLimits {
         !self.tenants.load().is_empty()
     }
 
+    /// Whether a tenant with a request rate owns a key in `ranges`.
+    pub fn rated(&self, ranges: &[KeyRange]) -> bool {
+        self.tenants.load().iter().any(|t| {
+            (t.requests_per_second > 0 || t.user_requests_per_second > 0) && touches(t, ranges)
+        })
+    }
+
     /// The tenants as the cell has them now.
     pub fn set(&self, tenants: Vec<TenantRecord>) {
         metrics::gauge!(TENANTS_KNOWN.name).set(tenants.len() as f64);
@@ -171,14 +178,13 @@ impl TenantLimits {
         Ok(held)
     }
 
-    /// Charges one request naming `ranges`, from whom `requester` says
-    /// (asked only when a tenant with a rate is touched), to every tenant
-    /// they overlap at `now`: `rate_limited` past any of those rates, and
-    /// then nothing is charged.
+    /// Charges one request naming `ranges`, from `requester`, to every
+    /// tenant they overlap at `now`: `rate_limited` past any of those
+    /// rates, and then nothing is charged.
     pub fn charge<U: AsRef<str>>(
         &self,
         ranges: &[KeyRange],
-        requester: impl FnOnce() -> Requester<U>,
+        requester: Requester<U>,
         now: Instant,
     ) -> Result<(), ApiError> {
         let tenants = self.tenants.load();
@@ -194,7 +200,6 @@ impl TenantLimits {
         if owners.is_empty() {
             return Ok(());
         }
-        let requester = requester();
         let (user, unverified) = match &requester {
             Requester::Anyone => (None, false),
             Requester::User(user) => (Some(user.as_ref()), false),
@@ -310,29 +315,29 @@ mod tests {
         // 8/s with a share of one half: a burst of 4, then 4 a second.
         for _ in 0..4 {
             rates
-                .charge(&k(b"acme/k"), || Requester::<&str>::Anyone, t0)
+                .charge(&k(b"acme/k"), Requester::<&str>::Anyone, t0)
                 .expect("within the burst");
         }
         let e = rates
-            .charge(&k(b"acme/k"), || Requester::<&str>::Anyone, t0)
+            .charge(&k(b"acme/k"), Requester::<&str>::Anyone, t0)
             .expect_err("past it");
         assert_eq!(e.code, ErrorCode::RateLimited);
         assert_eq!(e.retry_after(), Some(Duration::from_millis(250)));
         assert!(e.message.contains("acme"), "{}", e.message);
         for _ in 0..1000 {
             rates
-                .charge(&k(b"free/k"), || Requester::<&str>::Anyone, t0)
+                .charge(&k(b"free/k"), Requester::<&str>::Anyone, t0)
                 .expect("no rate");
             rates
-                .charge(&k(b"other"), || Requester::<&str>::Anyone, t0)
+                .charge(&k(b"other"), Requester::<&str>::Anyone, t0)
                 .expect("no tenant");
         }
         let later = t0 + Duration::from_millis(250);
         rates
-            .charge(&k(b"acme/k"), || Requester::<&str>::Anyone, later)
+            .charge(&k(b"acme/k"), Requester::<&str>::Anyone, later)
             .expect("one back");
         assert!(rates
-            .charge(&k(b"acme/k"), || Requester::<&str>::Anyone, later)
+            .charge(&k(b"acme/k"), Requester::<&str>::Anyone, later)
             .is_err());
     }
 
@@ -367,15 +372,15 @@ mod tests {
         let t0 = Instant::now();
         for _ in 0..2 {
             rates
-                .charge(&k(b"acme/k"), || Requester::<&str>::Unverified, t0)
+                .charge(&k(b"acme/k"), Requester::<&str>::Unverified, t0)
                 .expect("the unverified bucket's two");
         }
         assert!(rates
-            .charge(&k(b"acme/k"), || Requester::<&str>::Unverified, t0)
+            .charge(&k(b"acme/k"), Requester::<&str>::Unverified, t0)
             .is_err());
         for _ in 0..2 {
             rates
-                .charge(&k(b"acme/k"), || Requester::User("bob"), t0)
+                .charge(&k(b"acme/k"), Requester::User("bob"), t0)
                 .expect("a verified user's requests are apart");
         }
     }
@@ -387,27 +392,27 @@ mod tests {
         let t0 = Instant::now();
         let both = [KeyRange::new(b"a".to_vec(), b"c".to_vec())];
         rates
-            .charge(&both, || Requester::<&str>::Anyone, t0)
+            .charge(&both, Requester::<&str>::Anyone, t0)
             .expect("one of each");
         // a's bucket is empty: refused, and b is not charged for it.
         let e = rates
-            .charge(&both, || Requester::<&str>::Anyone, t0)
+            .charge(&both, Requester::<&str>::Anyone, t0)
             .expect_err("a's");
         assert!(e.message.contains("\"a\""), "{}", e.message);
         rates
-            .charge(&k(b"b/1"), || Requester::<&str>::Anyone, t0)
+            .charge(&k(b"b/1"), Requester::<&str>::Anyone, t0)
             .expect("b's second");
         assert!(rates
-            .charge(&k(b"b/1"), || Requester::<&str>::Anyone, t0)
+            .charge(&k(b"b/1"), Requester::<&str>::Anyone, t0)
             .is_err());
         // Every key, from the start: both.
         let later = t0 + Duration::from_secs(1);
         let all = [KeyRange::prefix(b"")];
         rates
-            .charge(&all, || Requester::<&str>::Anyone, later)
+            .charge(&all, Requester::<&str>::Anyone, later)
             .expect("refilled");
         assert!(rates
-            .charge(&k(b"a/1"), || Requester::<&str>::Anyone, later)
+            .charge(&k(b"a/1"), Requester::<&str>::Anyone, later)
             .is_err());
     }
 
@@ -418,24 +423,24 @@ mod tests {
         let t0 = Instant::now();
         for _ in 0..2 {
             rates
-                .charge(&k(b"acme/k"), || Requester::User("bob"), t0)
+                .charge(&k(b"acme/k"), Requester::User("bob"), t0)
                 .expect("bob's two");
         }
         let e = rates
-            .charge(&k(b"acme/k"), || Requester::User("bob"), t0)
+            .charge(&k(b"acme/k"), Requester::User("bob"), t0)
             .expect_err("bob's third");
         assert!(e.message.contains("bob"), "{}", e.message);
         // Refused by bob's rate: not charged to the tenant.
         for _ in 0..2 {
             rates
-                .charge(&k(b"acme/k"), || Requester::User("carol"), t0)
+                .charge(&k(b"acme/k"), Requester::User("carol"), t0)
                 .expect("carol's two");
         }
         rates
-            .charge(&k(b"acme/k"), || Requester::<&str>::Anyone, t0)
+            .charge(&k(b"acme/k"), Requester::<&str>::Anyone, t0)
             .expect("the tenant's fifth");
         let e = rates
-            .charge(&k(b"acme/k"), || Requester::User("dave"), t0)
+            .charge(&k(b"acme/k"), Requester::User("dave"), t0)
             .expect_err("tenant's sixth");
         assert!(
             !e.message.contains("dave"),
@@ -445,10 +450,10 @@ mod tests {
         // Refused by the tenant's rate: dave's token is given back.
         let later = t0 + Duration::from_millis(200);
         rates
-            .charge(&k(b"acme/k"), || Requester::User("dave"), later)
+            .charge(&k(b"acme/k"), Requester::User("dave"), later)
             .expect("dave");
         rates
-            .charge(&k(b"acme/k"), || Requester::User("dave"), later)
+            .charge(&k(b"acme/k"), Requester::User("dave"), later)
             .expect_err("the tenant's");
     }
 }

@@ -52,10 +52,16 @@ impl ProxyAuth for ProxyAuthService {
                 // A token is verified now; its user is the one checked.
                 let user = match c.token.as_str() {
                     "" => Ok(c.user),
-                    token => view.caller(Some(token), now).map(|caller| match caller {
-                        Caller::User { name, .. } => name,
-                        Caller::Anyone | Caller::Proxy => String::new(),
-                    }),
+                    token => {
+                        let at = match c.at_unix_ms {
+                            0 => now,
+                            at => at.min(now),
+                        };
+                        view.caller(Some(token), at).map(|caller| match caller {
+                            Caller::User { name, .. } => name,
+                            Caller::Anyone | Caller::Proxy => String::new(),
+                        })
+                    }
                 };
                 let verdict = user
                     .and_then(|user| view.may_still_read(&user, &range, c.admin).map(|()| user));

@@ -394,28 +394,28 @@ async fn only_a_proxy_asks_whether_others_may_still_read() {
                 key: b"jobs/".to_vec(),
                 range_end: b"jobs0".to_vec(),
                 admin: false,
-                token: String::new(),
+                ..Default::default()
             },
             ReadCheck {
                 user: WORKER.0.into(),
                 key: b"config/a".to_vec(),
                 range_end: Vec::new(),
                 admin: false,
-                token: String::new(),
+                ..Default::default()
             },
             ReadCheck {
                 user: WORKER.0.into(),
                 key: Vec::new(),
                 range_end: Vec::new(),
                 admin: true,
-                token: String::new(),
+                ..Default::default()
             },
             ReadCheck {
                 user: "mallory".into(),
                 key: b"jobs/".to_vec(),
                 range_end: b"jobs0".to_vec(),
                 admin: false,
-                token: String::new(),
+                ..Default::default()
             },
         ],
     };

@@ -228,6 +228,7 @@ mod tests {
             auth_attempts: crate::ops::auth::attempts_per_address(),
             read_permits: Default::default(),
             tenant_limits: Arc::new(crate::tenant_limits::TenantLimits::new(1.0)),
+            token_checks: crate::ops::rates::token_checks(),
         }))
     }
 

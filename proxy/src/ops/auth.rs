@@ -213,7 +213,7 @@ async fn probe_read(cell: &Cell, range: &KeyRange) -> Result<i64, ApiError> {
 /// The watch is charged to its tenants' rates and holds a place in their
 /// watch quotas while it lives.
 pub async fn read_permit(state: &ProxyState, range: &KeyRange) -> Result<ReadPermit, ApiError> {
-    super::rates::charge(state, || vec![range.clone()])?;
+    super::rates::charge(state, || vec![range.clone()]).await?;
     let tenant_watch = state.tenant_limits.hold_watch(range)?;
     let permit = match probe(state, || probe_read(state.upstream.home(), range)).await? {
         Probed::Skipped { known } => {
@@ -274,7 +274,7 @@ async fn probe<F: Future<Output = Result<i64, ApiError>>>(
 /// at the permit's first check; an empty user without one.
 fn client_reader() -> Reader {
     match client_token() {
-        Some(token) => Reader::Token(token),
+        Some(token) => Reader::Token(token, latchkey_shared::auth::token::now_unix_ms()),
         None => Reader::User("".into()),
     }
 }

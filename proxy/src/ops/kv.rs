@@ -31,7 +31,7 @@ pub async fn range(
     client: Option<SocketAddr>,
     req: PbRangeRequest,
 ) -> Result<PbRangeResponse, ApiError> {
-    super::rates::charge(state, || super::rates::range(&req.key, &req.range_end))?;
+    super::rates::charge(state, || super::rates::range(&req.key, &req.range_end)).await?;
     let cell = state.upstream.cell_for(&req.key);
     let token = client_token();
     let who = Who::Client(token.as_deref());
@@ -84,7 +84,7 @@ pub async fn put(
     req: PbPutRequest,
 ) -> Result<PbPutResponse, ApiError> {
     reserved::check_put(&req)?;
-    super::rates::charge(state, || super::rates::key(&req.key))?;
+    super::rates::charge(state, || super::rates::key(&req.key)).await?;
     let cell = state.upstream.cell_for(&req.key);
     let token = client_token();
     let who = Who::Client(token.as_deref());
@@ -105,7 +105,7 @@ pub async fn delete_range(
     req: PbDeleteRequest,
 ) -> Result<PbDeleteResponse, ApiError> {
     reserved::check_delete(&req)?;
-    super::rates::charge(state, || super::rates::range(&req.key, &req.range_end))?;
+    super::rates::charge(state, || super::rates::range(&req.key, &req.range_end)).await?;
     let cell = state.upstream.cell_for(&req.key);
     let token = client_token();
     let who = Who::Client(token.as_deref());
@@ -127,7 +127,7 @@ pub async fn txn(
     req: PbTxnRequest,
 ) -> Result<PbTxnResponse, ApiError> {
     reserved::check_txn(&req)?;
-    super::rates::charge(state, || super::rates::txn_ranges(&req))?;
+    super::rates::charge(state, || super::rates::txn_ranges(&req)).await?;
     let key = req
         .compare
         .first()

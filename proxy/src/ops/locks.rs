@@ -28,7 +28,7 @@ pub struct UpstreamLocks {
 /// election's `range`, which the proxy then uses with its own identity:
 /// charged to the range's tenant, then asked of the cell.
 pub async fn permit(state: &ProxyState, access: Access, range: &KeyRange) -> Result<(), ApiError> {
-    super::rates::charge(state, || vec![range.clone()])?;
+    super::rates::charge(state, || vec![range.clone()]).await?;
     let cell = state.upstream.home();
     match access {
         Access::Read => super::auth::require_read(cell, range).await,

@@ -126,7 +126,7 @@ const AUTH_ON: u8 = 2;
 /// authentication on: a call there that succeeds vouches for its token.
 /// (Status, MemberList, AuthStatus and Authenticate answer anyone.)
 fn authenticates(path: &str) -> bool {
-    use latchkey_shared::etcd_methods::{kv, lease};
+    use latchkey_shared::etcd_methods::{auth, kv, lease};
     [
         kv::RANGE,
         kv::PUT,
@@ -134,6 +134,7 @@ fn authenticates(path: &str) -> bool {
         kv::TXN,
         lease::GRANT,
         lease::REVOKE,
+        auth::USER_GET,
     ]
     .contains(&path)
 }
@@ -194,6 +195,11 @@ impl CellClient {
     /// cell before it acts for the client with its own identity.
     pub fn auth_may_be_on(&self) -> bool {
         self.auth.load(Ordering::Relaxed) != AUTH_OFF
+    }
+
+    /// Whether the cell said authentication is on when last asked.
+    pub fn auth_known_on(&self) -> bool {
+        self.auth.load(Ordering::Relaxed) == AUTH_ON
     }
 
     /// What the cell answered to AuthStatus: whether authentication is
@@ -342,8 +348,13 @@ impl CellClient {
             .await;
         metrics::histogram!(UPSTREAM_SECONDS.name, "path" => path)
             .record(started.elapsed().as_secs_f64());
-        if let (Ok(_), Who::Client(Some(token))) = (&result, who) {
-            if self.auth.load(Ordering::Relaxed) == AUTH_ON && authenticates(path) {
+        if let (Ok(resp), Who::Client(Some(token))) = (&result, who) {
+            // Only from a member that has applied the newest auth change
+            // the proxy knows of (one behind it may not check tokens yet).
+            let current = resp
+                .header()
+                .is_some_and(|h| h.revision >= self.auth_revision() as i64);
+            if self.auth_known_on() && authenticates(path) && current {
                 self.accepted_tokens.remember(token);
             }
         }

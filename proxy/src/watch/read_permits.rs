@@ -54,10 +54,10 @@ const WARN_EVERY: Duration = Duration::from_secs(60);
 pub enum Reader {
     /// A user the cell named (empty: authentication was off).
     User(Arc<str>),
-    /// The token the client sent, until the cell, asked at the next check,
-    /// verifies it and names its user: the proxy never takes a user from
-    /// a token itself.
-    Token(Arc<str>),
+    /// The token the client sent and when (unix ms), until the cell, asked
+    /// at the next check, verifies it as of then and names its user: the
+    /// proxy never takes a user from a token itself.
+    Token(Arc<str>, u64),
 }
 
 struct Entry {
@@ -206,13 +206,14 @@ impl ReadPermits {
                 checks: chunk
                     .iter()
                     .map(|((reader, range, admin), _)| {
-                        let (user, token) = match reader {
-                            Reader::User(user) => (user.to_string(), String::new()),
-                            Reader::Token(token) => (String::new(), token.to_string()),
+                        let (user, token, at_unix_ms) = match reader {
+                            Reader::User(user) => (user.to_string(), String::new(), 0),
+                            Reader::Token(token, at) => (String::new(), token.to_string(), *at),
                         };
                         ReadCheck {
                             user,
                             token,
+                            at_unix_ms,
                             key: range.start.clone(),
                             range_end: range.end.clone(),
                             admin: *admin,
@@ -246,8 +247,12 @@ impl ReadPermits {
                     match &refused {
                         None => {
                             entry.allowed_at = entry.allowed_at.max(at);
-                            // From now on, the user the cell named.
-                            entry.reader = Reader::User(user.clone());
+                            // From now on, the user the cell named, if it
+                            // answered on the newest auth records (else
+                            // the token is asked about again).
+                            if at >= version {
+                                entry.reader = Reader::User(user.clone());
+                            }
                         }
                         Some(why) => {
                             if let Some(revoke) = entry.revoke.take() {
