@@ -19,7 +19,7 @@ use futures::StreamExt;
 use latchkey_shared::etcdpb::{PbKeyValue, PbRangeRequest};
 use latchkey_shared::lock::election;
 use latchkey_shared::lock::queue::queue_key;
-use latchkey_shared::lock::Access;
+use latchkey_shared::lock::{Access, LockBackend};
 use latchkey_shared::v3electionpb::LeaderKey;
 use latchkey_shared::ApiError;
 use latchkey_shared::KeyRange;
@@ -249,12 +249,16 @@ pub async fn observe(
     State(state): State<Arc<ProxyState>>,
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
-    permit(&state, Access::Read, &KeyRange::prefix(name.as_bytes())).await?;
+    // Checked again when the cell's auth records change, as a watch is.
+    let backend = backend(&state);
+    let revoked = backend
+        .permit_stream(&Default::default(), &KeyRange::prefix(name.as_bytes()))
+        .await?;
     if name.is_empty() {
         return Err(ApiError::invalid("an election needs a name"));
     }
-    let leaders = election::observe(backend(&state), name.into_bytes());
-    let events = tokio_stream::wrappers::ReceiverStream::new(leaders).map(|observed| {
+    let leaders = election::observe_until(backend, name.into_bytes(), revoked);
+    let events = leaders.map(|observed| {
         Ok::<Event, std::convert::Infallible>(match observed {
             Ok((kv, header)) => event_of(
                 "leader",

@@ -16,7 +16,7 @@ use latchkey_shared::etcdpb::{
 };
 use latchkey_shared::idempotency::Guard;
 use latchkey_shared::lock::Access;
-use latchkey_shared::lock::LockBackend;
+use latchkey_shared::lock::{LockBackend, Revoked};
 use latchkey_shared::{ApiError, KeyRange};
 use std::sync::Arc;
 
@@ -46,6 +46,20 @@ impl LockBackend for UpstreamLocks {
         range: &'a KeyRange,
     ) -> BoxFuture<'a, Result<(), ApiError>> {
         Box::pin(permit(&self.state, access, range))
+    }
+
+    /// A client's Observe stands on a read permit, as its watches do:
+    /// checked again when the cell's auth records change, and counted in
+    /// its tenants' watch quotas.
+    fn permit_stream<'a>(
+        &'a self,
+        _metadata: &'a tonic::metadata::MetadataMap,
+        range: &'a KeyRange,
+    ) -> BoxFuture<'a, Result<Revoked, ApiError>> {
+        Box::pin(async move {
+            let mut permit = super::auth::read_permit(&self.state, range).await?;
+            Ok(Box::pin(async move { permit.revoked().await }) as Revoked)
+        })
     }
 
     fn txn(&self, req: PbTxnRequest) -> BoxFuture<'_, Result<PbTxnResponse, ApiError>> {

@@ -602,8 +602,8 @@ async fn http_tokens_and_permissions() {
 
 /// Watches the proxy serves from its own shared watch end when their
 /// client's permission goes: a worker's gRPC watch and its SSE watch on
-/// `jobs/` are cancelled with the cell's reason once its role loses
-/// `jobs/`, a root watch on the same range (the same shared watch) goes
+/// `jobs/`, and its observers of an election under it on both faces, end
+/// with the cell's reason once its role loses `jobs/`, a root watch on the same range (the same shared watch) goes
 /// on, and nothing written after the cancel reaches the worker. Then
 /// root's audit stream ends when root's role is taken from its user.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -644,6 +644,19 @@ async fn watches_through_a_proxy_end_when_their_permission_is_revoked() {
         .expect("SSE watch");
     assert_eq!(sse.status().as_u16(), 200);
     let mut sse = Box::pin(sse.bytes_stream());
+    // An election's observers on both faces stand on permits too.
+    let mut observed = worker.observe("jobs/e").await.expect("observe");
+    let observe_sse = http
+        .get(format!(
+            "http://{}/v1/elections/jobs%2Fe/observe",
+            proxy.http
+        ))
+        .bearer_auth(token(WORKER).await)
+        .send()
+        .await
+        .expect("SSE observe");
+    assert_eq!(observe_sse.status().as_u16(), 200);
+    let mut observe_sse = Box::pin(observe_sse.bytes_stream());
 
     root.put("jobs/seen", "1", None).await.expect("put");
     for events in [&mut worker_events, &mut root_events] {
@@ -674,6 +687,19 @@ async fn watches_through_a_proxy_end_when_their_permission_is_revoked() {
         ended.cancel_reason()
     );
     let refused = events(&mut sse, 1).await;
+    assert!(
+        refused[0].starts_with("event: error") && refused[0].contains("permission_denied"),
+        "{refused:?}"
+    );
+    let e = tokio::time::timeout(Duration::from_secs(10), observed.message())
+        .await
+        .expect("the gRPC observe ends within 10 s")
+        .expect_err("an error");
+    assert!(
+        e.to_string().contains("permission denied"),
+        "the observe stream: {e}"
+    );
+    let refused = events(&mut observe_sse, 1).await;
     assert!(
         refused[0].starts_with("event: error") && refused[0].contains("permission_denied"),
         "{refused:?}"

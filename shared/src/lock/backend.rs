@@ -20,7 +20,25 @@ pub enum Access {
     ReadWrite,
 }
 
+/// Resolves, with why, when a stream's caller may read no longer.
+pub type Revoked = BoxFuture<'static, ApiError>;
+
 pub trait LockBackend: Send + Sync + 'static {
+    /// As [`permit`](Self::permit) with [`Access::Read`], for a stream that
+    /// reads `range` as long as it lives (Observe), and what ends it when
+    /// the caller's permission goes. The default checks `permit` and never
+    /// ends it.
+    fn permit_stream<'a>(
+        &'a self,
+        metadata: &'a tonic::metadata::MetadataMap,
+        range: &'a KeyRange,
+    ) -> BoxFuture<'a, Result<Revoked, ApiError>> {
+        Box::pin(async move {
+            self.permit(metadata, Access::Read, range).await?;
+            Ok(Box::pin(std::future::pending()) as Revoked)
+        })
+    }
+
     /// Whether the caller of a Lock or Election call (its gRPC `metadata`)
     /// may `access` every key of `range`, checked before the call does
     /// anything. The default lets everyone through.

@@ -8,7 +8,7 @@
 use super::queue::{
     if_created_at, join, line, line_at, queue_range, read_at, wait_for_turn, within, Place,
 };
-use super::LockBackend;
+use super::{LockBackend, Revoked};
 use crate::etcdpb::{PbDeleteRequest, PbKeyValue, PbPutRequest, PbResponseHeader, PbTxnOpRequest};
 use crate::v3electionpb::LeaderKey;
 use crate::ApiError;
@@ -131,6 +131,27 @@ const OBSERVE_QUEUE: usize = 16;
 /// the receiver is dropped or after sending an error. Each change is read
 /// as of its own revision, so values proclaimed in quick succession are
 /// each seen, in order.
+/// The leaders [`observe`] sends, until `revoked` resolves: then its
+/// error, and the end.
+pub fn observe_until<B: LockBackend>(
+    backend: Arc<B>,
+    name: Vec<u8>,
+    revoked: Revoked,
+) -> impl futures::Stream<Item = Observed> + Send + 'static {
+    let leaders = observe(backend, name);
+    futures::stream::unfold(
+        (leaders, Some(revoked)),
+        |(mut leaders, revoked)| async move {
+            let mut revoked = revoked?;
+            tokio::select! {
+                biased;
+                why = &mut revoked => Some((Err(why), (leaders, None))),
+                next = leaders.recv() => next.map(|observed| (observed, (leaders, Some(revoked)))),
+            }
+        },
+    )
+}
+
 pub fn observe<B: LockBackend>(backend: Arc<B>, name: Vec<u8>) -> mpsc::Receiver<Observed> {
     let (tx, rx) = mpsc::channel(OBSERVE_QUEUE);
     tokio::spawn(async move {

@@ -29,7 +29,7 @@ pub mod mutex;
 pub mod queue;
 pub mod service;
 
-pub use backend::{Access, LockBackend};
+pub use backend::{Access, LockBackend, Revoked};
 pub use fenced::{FencedResource, StaleToken};
 pub use mutex::{acquire, release, Grant};
 pub use service::{ElectionService, LockService};

@@ -195,15 +195,16 @@ impl<B: LockBackend> Election for ElectionService<B> {
         request: Request<LeaderRequest>,
     ) -> Result<Response<Self::ObserveStream>, Status> {
         let queue = KeyRange::prefix(&request.get_ref().name);
-        self.backend
-            .permit(request.metadata(), Access::Read, &queue)
+        let revoked = self
+            .backend
+            .permit_stream(request.metadata(), &queue)
             .await?;
         let name = request.into_inner().name;
         if name.is_empty() {
             return Err(ApiError::invalid("an election needs a name").into());
         }
-        let leaders = election::observe(self.backend.clone(), name);
-        let answers = tokio_stream::wrappers::ReceiverStream::new(leaders).map(|observed| {
+        let leaders = election::observe_until(self.backend.clone(), name, revoked);
+        let answers = leaders.map(|observed| {
             observed
                 .map(|(kv, header)| LeaderResponse {
                     header: Some(header),
