@@ -86,6 +86,12 @@ pub enum Requester<U> {
     Unverified,
 }
 
+/// The tenants with a rate a request touches, as of one reading of them.
+pub struct Rated {
+    tenants: Arc<Vec<TenantRecord>>,
+    owners: Vec<usize>,
+}
+
 /// Whether any of `tenant`'s prefixes overlaps any of `ranges`.
 fn touches(tenant: &TenantRecord, ranges: &[KeyRange]) -> bool {
     tenant
@@ -109,11 +115,17 @@ impl TenantLimits {
         !self.tenants.load().is_empty()
     }
 
-    /// Whether a tenant with a request rate owns a key in `ranges`.
-    pub fn rated(&self, ranges: &[KeyRange]) -> bool {
-        self.tenants.load().iter().any(|t| {
-            (t.requests_per_second > 0 || t.user_requests_per_second > 0) && touches(t, ranges)
-        })
+    /// The tenants with a request rate that own a key in `ranges`, if
+    /// any: what [`charge_rated`](Self::charge_rated) charges.
+    pub fn rated(&self, ranges: &[KeyRange]) -> Option<Rated> {
+        let tenants = self.tenants.load_full();
+        let owners: Vec<usize> = (0..tenants.len())
+            .filter(|&i| {
+                let t = &tenants[i];
+                (t.requests_per_second > 0 || t.user_requests_per_second > 0) && touches(t, ranges)
+            })
+            .collect();
+        (!owners.is_empty()).then_some(Rated { tenants, owners })
     }
 
     /// The tenants as the cell has them now.
@@ -187,19 +199,20 @@ impl TenantLimits {
         requester: Requester<U>,
         now: Instant,
     ) -> Result<(), ApiError> {
-        let tenants = self.tenants.load();
-        if tenants.is_empty() {
-            return Ok(());
+        match self.rated(ranges) {
+            Some(rated) => self.charge_rated(&rated, requester, now),
+            None => Ok(()),
         }
-        let owners: Vec<&TenantRecord> = tenants
-            .iter()
-            .filter(|t| {
-                (t.requests_per_second > 0 || t.user_requests_per_second > 0) && touches(t, ranges)
-            })
-            .collect();
-        if owners.is_empty() {
-            return Ok(());
-        }
+    }
+
+    /// [`charge`](Self::charge) for the tenants `rated` found.
+    pub fn charge_rated<U: AsRef<str>>(
+        &self,
+        rated: &Rated,
+        requester: Requester<U>,
+        now: Instant,
+    ) -> Result<(), ApiError> {
+        let owners = rated.owners.iter().map(|&i| &rated.tenants[i]);
         let (user, unverified) = match &requester {
             Requester::Anyone => (None, false),
             Requester::User(user) => (Some(user.as_ref()), false),

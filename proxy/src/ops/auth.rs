@@ -179,12 +179,11 @@ pub async fn require_read(cell: &Cell, range: &KeyRange) -> Result<(), ApiError>
     if !cell.auth_may_be_on() {
         return Ok(());
     }
-    probe_read(cell, range).await.map(|_| ())
+    probe_read(cell, range).await
 }
 
-/// Asks the cell, as the client, to read `range`; the revision it
-/// allowed at.
-async fn probe_read(cell: &Cell, range: &KeyRange) -> Result<i64, ApiError> {
+/// Asks the cell, as the client, to read `range`.
+async fn probe_read(cell: &Cell, range: &KeyRange) -> Result<(), ApiError> {
     let token = client_token();
     let probe = PbRangeRequest {
         key: range.start.clone(),
@@ -194,7 +193,7 @@ async fn probe_read(cell: &Cell, range: &KeyRange) -> Result<i64, ApiError> {
         count_only: true,
         ..Default::default()
     };
-    let answer: PbRangeResponse = cell
+    let _: PbRangeResponse = cell
         .call_as(
             Who::Client(token.as_deref()),
             Route::Any,
@@ -203,7 +202,7 @@ async fn probe_read(cell: &Cell, range: &KeyRange) -> Result<i64, ApiError> {
             probe,
         )
         .await?;
-    Ok(answer.header.map_or(0, |h| h.revision))
+    Ok(())
 }
 
 /// The client may read `range`, which the proxy will watch for it as
@@ -255,7 +254,7 @@ enum Probed {
 }
 
 /// Runs `probe` unless the cell has authentication off.
-async fn probe<F: Future<Output = Result<i64, ApiError>>>(
+async fn probe<F: Future<Output = Result<(), ApiError>>>(
     state: &ProxyState,
     probe: impl FnOnce() -> F,
 ) -> Result<Probed, ApiError> {
@@ -313,14 +312,13 @@ pub async fn require_admin(cell: &Cell) -> Result<(), ApiError> {
     if !cell.auth_may_be_on() {
         return Ok(());
     }
-    probe_admin(cell).await.map(|_| ())
+    probe_admin(cell).await
 }
 
-/// Asks the cell, as the client, for something only root may; the
-/// revision it allowed at.
-async fn probe_admin(cell: &Cell) -> Result<i64, ApiError> {
+/// Asks the cell, as the client, for something only root may.
+async fn probe_admin(cell: &Cell) -> Result<(), ApiError> {
     let token = client_token();
-    let answer: AuthUserListResponse = cell
+    let _: AuthUserListResponse = cell
         .call_as(
             Who::Client(token.as_deref()),
             Route::Any,
@@ -329,7 +327,7 @@ async fn probe_admin(cell: &Cell) -> Result<i64, ApiError> {
             AuthUserListRequest {},
         )
         .await?;
-    Ok(answer.header.map_or(0, |h| h.revision))
+    Ok(())
 }
 
 /// The client is authenticated (keep-alives, which need nothing more).

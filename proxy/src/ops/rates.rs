@@ -42,14 +42,14 @@ pub async fn charge(
         return Ok(());
     }
     let ranges = ranges();
-    if !state.tenant_limits.rated(&ranges) {
+    let Some(rated) = state.tenant_limits.rated(&ranges) else {
         return Ok(());
-    }
+    };
     let first = ranges.first().map(|r| r.start.clone()).unwrap_or_default();
     let requester = requester(state, state.upstream.cell_for(&first)).await?;
     state
         .tenant_limits
-        .charge(&ranges, requester, Instant::now())
+        .charge_rated(&rated, requester, Instant::now())
 }
 
 /// Who this task's client is, as far as the cell has vouched.

@@ -8,9 +8,9 @@
 //! user's share. Every rise of the cell's auth version forgets them all (a
 //! user deleted, a password changed, authentication turned off and on).
 
+use dashmap::DashMap;
 use latchkey_shared::auth::token::{claims_of_accepted, now_unix_ms};
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// Tokens remembered at most (a token is a few hundred bytes); past it,
 /// the expired ones go, then all.
@@ -21,33 +21,30 @@ struct Accepted {
     expires_unix_ms: u64,
 }
 
+/// Sharded: every authenticated call through the proxy looks here, and no
+/// one lock is shared by all of them.
 #[derive(Default)]
 pub struct AcceptedTokens {
-    tokens: Mutex<HashMap<Arc<str>, Accepted>>,
+    tokens: DashMap<Arc<str>, Accepted>,
 }
 
 impl AcceptedTokens {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, Accepted>> {
-        self.tokens.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// The cell has just accepted `token`.
     pub fn remember(&self, token: &str) {
-        let mut tokens = self.lock();
-        if tokens.contains_key(token) {
+        if self.tokens.contains_key(token) {
             return;
         }
         let Some(claims) = claims_of_accepted(token) else {
             return;
         };
-        if tokens.len() >= MAX_TOKENS {
+        if self.tokens.len() >= MAX_TOKENS {
             let now = now_unix_ms();
-            tokens.retain(|_, a| a.expires_unix_ms > now);
-            if tokens.len() >= MAX_TOKENS {
-                tokens.clear();
+            self.tokens.retain(|_, a| a.expires_unix_ms > now);
+            if self.tokens.len() >= MAX_TOKENS {
+                self.tokens.clear();
             }
         }
-        tokens.insert(
+        self.tokens.insert(
             Arc::from(token),
             Accepted {
                 user: Arc::from(claims.user),
@@ -59,13 +56,12 @@ impl AcceptedTokens {
     /// The user `token` names, if the cell has accepted it and it has not
     /// expired.
     pub fn user(&self, token: &str) -> Option<Arc<str>> {
-        let tokens = self.lock();
-        let accepted = tokens.get(token)?;
+        let accepted = self.tokens.get(token)?;
         (accepted.expires_unix_ms > now_unix_ms()).then(|| accepted.user.clone())
     }
 
     pub fn forget_all(&self) {
-        self.lock().clear();
+        self.tokens.clear();
     }
 }
 

@@ -151,15 +151,6 @@ impl ReadPermits {
         }
     }
 
-    /// How many client watches hold a permit.
-    pub fn len(&self) -> usize {
-        self.lock().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// Checks permits again on every rise of `cell`'s auth version and
     /// every [`RECHECK_INTERVAL`], until `shutdown`.
     pub async fn run(self: Arc<Self>, cell: Cell, shutdown: CancellationToken) {
