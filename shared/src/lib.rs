@@ -62,6 +62,7 @@
 
 pub mod auth;
 pub mod client;
+pub mod directory;
 pub mod error;
 pub mod etcd_enums;
 pub mod etcd_methods;

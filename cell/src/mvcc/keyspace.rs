@@ -9,6 +9,7 @@ use super::image::{KeyHistory, KeySpaceImage};
 use super::tenants::TenantBook;
 use super::versions::{KvRef, Record, Version, Versions};
 use imbl::OrdMap;
+use latchkey_shared::directory::{Ownership, OWNERSHIP_KEY};
 use latchkey_shared::tenant::{self, TenantRecord, TENANT_PREFIX};
 use latchkey_shared::ApiError;
 use serde::{Deserialize, Serialize};
@@ -108,6 +109,10 @@ pub struct KeySpace {
     /// and delete, built again when a tenant's record changes. Never part
     /// of a snapshot.
     tenants: TenantBook,
+    /// Which keys this cell owns (DESIGN section 9), from its ownership
+    /// record; `None`: every key (no record, a cell on its own). Kept
+    /// when the record is written or deleted. Never part of a snapshot.
+    ownership: Option<Arc<Ownership>>,
 }
 
 /// An empty keyspace is at revision 1, as etcd's is: clients read a
@@ -123,6 +128,7 @@ impl Default for KeySpace {
             changes: Vec::new(),
             next_sub: (0, 0),
             tenants: TenantBook::default(),
+            ownership: None,
         }
     }
 }
@@ -143,6 +149,31 @@ impl KeySpace {
     /// The tenants and what each uses now.
     pub fn tenants(&self) -> &TenantBook {
         &self.tenants
+    }
+
+    /// What this cell owns, if a directory gave it an ownership record.
+    pub fn ownership(&self) -> Option<&Ownership> {
+        self.ownership.as_deref()
+    }
+
+    /// `wrong_cell` unless this cell owns every key from `key` to `end`
+    /// (etcd's `key` and `range_end`). Free while the cell owns everything.
+    pub fn check_owned(&self, key: &[u8], end: &[u8]) -> Result<(), ApiError> {
+        match &self.ownership {
+            None => Ok(()),
+            Some(o) => o.check(&KeyRange::new(key.to_vec(), end.to_vec())),
+        }
+    }
+
+    /// Reads the ownership record again. One that does not decode owns
+    /// nothing: a cell refuses what it cannot tell it owns.
+    fn reload_ownership(&mut self) {
+        self.ownership = self.get(OWNERSHIP_KEY).map(|kv| {
+            Arc::new(Ownership::decode(kv.value).unwrap_or_else(|e| {
+                tracing::error!(error = %e, "ownership record does not decode; owning no key");
+                Ownership::nothing()
+            }))
+        });
     }
 
     /// Builds the tenants' book again: their records, then every live key
@@ -350,6 +381,9 @@ impl KeySpace {
         if tenant::is_record(key) {
             self.rebuild_tenants();
         }
+        if key == OWNERSHIP_KEY {
+            self.reload_ownership();
+        }
         prev
     }
 
@@ -376,6 +410,9 @@ impl KeySpace {
         self.revision = self.revision.max(rev);
         if tenant::is_record(key) {
             self.rebuild_tenants();
+        }
+        if key == OWNERSHIP_KEY {
+            self.reload_ownership();
         }
         Some(prev)
     }
@@ -482,6 +519,7 @@ impl KeySpace {
             ks.keys.insert(key, versions);
         }
         ks.rebuild_tenants();
+        ks.reload_ownership();
         ks
     }
 }

@@ -37,6 +37,7 @@ pub(crate) fn check_range(keys: &KeySpace, req: &PbRangeRequest) -> Result<i64, 
         return Err(ApiError::key_not_provided());
     }
     Selection::<KvRef>::new(req)?;
+    keys.check_owned(&req.key, &req.range_end)?;
     keys.check_readable(req.revision)
 }
 

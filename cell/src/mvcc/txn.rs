@@ -44,15 +44,39 @@ fn check_put(kv: &Kv<'_>, req: &PbPutRequest) -> Result<(), ApiError> {
     if (req.ignore_value || req.ignore_lease) && kv.keys.get(&req.key).is_none() {
         return Err(ApiError::etcd(ErrorCode::KeyNotFound));
     }
+    kv.keys.check_owned(&req.key, &[])?;
     if req.lease != 0 && !kv.leases.contains(req.lease) {
         return Err(ApiError::lease_not_found(LeaseId(req.lease)));
     }
     Ok(())
 }
 
-fn check_delete(req: &PbDeleteRequest) -> Result<(), ApiError> {
+fn check_delete(kv: &Kv<'_>, req: &PbDeleteRequest) -> Result<(), ApiError> {
     if req.key.is_empty() {
         return Err(ApiError::key_not_provided());
+    }
+    kv.keys.check_owned(&req.key, &req.range_end)
+}
+
+/// `wrong_cell` unless this cell owns every key a txn names: its compares
+/// and every operation of both branches, nested ones too, whichever runs.
+fn check_txn_owned(keys: &KeySpace, req: &PbTxnRequest) -> Result<(), ApiError> {
+    if keys.ownership().is_none() {
+        return Ok(());
+    }
+    for c in &req.compare {
+        keys.check_owned(&c.key, &c.range_end)?;
+    }
+    for op in req.success.iter().chain(&req.failure) {
+        match &op.request {
+            Some(PbTxnOpRequest::RequestPut(p)) => keys.check_owned(&p.key, &[])?,
+            Some(PbTxnOpRequest::RequestDeleteRange(d)) => {
+                keys.check_owned(&d.key, &d.range_end)?
+            }
+            Some(PbTxnOpRequest::RequestRange(r)) => keys.check_owned(&r.key, &r.range_end)?,
+            Some(PbTxnOpRequest::RequestTxn(t)) => check_txn_owned(keys, t)?,
+            None => {}
+        }
     }
     Ok(())
 }
@@ -174,7 +198,7 @@ pub fn put(kv: &mut Kv<'_>, req: &PbPutRequest) -> Result<PbPutResponse, ApiErro
 }
 
 pub fn delete_range(kv: &mut Kv<'_>, req: &PbDeleteRequest) -> Result<PbDeleteResponse, ApiError> {
-    check_delete(req)?;
+    check_delete(kv, req)?;
     let rev = kv.keys.next_revision();
     Ok(do_delete(kv, rev, req))
 }
@@ -338,7 +362,7 @@ fn check_path(kv: &Kv<'_>, req: &PbTxnRequest, path: &TxnPath) -> Result<(), Api
     for op in branch {
         match &op.request {
             Some(PbTxnOpRequest::RequestPut(p)) => check_put(kv, p)?,
-            Some(PbTxnOpRequest::RequestDeleteRange(d)) => check_delete(d)?,
+            Some(PbTxnOpRequest::RequestDeleteRange(d)) => check_delete(kv, d)?,
             Some(PbTxnOpRequest::RequestRange(r)) => {
                 check_range(kv.keys, r)?;
             }
@@ -422,6 +446,7 @@ fn run_decided(
     req: &PbTxnRequest,
     path: &TxnPath,
 ) -> Result<PbTxnResponse, ApiError> {
+    check_txn_owned(kv.keys, req)?;
     check_path(kv, req, path)?;
     if !kv.keys.tenants().is_empty() {
         let mut deltas = Deltas::default();
@@ -857,5 +882,83 @@ pub(crate) mod tests {
         .expect("delete the record");
         assert!(kv.keys.tenants().is_empty());
         put(&mut kv, &put_req("a/4", "x")).expect("no quota now");
+    }
+
+    /// A cell with an ownership record refuses every write, read and txn
+    /// that names a key it does not own, whole and before any revision is
+    /// taken, and owns everything again once the record is deleted.
+    #[test]
+    fn a_cell_refuses_keys_its_ownership_record_does_not_give_it() {
+        use latchkey_shared::directory::{Ownership, OWNERSHIP_KEY};
+        use latchkey_shared::ErrorCode;
+        let (mut keys, mut leases) = (KeySpace::default(), LeaseTable::default());
+        let mut kv = Kv {
+            keys: &mut keys,
+            leases: &mut leases,
+        };
+        let record = Ownership {
+            version: 2,
+            rest: false,
+            prefixes: vec![b"jobs/".to_vec()],
+        };
+        let record_key = String::from_utf8(OWNERSHIP_KEY.to_vec()).unwrap();
+        put(
+            &mut kv,
+            &put_req(&record_key, std::str::from_utf8(&record.encode()).unwrap()),
+        )
+        .expect("the record");
+        put(&mut kv, &put_req("jobs/1", "x")).expect("an owned key");
+        let revision = kv.keys.revision();
+        let wrong = |r: Result<(), ApiError>, what: &str| {
+            assert_eq!(r.unwrap_err().code, ErrorCode::WrongCell, "{what}");
+        };
+        wrong(put(&mut kv, &put_req("config", "x")).map(drop), "put");
+        let delete = PbDeleteRequest {
+            key: b"jobs/".to_vec(),
+            range_end: b"k".to_vec(),
+            ..Default::default()
+        };
+        wrong(
+            delete_range(&mut kv, &delete).map(drop),
+            "delete past the prefix",
+        );
+        let read = PbRangeRequest {
+            key: b"a".to_vec(),
+            range_end: b"z".to_vec(),
+            ..Default::default()
+        };
+        wrong(crate::mvcc::range::range(kv.keys, &read).map(drop), "range");
+        let compare_elsewhere = PbTxnRequest {
+            compare: vec![cmp_value("config", "x")],
+            success: vec![op_put("jobs/2", "x")],
+            failure: vec![],
+        };
+        wrong(txn(&mut kv, &compare_elsewhere).map(drop), "txn compare");
+        let other_branch = PbTxnRequest {
+            compare: vec![],
+            success: vec![op_put("jobs/2", "x")],
+            failure: vec![op_put("config", "x")],
+        };
+        wrong(
+            txn(&mut kv, &other_branch).map(drop),
+            "txn branch not taken",
+        );
+        let nested = PbTxnRequest {
+            compare: vec![],
+            success: vec![op_txn(vec![op_range(read.clone())], vec![])],
+            failure: vec![],
+        };
+        wrong(txn(&mut kv, &nested).map(drop), "nested range");
+        assert_eq!(kv.keys.revision(), revision, "nothing was applied");
+        assert!(kv.keys.get(b"config").is_none());
+        delete_range(
+            &mut kv,
+            &PbDeleteRequest {
+                key: OWNERSHIP_KEY.to_vec(),
+                ..Default::default()
+            },
+        )
+        .expect("delete the record");
+        put(&mut kv, &put_req("config", "x")).expect("every key is owned again");
     }
 }

@@ -191,11 +191,19 @@ impl WatchStream {
             }
             Ok(caller) => {
                 self.caller = caller;
+                // A range the cell no longer owns (the directory moved it)
+                // is cancelled as a revoked one is: its client re-reads
+                // through the cell that owns it now.
+                let ownership = self.node.state.read(|s| s.keys.ownership().cloned());
                 let revoked: Vec<(i64, String)> = self
                     .watches
                     .iter()
                     .filter_map(|(id, w)| {
-                        let refused = self.caller.require(Need::Read, &w.range).err()?;
+                        let refused = self
+                            .caller
+                            .require(Need::Read, &w.range)
+                            .and_then(|()| ownership.as_ref().map_or(Ok(()), |o| o.check(&w.range)))
+                            .err()?;
                         Some((id, refused.grpc_message().to_string()))
                     })
                     .collect();
@@ -273,6 +281,13 @@ impl WatchStream {
 
     async fn create(&mut self, requested_id: i64, mut watch: Watch) -> Result<(), Gone> {
         if let Err(refused) = self.caller.require(Need::Read, &watch.range) {
+            return self.refuse(refused.grpc_message().to_string()).await;
+        }
+        let owned = self
+            .node
+            .state
+            .read(|s| s.keys.check_owned(&watch.range.start, &watch.range.end));
+        if let Err(refused) = owned {
             return self.refuse(refused.grpc_message().to_string()).await;
         }
         if self.watches.len() >= self.options.max_watches {

@@ -166,6 +166,14 @@ error_table! {
     WatchIdExists => "watch_id_exists", 409, FailedPrecondition,
         Some("mvcc: duplicate watch ID provided"), Never;
     InvalidArgument => "invalid_argument", 400, InvalidArgument, None, Never;
+    /// A request for keys this cell does not own: the directory of cells
+    /// (DESIGN section 9) routes them to another cell. Nothing was applied;
+    /// a proxy reads the directory again and routes the request there.
+    /// HTTP 421 Misdirected Request.
+    WrongCell => "wrong_cell", 421, FailedPrecondition, None, Never;
+    /// A request whose keys lie in more than one cell (a txn, a range or a
+    /// watch over prefixes of two cells): refused whole, never half-applied.
+    CrossCell => "cross_cell", 400, InvalidArgument, None, Never;
     /// A watcher fell behind its bounded buffer and was dropped so that it
     /// slows nobody else; it resumes from the revision the message names.
     WatchTooSlow => "watch_too_slow", 503, ResourceExhausted, None, Safe;

@@ -292,6 +292,16 @@ impl ApiError {
         ApiError::new(ErrorCode::LockTimeout, message)
     }
 
+    /// Keys this cell does not own (the directory routes them elsewhere).
+    pub fn wrong_cell(message: impl Into<String>) -> Self {
+        ApiError::new(ErrorCode::WrongCell, message)
+    }
+
+    /// Keys of more than one cell in one request.
+    pub fn cross_cell(message: impl Into<String>) -> Self {
+        ApiError::new(ErrorCode::CrossCell, message)
+    }
+
     pub fn quota_exceeded(message: impl Into<String>) -> Self {
         ApiError::new(ErrorCode::QuotaExceeded, message)
     }
@@ -604,6 +614,8 @@ mod tests {
                 ErrorCode::DuplicateKey => ApiError::duplicate_key(),
                 ErrorCode::WatchIdExists => ApiError::watch_id_exists(),
                 ErrorCode::InvalidArgument => ApiError::invalid("limit must not be negative"),
+                ErrorCode::WrongCell => ApiError::wrong_cell("keys of cell b"),
+                ErrorCode::CrossCell => ApiError::cross_cell("keys of cells b and home"),
                 ErrorCode::WatchTooSlow => ApiError::watch_too_slow(12),
                 ErrorCode::TooManyWatches => ApiError::too_many_watches("one stream", 10),
                 ErrorCode::AuthNotEnabled => ApiError::auth_not_enabled(),
