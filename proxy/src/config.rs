@@ -37,6 +37,12 @@ pub struct Config {
     #[arg(long, env = "LATCHKEY_REFRESH_TICK", default_value = "500ms", value_parser = humantime::parse_duration)]
     pub refresh_tick: Duration,
 
+    /// How often the proxy reads the directory of cells from the home cell
+    /// (the cell of --cells). It also reads it at once when a cell answers
+    /// that it no longer owns a request's keys.
+    #[arg(long, env = "LATCHKEY_DIRECTORY_INTERVAL", default_value = "500ms", value_parser = humantime::parse_duration)]
+    pub directory_interval: Duration,
+
     /// How long a client request may take, retries included (e.g. "5s").
     #[arg(long, env = "LATCHKEY_REQUEST_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
     pub request_timeout: Duration,
@@ -198,6 +204,9 @@ impl Config {
         }
         if self.refresh_tick < MIN_TICK {
             bail!("--refresh-tick must be at least {MIN_TICK:?}");
+        }
+        if self.directory_interval < MIN_TICK {
+            bail!("--directory-interval must be at least {MIN_TICK:?}");
         }
         if self.watch_buffer == 0 {
             bail!("--watch-buffer must be at least 1");

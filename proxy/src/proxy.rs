@@ -9,7 +9,7 @@ use crate::session::{KeepAliveBatcher, SessionTable};
 use crate::state::ProxyState;
 use crate::tls::ProxyTls;
 use crate::upstream::identity::Credentials;
-use crate::upstream::{CellClient, CellIdentity, LeaderTracker, Upstream};
+use crate::upstream::{CellClient, CellMaker, Upstream};
 use crate::watch::coalescer::Coalescer;
 use crate::{admin, grpc, http};
 use anyhow::Context;
@@ -62,8 +62,22 @@ impl Proxy {
         let metrics_addr = metrics_listener.local_addr();
 
         let lifecycle = Lifecycle::new();
-        let cell = CellClient::new(&cfg.cells, cfg.request_timeout, tls.upstream.as_ref())?;
-        let upstream = Upstream::new(vec![cell])?;
+        let proxy_key = match &cfg.proxy_key_file {
+            Some(path) => {
+                Some(latchkey_shared::auth::proxy_key::read_own(path).context("--proxy-key-file")?)
+            }
+            None => None,
+        };
+        let maker = CellMaker {
+            request_timeout: cfg.request_timeout,
+            tls: tls.upstream.clone(),
+            proxy_key,
+            credentials: read_credentials(&cfg)?,
+            lifecycle: lifecycle.clone(),
+        };
+        let home = CellClient::new(&cfg.cells, cfg.request_timeout, tls.upstream.as_ref())?;
+        let upstream = Arc::new(Upstream::new(home, Some(maker)));
+        upstream.start_home();
         let sessions = Arc::new(SessionTable::new());
         let coalescer = Coalescer::new(
             upstream.home().clone(),
@@ -92,23 +106,9 @@ impl Proxy {
             tenant_limits: Arc::new(crate::tenant_limits::TenantLimits::new(cfg.rate_share)),
             token_checks: crate::ops::rates::token_checks(),
         });
-        if let Some(path) = &cfg.proxy_key_file {
-            let key =
-                latchkey_shared::auth::proxy_key::read_own(path).context("--proxy-key-file")?;
-            for cell in state.upstream.cells() {
-                cell.own_credentials.set_proxy_key(Some(&key));
-            }
-        }
-        let credentials = read_credentials(&cfg)?;
-        for cell in state.upstream.cells() {
-            let tracker = LeaderTracker { cell: cell.clone() };
-            lifecycle.spawn_owned(|token| tracker.run(token));
-            let identity = CellIdentity {
-                cell: cell.clone(),
-                credentials: credentials.clone(),
-            };
-            lifecycle.spawn_owned(|token| identity.run(token));
-        }
+        let follower = state.upstream.clone();
+        let every = cfg.directory_interval;
+        lifecycle.spawn_owned(|token| crate::upstream::directory::follow(follower, every, token));
         let batcher = KeepAliveBatcher {
             table: sessions,
             stream: RefreshStream::new(cfg.cells.iter().cloned())?

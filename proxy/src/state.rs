@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub struct ProxyState {
-    pub upstream: Upstream,
+    pub upstream: Arc<Upstream>,
     pub sessions: Arc<SessionTable>,
     /// One shared upstream watch per distinct client watch.
     pub coalescer: Arc<Coalescer>,

@@ -70,6 +70,10 @@ pub struct Ownership {
     /// `false`: only the keys under `prefixes`.
     pub rest: bool,
     pub prefixes: Vec<Vec<u8>>,
+    /// Prefixes it still owns but takes no writes for: it is losing them,
+    /// and the change that moves them reads what they hold first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub leaving: Vec<Vec<u8>>,
 }
 
 fn show(bytes: &[u8]) -> String {
@@ -182,6 +186,7 @@ impl Directory {
         Ownership {
             version: self.version,
             rest,
+            leaving: Vec::new(),
             prefixes: self
                 .prefixes
                 .iter()
@@ -287,6 +292,7 @@ impl Ownership {
             version: 0,
             rest: false,
             prefixes: Vec::new(),
+            leaving: Vec::new(),
         }
     }
 
@@ -305,17 +311,42 @@ impl Ownership {
         }
     }
 
-    /// `wrong_cell` for `range` unless every key of it is this cell's.
-    pub fn check(&self, range: &KeyRange) -> Result<(), ApiError> {
+    /// This record with writes under `prefixes` refused from now on.
+    pub fn leaving(mut self, prefixes: Vec<Vec<u8>>) -> Ownership {
+        self.leaving = prefixes;
+        self
+    }
+
+    /// `wrong_cell` for a read (or watch) of `range` unless every key of it
+    /// is this cell's.
+    pub fn check_read(&self, range: &KeyRange) -> Result<(), ApiError> {
         if self.owns(range) {
             return Ok(());
         }
-        Err(ApiError::wrong_cell(format!(
+        Err(self.wrong(range))
+    }
+
+    /// `wrong_cell` for a write of `range` unless every key of it is this
+    /// cell's and none is leaving it.
+    pub fn check_write(&self, range: &KeyRange) -> Result<(), ApiError> {
+        let leaving = !is_reserved(&range.start)
+            && self
+                .leaving
+                .iter()
+                .any(|p| range.overlaps(&KeyRange::prefix(p)));
+        if self.owns(range) && !leaving {
+            return Ok(());
+        }
+        Err(self.wrong(range))
+    }
+
+    fn wrong(&self, range: &KeyRange) -> ApiError {
+        ApiError::wrong_cell(format!(
             "keys from {:?} are not in this cell (its directory version {}): the \
-                 directory routes them to another cell; nothing was applied",
+             directory routes them to another cell; nothing was applied",
             show(&range.start),
             self.version
-        )))
+        ))
     }
 }
 
@@ -462,10 +493,27 @@ mod tests {
             b.owns(&KeyRange::prefix(b"\0latchkey/audit/")),
             "own records"
         );
-        let e = b.check(&KeyRange::single(b"config".to_vec())).unwrap_err();
+        let e = b
+            .check_read(&KeyRange::single(b"config".to_vec()))
+            .unwrap_err();
         assert_eq!(e.code, ErrorCode::WrongCell);
         assert!(e.message.contains("version 3"), "{}", e.message);
         assert!(!Ownership::nothing().owns(&KeyRange::single(b"a".to_vec())));
+        let fenced = d.ownership_of("b").leaving(vec![b"jobs/".to_vec()]);
+        let job = KeyRange::single(b"jobs/1".to_vec());
+        assert!(fenced.check_read(&job).is_ok(), "a leaving prefix is read");
+        assert_eq!(
+            fenced.check_write(&job).unwrap_err().code,
+            ErrorCode::WrongCell
+        );
+        assert!(fenced
+            .check_write(&KeyRange::single(b"queue/1".to_vec()))
+            .is_ok());
+        assert!(fenced
+            .check_write(&KeyRange::prefix(b"\0latchkey/audit/"))
+            .is_ok());
+        let round = Ownership::decode(&fenced.encode()).unwrap();
+        assert_eq!(round, fenced);
     }
 
     #[test]

@@ -157,11 +157,21 @@ impl KeySpace {
     }
 
     /// `wrong_cell` unless this cell owns every key from `key` to `end`
-    /// (etcd's `key` and `range_end`). Free while the cell owns everything.
+    /// (etcd's `key` and `range_end`) for reading. Free while the cell owns
+    /// everything.
     pub fn check_owned(&self, key: &[u8], end: &[u8]) -> Result<(), ApiError> {
         match &self.ownership {
             None => Ok(()),
-            Some(o) => o.check(&KeyRange::new(key.to_vec(), end.to_vec())),
+            Some(o) => o.check_read(&KeyRange::new(key.to_vec(), end.to_vec())),
+        }
+    }
+
+    /// [`check_owned`](Self::check_owned) for writing: also refused for a
+    /// prefix the cell is losing.
+    pub fn check_owned_write(&self, key: &[u8], end: &[u8]) -> Result<(), ApiError> {
+        match &self.ownership {
+            None => Ok(()),
+            Some(o) => o.check_write(&KeyRange::new(key.to_vec(), end.to_vec())),
         }
     }
 

@@ -44,7 +44,7 @@ fn check_put(kv: &Kv<'_>, req: &PbPutRequest) -> Result<(), ApiError> {
     if (req.ignore_value || req.ignore_lease) && kv.keys.get(&req.key).is_none() {
         return Err(ApiError::etcd(ErrorCode::KeyNotFound));
     }
-    kv.keys.check_owned(&req.key, &[])?;
+    kv.keys.check_owned_write(&req.key, &[])?;
     if req.lease != 0 && !kv.leases.contains(req.lease) {
         return Err(ApiError::lease_not_found(LeaseId(req.lease)));
     }
@@ -55,7 +55,7 @@ fn check_delete(kv: &Kv<'_>, req: &PbDeleteRequest) -> Result<(), ApiError> {
     if req.key.is_empty() {
         return Err(ApiError::key_not_provided());
     }
-    kv.keys.check_owned(&req.key, &req.range_end)
+    kv.keys.check_owned_write(&req.key, &req.range_end)
 }
 
 /// `wrong_cell` unless this cell owns every key a txn names: its compares
@@ -69,9 +69,9 @@ fn check_txn_owned(keys: &KeySpace, req: &PbTxnRequest) -> Result<(), ApiError> 
     }
     for op in req.success.iter().chain(&req.failure) {
         match &op.request {
-            Some(PbTxnOpRequest::RequestPut(p)) => keys.check_owned(&p.key, &[])?,
+            Some(PbTxnOpRequest::RequestPut(p)) => keys.check_owned_write(&p.key, &[])?,
             Some(PbTxnOpRequest::RequestDeleteRange(d)) => {
-                keys.check_owned(&d.key, &d.range_end)?
+                keys.check_owned_write(&d.key, &d.range_end)?
             }
             Some(PbTxnOpRequest::RequestRange(r)) => keys.check_owned(&r.key, &r.range_end)?,
             Some(PbTxnOpRequest::RequestTxn(t)) => check_txn_owned(keys, t)?,
@@ -899,7 +899,8 @@ pub(crate) mod tests {
         let record = Ownership {
             version: 2,
             rest: false,
-            prefixes: vec![b"jobs/".to_vec()],
+            prefixes: vec![b"jobs/".to_vec(), b"queue/".to_vec()],
+            leaving: vec![b"queue/".to_vec()],
         };
         let record_key = String::from_utf8(OWNERSHIP_KEY.to_vec()).unwrap();
         put(
@@ -949,6 +950,16 @@ pub(crate) mod tests {
             failure: vec![],
         };
         wrong(txn(&mut kv, &nested).map(drop), "nested range");
+        wrong(
+            put(&mut kv, &put_req("queue/1", "x")).map(drop),
+            "a leaving prefix",
+        );
+        let leaving = PbRangeRequest {
+            key: b"queue/".to_vec(),
+            range_end: b"queue0".to_vec(),
+            ..Default::default()
+        };
+        crate::mvcc::range::range(kv.keys, &leaving).expect("a leaving prefix is read");
         assert_eq!(kv.keys.revision(), revision, "nothing was applied");
         assert!(kv.keys.get(b"config").is_none());
         delete_range(

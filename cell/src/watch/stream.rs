@@ -202,7 +202,11 @@ impl WatchStream {
                         let refused = self
                             .caller
                             .require(Need::Read, &w.range)
-                            .and_then(|()| ownership.as_ref().map_or(Ok(()), |o| o.check(&w.range)))
+                            .and_then(|()| {
+                                ownership
+                                    .as_ref()
+                                    .map_or(Ok(()), |o| o.check_read(&w.range))
+                            })
                             .err()?;
                         Some((id, refused.grpc_message().to_string()))
                     })

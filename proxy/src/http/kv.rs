@@ -139,7 +139,9 @@ pub async fn put_kv(
         ..Default::default()
     };
     let compares = preconditions(key.as_bytes(), &params)?;
-    let cell = state.upstream.cell_for(key.as_bytes());
+    let cell = state
+        .upstream
+        .route(&[KeyRange::single(key.as_bytes().to_vec())])?;
     let guard = idempotency::guard(&state, keyed.as_ref()).await?;
     if compares.is_empty() && guard.is_none() {
         let resp = ops::kv::put(&state, client, put)
@@ -162,7 +164,7 @@ pub async fn put_kv(
             })),
         }],
     };
-    let resp = match idempotency::txn(&state, client, cell, guard.as_ref(), txn)
+    let resp = match idempotency::txn(&state, client, &cell, guard.as_ref(), txn)
         .await
         .map_err(session_gone)?
     {

@@ -11,6 +11,7 @@
 //!   [`audit`]: force-release and the audit stream;
 //! - [`cluster`]: the cell behind the proxy, `/v1/cluster`;
 //! - [`tenants`]: `/v1/admin/tenants`, tenants' prefixes, quotas and use;
+//! - [`directory`]: `/v1/admin/directory`, which cell owns which prefix;
 //! - [`model`]: the JSON shapes and the bytes-in-JSON rule;
 //!   [`extract`]: extractors whose rejections are API errors.
 //!
@@ -21,6 +22,7 @@
 pub mod audit;
 pub mod auth;
 pub mod cluster;
+pub mod directory;
 pub mod elections;
 pub mod extract;
 pub mod kv;
@@ -70,6 +72,7 @@ pub fn answer<T>(value: T) -> Answer<T> {
         (name = "cluster", description = "The cell behind the proxy"),
         (name = "auth", description = "Tokens: a user name and password for a token sent as Authorization: Bearer"),
         (name = "tenants", description = "Tenants: key prefixes with quotas on their keys and bytes (root only with authentication on)"),
+        (name = "directory", description = "The directory of cells: which cell owns which key prefix (root only with authentication on)"),
         (name = "service", description = "The API document and health")
     )
 )]
@@ -98,6 +101,9 @@ pub fn routes() -> (Router<Arc<ProxyState>>, serde_json::Value) {
         .routes(routes!(cluster::status))
         .routes(routes!(tenants::list))
         .routes(routes!(tenants::get, tenants::put, tenants::delete))
+        .routes(routes!(directory::show))
+        .routes(routes!(directory::add_cell))
+        .routes(routes!(directory::assign))
         .routes(routes!(auth::token))
         .routes(routes!(openapi_json))
         .routes(routes!(healthz))
@@ -209,7 +215,7 @@ mod tests {
         let addr = closed.local_addr().expect("addr").to_string();
         drop(closed);
         let cell = CellClient::new(&[addr], Duration::from_millis(300), None).expect("cell");
-        let upstream = Upstream::new(vec![cell]).expect("upstream");
+        let upstream = Arc::new(Upstream::new(cell, None));
         let coalescer =
             crate::watch::coalescer::Coalescer::new(upstream.home().clone(), 8, 8, 1 << 20);
         let cache = crate::cache::ReadCache::new(coalescer.clone(), upstream.home().clone(), 0);

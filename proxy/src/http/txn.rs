@@ -282,14 +282,11 @@ pub async fn txn(
             .map(op_pb)
             .collect::<Result<_, _>>()?,
     };
-    let key = request
-        .compare
-        .first()
-        .map(|c| c.key.clone())
-        .unwrap_or_default();
-    let cell = state.upstream.cell_for(&key);
+    let cell = state
+        .upstream
+        .route(&crate::ops::rates::txn_ranges(&request))?;
     let guard = idempotency::guard(&state, keyed.as_ref()).await?;
-    match idempotency::txn(&state, client, cell, guard.as_ref(), request)
+    match idempotency::txn(&state, client, &cell, guard.as_ref(), request)
         .await
         .map_err(session_gone)?
     {
@@ -298,7 +295,7 @@ pub async fn txn(
             if let Some(guard) = &guard {
                 let stored = serde_json::to_value(&done)
                     .map_err(|e| ApiError::internal(format!("a txn answer did not encode: {e}")))?;
-                idempotency::remember(cell, guard, done.revision, done.succeeded, stored).await;
+                idempotency::remember(&cell, guard, done.revision, done.succeeded, stored).await;
             }
             answer(done)
         }

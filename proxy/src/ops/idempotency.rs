@@ -91,6 +91,14 @@ pub async fn txn(
 ) -> Result<Committed, ApiError> {
     // The client's own operations; the guard's record is ours to write.
     latchkey_shared::reserved::check_txn(&txn)?;
+    let home = std::sync::Arc::ptr_eq(cell, state.upstream.home());
+    if guard.is_some() && !home {
+        // The record lives on the retention lease, which is the home cell's.
+        return Err(ApiError::invalid(
+            "an Idempotency-Key is served for the home cell's keys only: these keys are \
+             another cell's (send the write without the key, or read before retrying)",
+        ));
+    }
     let committed = match guard {
         None => {
             let token = super::auth::client_token();
@@ -117,7 +125,9 @@ pub async fn txn(
         Committed::Now(resp) => resp.header.as_ref().map_or(0, |h| h.revision),
         Committed::Before(_, header) => header.revision,
     };
-    super::kv::wrote(state, client, revision);
+    if home {
+        super::kv::wrote(state, client, revision);
+    }
     Ok(committed)
 }
 

@@ -11,15 +11,18 @@ use crate::chaos::{broken, Defect};
 use crate::metrics_catalog::{CACHE_HITS, CACHE_MISSES};
 use crate::ops::auth::client_token;
 use crate::state::ProxyState;
-use crate::upstream::{Kind, Route, Who};
+use crate::upstream::cell_client::HasHeader;
+use crate::upstream::{Cell, Kind, Route, Who};
 use latchkey_shared::etcd_methods::kv::RANGE;
 use latchkey_shared::etcd_methods::kv::{COMPACT, DELETE_RANGE, PUT, TXN};
 use latchkey_shared::etcdpb::{
     PbCompactionRequest, PbCompactionResponse, PbDeleteRequest, PbDeleteResponse, PbPutRequest,
     PbPutResponse, PbRangeRequest, PbRangeResponse, PbTxnRequest, PbTxnResponse,
 };
+use latchkey_shared::key_range::KeyRange;
 use latchkey_shared::{reserved, ApiError};
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 pub fn revision_of(resp: &PbRangeResponse) -> i64 {
     resp.header.as_ref().map_or(0, |h| h.revision)
@@ -32,19 +35,36 @@ pub async fn range(
     req: PbRangeRequest,
 ) -> Result<PbRangeResponse, ApiError> {
     super::rates::charge(state, || super::rates::range(&req.key, &req.range_end)).await?;
-    let cell = state.upstream.cell_for(&req.key);
+    let ranges = super::rates::range(&req.key, &req.range_end);
+    state
+        .upstream
+        .routed(&ranges, |cell| range_in(state, client, cell, req.clone()))
+        .await
+}
+
+/// [`range`] in `cell`. The read cache and the clients' floors hold the
+/// home cell's revisions only: another cell's reads are forwarded.
+async fn range_in(
+    state: &ProxyState,
+    client: Option<SocketAddr>,
+    cell: Cell,
+    req: PbRangeRequest,
+) -> Result<PbRangeResponse, ApiError> {
     let token = client_token();
     let who = Who::Client(token.as_deref());
+    let home = Arc::ptr_eq(&cell, state.upstream.home());
     // With authentication on, a read goes to the cell as the client, which
     // checks it: the cache holds what the proxy may read, not the client.
-    if !req.serializable || cell.auth_may_be_on() {
+    if !req.serializable || cell.auth_may_be_on() || !home {
         let route = if req.serializable {
             Route::Any
         } else {
             Route::Leader
         };
         let resp: PbRangeResponse = cell.call_as(who, route, Kind::Read, RANGE, req).await?;
-        state.floors.raise(client, revision_of(&resp));
+        if home {
+            state.floors.raise(client, revision_of(&resp));
+        }
         return Ok(resp);
     }
     let floor = state.floors.floor(client);
@@ -85,18 +105,8 @@ pub async fn put(
 ) -> Result<PbPutResponse, ApiError> {
     reserved::check_put(&req)?;
     super::rates::charge(state, || super::rates::key(&req.key)).await?;
-    let cell = state.upstream.cell_for(&req.key);
-    let token = client_token();
-    let who = Who::Client(token.as_deref());
-    let resp: PbPutResponse = cell
-        .call_as(who, Route::Leader, Kind::Write, PUT, req)
-        .await?;
-    wrote(
-        state,
-        client,
-        resp.header.as_ref().map_or(0, |h| h.revision),
-    );
-    Ok(resp)
+    let ranges = super::rates::key(&req.key);
+    write(state, client, &ranges, PUT, req).await
 }
 
 pub async fn delete_range(
@@ -106,21 +116,45 @@ pub async fn delete_range(
 ) -> Result<PbDeleteResponse, ApiError> {
     reserved::check_delete(&req)?;
     super::rates::charge(state, || super::rates::range(&req.key, &req.range_end)).await?;
-    let cell = state.upstream.cell_for(&req.key);
+    let ranges = super::rates::range(&req.key, &req.range_end);
+    write(state, client, &ranges, DELETE_RANGE, req).await
+}
+
+/// A client's write of `ranges` to the leader of the one cell that owns
+/// them (`cross_cell` when they span cells), as the client; a home-cell
+/// answer's revision becomes the client's floor (read-your-writes).
+async fn write<Req, Resp>(
+    state: &ProxyState,
+    client: Option<SocketAddr>,
+    ranges: &[KeyRange],
+    path: &'static str,
+    req: Req,
+) -> Result<Resp, ApiError>
+where
+    Req: prost::Message + Clone + Send + Sync + 'static,
+    Resp: prost::Message + Default + Send + Sync + HasHeader + 'static,
+{
     let token = client_token();
     let who = Who::Client(token.as_deref());
-    let resp: PbDeleteResponse = cell
-        .call_as(who, Route::Leader, Kind::Write, DELETE_RANGE, req)
+    let (cell, resp) = state
+        .upstream
+        .routed(ranges, |cell| {
+            let req = req.clone();
+            async move {
+                let resp: Resp = cell
+                    .call_as(who, Route::Leader, Kind::Write, path, req)
+                    .await?;
+                Ok((cell, resp))
+            }
+        })
         .await?;
-    wrote(
-        state,
-        client,
-        resp.header.as_ref().map_or(0, |h| h.revision),
-    );
+    if Arc::ptr_eq(&cell, state.upstream.home()) {
+        wrote(state, client, resp.header().map_or(0, |h| h.revision));
+    }
     Ok(resp)
 }
 
-/// A txn goes to the cell of its first compare's key.
+/// A txn goes to the one cell that owns every key it names.
 pub async fn txn(
     state: &ProxyState,
     client: Option<SocketAddr>,
@@ -128,23 +162,8 @@ pub async fn txn(
 ) -> Result<PbTxnResponse, ApiError> {
     reserved::check_txn(&req)?;
     super::rates::charge(state, || super::rates::txn_ranges(&req)).await?;
-    let key = req
-        .compare
-        .first()
-        .map(|c| c.key.clone())
-        .unwrap_or_default();
-    let cell = state.upstream.cell_for(&key);
-    let token = client_token();
-    let who = Who::Client(token.as_deref());
-    let resp: PbTxnResponse = cell
-        .call_as(who, Route::Leader, Kind::Write, TXN, req)
-        .await?;
-    wrote(
-        state,
-        client,
-        resp.header.as_ref().map_or(0, |h| h.revision),
-    );
-    Ok(resp)
+    let ranges = super::rates::txn_ranges(&req);
+    write(state, client, &ranges, TXN, req).await
 }
 
 /// `client` was answered a write (or a txn) at `revision`: its later

@@ -10,6 +10,9 @@
 //! - [`auth`]: the client's token, carried on calls made on its behalf,
 //!   and the probes that ask the cell whether the client may do what the
 //!   proxy is about to do for it with its own identity.
+//! - [`directory`]: an operator's changes to the directory of cells (add
+//!   a cell, assign a prefix), each cell told what it owns before the
+//!   directory changes.
 //! - [`kv`]: ranges (read cache, client floors, member), puts, deletes,
 //!   txns and compaction.
 //! - [`lease`]: grant and revoke with the session table kept in step;
@@ -21,6 +24,7 @@
 //! - [`rates`]: a request charged to its key's tenant's request rates.
 
 pub mod auth;
+pub mod directory;
 pub mod idempotency;
 pub mod kv;
 pub mod lease;

@@ -46,7 +46,7 @@ pub async fn charge(
         return Ok(());
     };
     let first = ranges.first().map(|r| r.start.clone()).unwrap_or_default();
-    let requester = requester(state, state.upstream.cell_for(&first)).await?;
+    let requester = requester(state, &state.upstream.cell_for(&first)).await?;
     state
         .tenant_limits
         .charge_rated(&rated, requester, Instant::now())

@@ -9,59 +9,194 @@
 //!   it has authentication on and keeps the proxy's own token fresh.
 //! - [`accepted_tokens`]: the client tokens a cell accepted, with their
 //!   users, for what the proxy does per user before it asks the cell.
+//! - [`directory`]: [`CellMaker`] and what a proxy does with the directory
+//!   of cells (DESIGN section 9): follows it and routes by it.
 //!
-//! [`Upstream`] holds the cells by cell id. A proxy fronts one cell today;
-//! DESIGN section 9 routes each tenant (top-level key prefix) to its cell,
-//! so callers ask [`Upstream::cell_for`] with the key they serve instead of
-//! assuming there is only one.
+//! [`Upstream`] holds the cells by name: the home cell (`--cells`, which
+//! holds the directory and every key no prefix assigns elsewhere) and the
+//! cells the directory names. Callers ask [`Upstream::cell_for`] or
+//! [`Upstream::route`] with the keys they serve, and send through
+//! [`Upstream::routed`], which routes again once when a cell answers
+//! `wrong_cell` (a directory change this proxy had not seen yet).
 
 pub mod accepted_tokens;
 pub mod cell_client;
+pub mod directory;
 pub mod identity;
 pub mod leader_tracker;
 
 pub use cell_client::{Cell, CellClient, Kind, Route, Who};
+pub use directory::CellMaker;
 pub use identity::CellIdentity;
 pub use leader_tracker::LeaderTracker;
 
-use std::sync::Arc;
+use latchkey_shared::directory::{Directory, HOME};
+use latchkey_shared::key_range::KeyRange;
+use latchkey_shared::{ApiError, ErrorCode};
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+
+/// The directory this proxy routes by, with a client for each cell it
+/// names. Replaced whole on every change.
+pub struct Routes {
+    pub directory: Directory,
+    /// Every cell by name, home included.
+    cells: BTreeMap<String, Cell>,
+}
 
 pub struct Upstream {
-    /// Every cell this proxy fronts, in configuration order.
-    cells: Vec<Cell>,
+    home: Cell,
+    routes: RwLock<Arc<Routes>>,
+    /// Makes clients for cells the directory adds; `None` in unit tests
+    /// that have no directory.
+    maker: Option<CellMaker>,
+    /// One directory read at a time.
+    refreshing: tokio::sync::Mutex<()>,
+    /// Clients of the other cells, by their endpoints.
+    made: std::sync::Mutex<BTreeMap<Vec<String>, Cell>>,
 }
 
 impl Upstream {
-    /// The cells, at least one.
-    pub fn new(cells: Vec<CellClient>) -> Result<Upstream, latchkey_shared::ApiError> {
-        if cells.is_empty() {
-            return Err(latchkey_shared::ApiError::invalid("no cell given"));
+    /// The home cell alone, until the directory is read.
+    pub fn new(home: CellClient, maker: Option<CellMaker>) -> Upstream {
+        let home: Cell = Arc::new(home);
+        let cells = BTreeMap::from([(HOME.to_string(), home.clone())]);
+        Upstream {
+            home,
+            routes: RwLock::new(Arc::new(Routes {
+                directory: Directory::default(),
+                cells,
+            })),
+            maker,
+            refreshing: tokio::sync::Mutex::new(()),
+            made: Default::default(),
         }
-        Ok(Upstream {
-            cells: cells.into_iter().map(Arc::new).collect(),
-        })
     }
 
-    /// The cell that holds `key`. With one cell that is always it; with
-    /// several, the tenant map of DESIGN section 9 decides.
-    pub fn cell_for(&self, _key: &[u8]) -> &Cell {
-        &self.cells[0]
+    /// Starts the home cell's tasks (leader, identity), as for every cell
+    /// the directory adds.
+    pub fn start_home(&self) {
+        if let Some(maker) = &self.maker {
+            maker.start(&self.home);
+        }
     }
 
-    /// The cell for requests that name no key (leases, membership, status).
-    /// Leases are cell-wide, so with several cells a lease id would carry
-    /// its cell; with one it is the one.
+    /// The directory and cells as they are now.
+    pub fn routes(&self) -> Arc<Routes> {
+        self.routes.read().expect("routes lock").clone()
+    }
+
+    /// The cell that holds `key`.
+    pub fn cell_for(&self, key: &[u8]) -> Cell {
+        let routes = self.routes();
+        routes.cell(routes.directory.owner_of(key))
+    }
+
+    /// The one cell that holds every key of `ranges`, or `cross_cell`.
+    pub fn route<'a>(
+        &self,
+        ranges: impl IntoIterator<Item = &'a KeyRange>,
+    ) -> Result<Cell, ApiError> {
+        let routes = self.routes();
+        let name = routes.directory.route(ranges)?;
+        Ok(routes.cell(name))
+    }
+
+    /// Sends with `send` to the cell of `ranges`; when that cell answers
+    /// `wrong_cell`, reads the directory again and, if it changed, routes
+    /// and sends once more. A cell refuses what it does not own before it
+    /// applies anything, so the second send never doubles a write.
+    pub async fn routed<T, F, Fut>(&self, ranges: &[KeyRange], send: F) -> Result<T, ApiError>
+    where
+        F: Fn(Cell) -> Fut,
+        Fut: std::future::Future<Output = Result<T, ApiError>>,
+    {
+        let seen = self.routes().directory.version;
+        match send(self.route(ranges)?).await {
+            Err(e) if e.code == ErrorCode::WrongCell => {
+                self.refresh().await?;
+                if self.routes().directory.version == seen {
+                    return Err(e);
+                }
+                send(self.route(ranges)?).await
+            }
+            other => other,
+        }
+    }
+
+    /// The home cell: the directory's, and the one for requests that name
+    /// no key (leases, membership, status, auth).
     pub fn home(&self) -> &Cell {
-        &self.cells[0]
+        &self.home
     }
 
-    pub fn cells(&self) -> &[Cell] {
-        &self.cells
+    /// Every cell the directory names, home first.
+    pub fn cells(&self) -> Vec<Cell> {
+        let routes = self.routes();
+        let mut cells = vec![self.home.clone()];
+        cells.extend(
+            routes
+                .cells
+                .iter()
+                .filter(|(name, _)| name.as_str() != HOME)
+                .map(|(_, c)| c.clone()),
+        );
+        cells
+    }
+
+    /// The client of the cell at `endpoints`, made once per set of
+    /// endpoints and kept (a directory change uses it before the proxies
+    /// route by the directory that names it).
+    pub fn client(&self, endpoints: &[String]) -> Result<Cell, ApiError> {
+        let mut made = self.made.lock().expect("cell clients lock");
+        if let Some(cell) = made.get(endpoints) {
+            return Ok(cell.clone());
+        }
+        let maker = self
+            .maker
+            .as_ref()
+            .ok_or_else(|| ApiError::internal("a directory, but no way to reach its cells"))?;
+        let cell = maker.make(endpoints)?;
+        made.insert(endpoints.to_vec(), cell.clone());
+        Ok(cell)
+    }
+
+    /// A client of the cell at `endpoints` for a few calls: it starts no
+    /// tasks and nothing keeps it.
+    pub fn probe(
+        &self,
+        endpoints: &[String],
+        timeout: std::time::Duration,
+    ) -> Result<CellClient, ApiError> {
+        let tls = self.maker.as_ref().and_then(|m| m.tls.as_ref());
+        CellClient::new(endpoints, timeout, tls)
+    }
+
+    /// Reads the directory from the home cell and, when it is newer than
+    /// the one routed by, routes by it from now on (making clients for the
+    /// cells it adds). Returns the version routed by.
+    pub async fn refresh(&self) -> Result<u64, ApiError> {
+        let _one = self.refreshing.lock().await;
+        let Some(directory) = directory::read(&self.home).await? else {
+            return Ok(self.routes().directory.version);
+        };
+        let current = self.routes();
+        if directory.version <= current.directory.version {
+            return Ok(current.directory.version);
+        }
+        let mut cells = BTreeMap::from([(HOME.to_string(), self.home.clone())]);
+        for (name, endpoints) in &directory.cells {
+            cells.insert(name.clone(), self.client(endpoints)?);
+        }
+        let version = directory.version;
+        tracing::info!(version, cells = cells.len(), "routing by a new directory");
+        *self.routes.write().expect("routes lock") = Arc::new(Routes { directory, cells });
+        Ok(version)
     }
 
     /// Whether every cell has a known leader that answers.
     pub fn not_ready(&self) -> Option<String> {
-        self.cells.iter().find_map(|cell| match cell.leader() {
+        self.cells().iter().find_map(|cell| match cell.leader() {
             None => Some(format!(
                 "no leader known for the cell at {}",
                 cell.members
@@ -76,5 +211,26 @@ impl Upstream {
             )),
             Some(_) => None,
         })
+    }
+}
+
+impl Routes {
+    /// The client for cell `name`; home for a name it has none for (the
+    /// directory names only cells it has clients for, so that is never
+    /// the case but for a bug).
+    fn cell(&self, name: &str) -> Cell {
+        self.cells
+            .get(name)
+            .or_else(|| self.cells.get(HOME))
+            .expect("home is always a cell")
+            .clone()
+    }
+
+    /// The name the directory gives `cell`.
+    pub fn name_of(&self, cell: &Cell) -> &str {
+        self.cells
+            .iter()
+            .find(|(_, c)| Arc::ptr_eq(c, cell))
+            .map_or(HOME, |(name, _)| name.as_str())
     }
 }

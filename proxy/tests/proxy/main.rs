@@ -21,6 +21,7 @@ mod t84_partition;
 mod t90_tls;
 mod t95_auth;
 mod t96_tenants;
+mod t97_cells;
 
 use latchkey_shared::etcdpb::{PbWatchRequest, PbWatchResponse};
 use std::path::Path;

@@ -1,0 +1,254 @@
+//! Several cells behind the proxies (DESIGN section 9): the directory
+//! says which cell owns which prefix; the proxies route every KV request to
+//! that cell, refuse one that spans cells, and a request routed by a proxy
+//! that has not seen a change is refused by the old cell (nothing applied
+//! there) and routed again.
+
+use crate::{member_addrs, proxy_bin};
+use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
+use latchkey_testkit::auth_matrix::{code, connect_anonymous};
+use latchkey_testkit::{cell_binary, Cluster, ProxyProcess};
+use serde_json::{json, Value};
+use tonic::Code;
+
+/// `key` as a member of `cluster` holds it, or the code it refuses with
+/// (`FailedPrecondition`: the cell does not own the key).
+async fn value_in(cluster: &Cluster, key: &str) -> Result<Option<String>, Code> {
+    let mut client = connect_anonymous(&format!("http://{}", cluster.members[0].client)).await;
+    let resp = client
+        .get(key, Some(GetOptions::new().with_serializable()))
+        .await
+        .map_err(|e| code(&e))?;
+    Ok(resp
+        .kvs()
+        .first()
+        .map(|kv| kv.value_str().expect("utf-8").to_string()))
+}
+
+/// `key` once a member of `cluster` has applied its put (serializable
+/// reads of a follower may lag the leader's answer by a moment).
+async fn eventually_in(cluster: &Cluster, key: &str) -> Option<String> {
+    for _ in 0..50 {
+        if let Ok(Some(v)) = value_in(cluster, key).await {
+            return Some(v);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    None
+}
+
+/// A directory change through proxy `p`: `PUT /v1/admin/directory{path}`
+/// with `body`; the answer's status and body.
+async fn change(p: &ProxyProcess, path: &str, body: Value) -> (u16, Value) {
+    let resp = reqwest::Client::new()
+        .put(format!("http://{}/v1/admin/directory{path}", p.http))
+        .json(&body)
+        .send()
+        .await
+        .expect("directory change");
+    let status = resp.status().as_u16();
+    (status, resp.json().await.expect("json"))
+}
+
+/// The revision of `cluster` (its leader's): every write raises it.
+async fn revision_of(cluster: &Cluster) -> i64 {
+    let endpoints: Vec<String> = member_addrs(cluster)
+        .iter()
+        .map(|a| format!("http://{a}"))
+        .collect();
+    let mut client = etcd_client::Client::connect(endpoints, None)
+        .await
+        .expect("connect");
+    let resp = client
+        .get("config/a", None)
+        .await
+        .expect("linearizable read");
+    resp.header().expect("header").revision()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_go_to_the_cell_that_owns_their_prefix() {
+    let home = Cluster::start(cell_binary(), 3, &[]).await;
+    let other = Cluster::start(cell_binary(), 3, &[]).await;
+    let p1 = ProxyProcess::start(proxy_bin(), &member_addrs(&home), &[]).await;
+    // Reads the directory only when a cell refuses a request's keys.
+    let p2 = ProxyProcess::start(
+        proxy_bin(),
+        &member_addrs(&home),
+        &["--directory-interval", "1h"],
+    )
+    .await;
+    let http = reqwest::Client::new();
+
+    // p2 routes by the empty directory it read at its start.
+    let mut c2 = connect_anonymous(&format!("http://{}", p2.grpc)).await;
+    c2.put("config/a", "1", None).await.expect("put through p2");
+
+    let (status, body) = change(&p1, "/cells/b", json!({"endpoints": member_addrs(&other)})).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["version"], 1, "{body}");
+    assert_eq!(body["cells"][0]["name"], "b", "{body}");
+
+    // The home cell again under another name, or a cell that does not
+    // answer, is not added.
+    let (status, body) = change(&p1, "/cells/c", json!({"endpoints": member_addrs(&home)})).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("are cell \"home\"")),
+        "{body}"
+    );
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let nobody = closed.local_addr().expect("addr").to_string();
+    drop(closed);
+    let (status, body) = change(&p1, "/cells/c", json!({"endpoints": [nobody]})).await;
+    assert_eq!(status, 412, "{body}");
+
+    // A prefix holding keys in its owner is not assigned (no keys move).
+    let mut c1 = connect_anonymous(&format!("http://{}", p1.grpc)).await;
+    c1.put("jobs/0", "x", None).await.expect("put");
+    let (status, body) = change(&p1, "/prefixes", json!({"prefix": "jobs/", "cell": "b"})).await;
+    assert_eq!(status, 412, "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("holds 1 keys in cell home")),
+        "{body}"
+    );
+    c1.put("config/b", "2", None)
+        .await
+        .expect("home still owns it all");
+    c1.delete("jobs/0", None).await.expect("delete");
+    let (status, body) = change(&p1, "/prefixes", json!({"prefix": "jobs/", "cell": "b"})).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["version"], 2, "{body}");
+    assert_eq!(body["prefixes"], json!([{"prefix": "jobs/", "cell": "b"}]));
+
+    // Through p1, which made the change: each key in its cell only.
+    c1.put("jobs/1", "in b", None).await.expect("put jobs/1");
+    c1.put("config/c", "in home", None)
+        .await
+        .expect("put config/c");
+    assert_eq!(
+        eventually_in(&other, "jobs/1").await.as_deref(),
+        Some("in b")
+    );
+    let not_owned = Err(Code::FailedPrecondition);
+    assert_eq!(
+        value_in(&home, "jobs/1").await,
+        not_owned,
+        "home refuses b's keys"
+    );
+    assert_eq!(
+        eventually_in(&home, "config/c").await.as_deref(),
+        Some("in home")
+    );
+    assert_eq!(value_in(&other, "config/c").await, not_owned);
+    let got = http
+        .get(format!("http://{}/v1/kv/jobs/1", p1.http))
+        .send()
+        .await
+        .expect("http get");
+    let body: Value = got.json().await.expect("json");
+    assert_eq!(body["kvs"][0]["value"], "in b", "{body}");
+
+    // p2 has not read the directory since: it sends jobs/2 to home, which
+    // refuses it; p2 reads the directory and puts it in b.
+    let home_revision = revision_of(&home).await;
+    c2.put("jobs/2", "routed again", None)
+        .await
+        .expect("put through the proxy that had not seen the change");
+    assert_eq!(
+        eventually_in(&other, "jobs/2").await.as_deref(),
+        Some("routed again")
+    );
+    assert_eq!(
+        revision_of(&home).await,
+        home_revision,
+        "nothing was applied in home"
+    );
+    let body: Value = http
+        .get(format!("http://{}/v1/admin/directory", p2.http))
+        .send()
+        .await
+        .expect("show")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(body["version"], 2, "p2 routes by the new directory: {body}");
+    for c in [&mut c1, &mut c2] {
+        let got = c
+            .get("jobs/", Some(GetOptions::new().with_prefix()))
+            .await
+            .expect("range of b's prefix");
+        assert_eq!(got.kvs().len(), 2, "jobs/1 and jobs/2 from b");
+        let got = c
+            .get(
+                "config/",
+                Some(GetOptions::new().with_prefix().with_serializable()),
+            )
+            .await
+            .expect("range of home's");
+        assert_eq!(got.kvs().len(), 3, "config/a, b and c from home");
+    }
+
+    // A member of home refuses b's keys from any client.
+    let mut direct = connect_anonymous(&format!("http://{}", home.members[0].client)).await;
+    let e = direct
+        .put("jobs/3", "x", None)
+        .await
+        .expect_err("not home's");
+    assert_eq!(code(&e), Code::FailedPrecondition, "{e}");
+    assert!(e.to_string().contains("not in this cell"), "{e}");
+
+    // Requests over both cells are refused whole, naming the cells.
+    let txn = Txn::new()
+        .when([Compare::version("config/a", CompareOp::Greater, 0)])
+        .and_then([TxnOp::put("jobs/4", "x", None)]);
+    let e = c1.txn(txn).await.expect_err("a txn over two cells");
+    assert_eq!(code(&e), Code::InvalidArgument, "{e}");
+    assert!(e.to_string().contains("cells b, home"), "{e}");
+    let e = c1
+        .get("", Some(GetOptions::new().with_all_keys()))
+        .await
+        .expect_err("every key");
+    assert_eq!(code(&e), Code::InvalidArgument, "{e}");
+    let resp = http
+        .get(format!("http://{}/v1/kv/j?prefix=true", p1.http))
+        .send()
+        .await
+        .expect("http range");
+    assert_eq!(resp.status().as_u16(), 400);
+    let body: Value = resp.json().await.expect("json");
+    assert_eq!(body["error"], "cross_cell", "{body}");
+    assert_eq!(
+        value_in(&other, "jobs/4").await,
+        Ok(None),
+        "nothing half-applied"
+    );
+
+    // A txn within b's prefix runs in b.
+    let txn = Txn::new()
+        .when([Compare::version("jobs/1", CompareOp::Greater, 0)])
+        .and_then([TxnOp::put("jobs/5", "txn in b", None)]);
+    let resp = c2.txn(txn).await.expect("a txn in b");
+    assert!(resp.succeeded());
+    assert_eq!(
+        eventually_in(&other, "jobs/5").await.as_deref(),
+        Some("txn in b")
+    );
+
+    // Back to home: refused while b holds keys under it.
+    let (status, body) = change(&p2, "/prefixes", json!({"prefix": "jobs/", "cell": "home"})).await;
+    assert_eq!(status, 412, "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("in cell b")),
+        "{body}"
+    );
+    c2.put("jobs/6", "b still owns it", None)
+        .await
+        .expect("a refused change gives the keys back");
+}
