@@ -18,6 +18,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 "proto/auth.proto",
                 "proto/tenants.proto",
                 "proto/proxy_auth.proto",
+                "proto/moves.proto",
             ],
             &["proto"],
         )?;

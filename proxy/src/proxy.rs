@@ -10,7 +10,7 @@ use crate::state::ProxyState;
 use crate::tls::ProxyTls;
 use crate::upstream::identity::Credentials;
 use crate::upstream::{CellClient, CellMaker, Upstream};
-use crate::watch::coalescer::Coalescer;
+use crate::watch::cell_coalescers::CellCoalescers;
 use crate::{admin, grpc, http};
 use anyhow::Context;
 use latchkey_shared::client::RefreshStream;
@@ -79,17 +79,22 @@ impl Proxy {
         let upstream = Arc::new(Upstream::new(home, Some(maker)));
         upstream.start_home();
         let sessions = Arc::new(SessionTable::new());
-        let coalescer = Coalescer::new(
-            upstream.home().clone(),
+        let coalescers = CellCoalescers::new(
+            upstream.home(),
             cfg.watch_history,
             cfg.watch_buffer,
             cfg.watch_buffer_bytes,
         );
-        let cache = ReadCache::new(coalescer.clone(), upstream.home().clone(), cfg.cache_bytes);
+        let cache = ReadCache::new(
+            coalescers.home().clone(),
+            upstream.home().clone(),
+            cfg.cache_bytes,
+        );
         let state = Arc::new(ProxyState {
             upstream,
             sessions: sessions.clone(),
-            coalescer,
+            extensions: Default::default(),
+            coalescers,
             fanout: crate::watch::fanout::Fanout::new(cfg.fanout_jitter),
             client_watches: crate::watch::client_watches::ClientWatches::new(
                 cfg.max_watches,
@@ -112,9 +117,12 @@ impl Proxy {
         let batcher = KeepAliveBatcher {
             table: sessions,
             stream: RefreshStream::new(cfg.cells.iter().cloned())?
-                .with_tls(tls.upstream)
+                .with_tls(tls.upstream.clone())
                 .with_own_credentials(state.upstream.home().own_credentials.clone()),
             tick: cfg.refresh_tick,
+            home: state.upstream.home().clone(),
+            extensions: state.extensions.clone(),
+            tls: tls.upstream,
         };
         lifecycle.spawn_owned(|token| batcher.run(token));
         lifecycle.spawn_owned(|token| cache.keep_fresh(token));

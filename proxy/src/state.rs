@@ -4,8 +4,8 @@ use crate::cache::{ClientFloors, ReadCache};
 use crate::session::SessionTable;
 use crate::tenant_limits::TenantLimits;
 use crate::upstream::Upstream;
+use crate::watch::cell_coalescers::CellCoalescers;
 use crate::watch::client_watches::ClientWatches;
-use crate::watch::coalescer::Coalescer;
 use crate::watch::fanout::Fanout;
 use crate::watch::read_permits::ReadPermits;
 use latchkey_shared::auth::limiter::AttemptLimiter;
@@ -17,8 +17,10 @@ use std::time::Duration;
 pub struct ProxyState {
     pub upstream: Arc<Upstream>,
     pub sessions: Arc<SessionTable>,
-    /// One shared upstream watch per distinct client watch.
-    pub coalescer: Arc<Coalescer>,
+    /// The cells besides home each session is extended to.
+    pub extensions: Arc<crate::session::extensions::LeaseExtensions>,
+    /// One shared upstream watch per distinct client watch, per cell.
+    pub coalescers: CellCoalescers,
     /// Each client watch's offset inside `--fanout-jitter`.
     pub fanout: Fanout,
     /// The limits on client watches (`--max-watches`,

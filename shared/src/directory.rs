@@ -74,6 +74,14 @@ pub struct Ownership {
     /// and the change that moves them reads what they hold first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub leaving: Vec<Vec<u8>>,
+    /// Prefixes (among its own) a move is bringing in: only the proxies,
+    /// which copy them, read or write them until the move commits.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub arriving: Vec<Vec<u8>>,
+    /// Prefixes it gave away: applying this record deletes every key under
+    /// them (what is left of a prefix moved out), telling no watcher.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dropped: Vec<Vec<u8>>,
 }
 
 fn show(bytes: &[u8]) -> String {
@@ -159,13 +167,16 @@ impl Directory {
     }
 
     /// The one cell that owns every key of `ranges`, or `cross_cell`
-    /// naming the cells they span.
+    /// naming the cells they span. Ranges of latchkey's own records (a lock
+    /// recipe's delay and audit records, an idempotency record) go with
+    /// the other keys of the request: every cell keeps its own; alone,
+    /// they are home's.
     pub fn route<'a>(
         &self,
         ranges: impl IntoIterator<Item = &'a KeyRange>,
     ) -> Result<&str, ApiError> {
         let mut cells = BTreeSet::new();
-        for range in ranges {
+        for range in ranges.into_iter().filter(|r| !is_reserved(&r.start)) {
             cells.extend(self.cells_of(range));
         }
         match cells.len() {
@@ -187,6 +198,8 @@ impl Directory {
             version: self.version,
             rest,
             leaving: Vec::new(),
+            arriving: Vec::new(),
+            dropped: Vec::new(),
             prefixes: self
                 .prefixes
                 .iter()
@@ -293,6 +306,8 @@ impl Ownership {
             rest: false,
             prefixes: Vec::new(),
             leaving: Vec::new(),
+            arriving: Vec::new(),
+            dropped: Vec::new(),
         }
     }
 
@@ -338,6 +353,24 @@ impl Ownership {
             return Ok(());
         }
         Err(self.wrong(range))
+    }
+
+    /// Refuses `range` to a client (not a proxy) while a move brings keys
+    /// of it in.
+    pub fn check_not_arriving(&self, range: &KeyRange) -> Result<(), ApiError> {
+        let arriving = !is_reserved(&range.start)
+            && self
+                .arriving
+                .iter()
+                .any(|p| range.overlaps(&KeyRange::prefix(p)));
+        if !arriving {
+            return Ok(());
+        }
+        Err(ApiError::wrong_cell(format!(
+            "keys from {:?} are moving into this cell and are not served here until the \
+             move commits; send the request through a proxy",
+            show(&range.start)
+        )))
     }
 
     fn wrong(&self, range: &KeyRange) -> ApiError {
@@ -466,6 +499,14 @@ mod tests {
             ])
             .unwrap_err();
         assert_eq!(e.code, ErrorCode::CrossCell);
+        let record = KeyRange::single(b"\0latchkey/lock-delay/jobs/x".to_vec());
+        assert_eq!(
+            d.route([&KeyRange::single(b"jobs/x".to_vec()), &record])
+                .unwrap(),
+            "b",
+            "records go with the keys"
+        );
+        assert_eq!(d.route([&record]).unwrap(), HOME);
     }
 
     #[test]

@@ -83,6 +83,11 @@ pub mod proxy_auth {
     pub const CHECK_READS: &str = "/latchkey.proxyauth.v1.ProxyAuth/CheckReads";
 }
 
+/// `latchkey.moves.v1.Moves` (latchkey's, proxies only).
+pub mod moves {
+    pub const RAISE_REVISION: &str = "/latchkey.moves.v1.Moves/RaiseRevision";
+}
+
 /// `latchkey.tenants.v1.Tenants` (latchkey's, not etcd's).
 pub mod tenants {
     pub const PUT: &str = "/latchkey.tenants.v1.Tenants/Put";

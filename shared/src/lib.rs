@@ -13,6 +13,8 @@
 //! - [`tenants_pb`]: the tenants service, from `proto/tenants.proto`.
 //! - [`proxy_auth_pb`]: a proxy's permission rechecks, from
 //!   `proto/proxy_auth.proto`.
+//! - [`moves_pb`]: what a proxy asks of a cell it moves a prefix into,
+//!   from `proto/moves.proto`.
 //!
 //! The nouns every tier speaks, one per file:
 //! - [`lease_id`] ([`LeaseId`], shown in hex), [`member_id`] ([`MemberId`],
@@ -121,6 +123,12 @@ pub mod tenants_pb {
 /// rechecks), from `proto/proxy_auth.proto`.
 pub mod proxy_auth_pb {
     tonic::include_proto!("latchkey.proxyauth.v1");
+}
+
+/// What a proxy asks of a cell while it moves a prefix into it, from
+/// `proto/moves.proto`.
+pub mod moves_pb {
+    tonic::include_proto!("latchkey.moves.v1");
 }
 
 /// latchkey's session extension service (batched lease refresh).

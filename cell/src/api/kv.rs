@@ -2,11 +2,14 @@
 
 use crate::ops::auth_gate::AuthGate;
 use crate::ops::kv::Kv;
+use latchkey_shared::auth::view::range_of;
+use latchkey_shared::auth::Caller;
 use latchkey_shared::etcdpb::{
     PbCompactionRequest, PbCompactionResponse, PbDeleteRequest, PbDeleteResponse, PbKvService,
     PbPutRequest, PbPutResponse, PbRangeRequest, PbRangeResponse, PbRangeStreamResponse,
     PbTxnRequest, PbTxnResponse,
 };
+use latchkey_shared::KeyRange;
 use std::pin::Pin;
 use std::sync::Arc;
 use tokio_stream::Stream;
@@ -18,6 +21,16 @@ pub struct KvService {
     pub gate: Arc<AuthGate>,
 }
 
+impl KvService {
+    /// A move's arriving keys are the proxies' until it commits.
+    fn refuse_arriving(&self, caller: &Caller, ranges: &[KeyRange]) -> Result<(), Status> {
+        if caller.writes_records() {
+            return Ok(());
+        }
+        Ok(self.kv.refuse_arriving(ranges)?)
+    }
+}
+
 /// How many key-values one RangeStream message carries.
 const RANGE_STREAM_CHUNK: usize = 1000;
 
@@ -27,9 +40,10 @@ impl PbKvService for KvService {
         &self,
         request: GrpcRequest<PbRangeRequest>,
     ) -> Result<GrpcResponse<PbRangeResponse>, Status> {
-        self.gate
-            .caller(request.metadata())?
-            .check_range(request.get_ref())?;
+        let caller = self.gate.caller(request.metadata())?;
+        caller.check_range(request.get_ref())?;
+        let r = request.get_ref();
+        self.refuse_arriving(&caller, &[range_of(&r.key, &r.range_end)])?;
         Ok(GrpcResponse::new(self.kv.range(request.get_ref()).await?))
     }
 
@@ -40,9 +54,10 @@ impl PbKvService for KvService {
         &self,
         request: GrpcRequest<PbRangeRequest>,
     ) -> Result<GrpcResponse<Self::RangeStreamStream>, Status> {
-        self.gate
-            .caller(request.metadata())?
-            .check_range(request.get_ref())?;
+        let caller = self.gate.caller(request.metadata())?;
+        caller.check_range(request.get_ref())?;
+        let r = request.get_ref();
+        self.refuse_arriving(&caller, &[range_of(&r.key, &r.range_end)])?;
         let resp = self.kv.range(request.get_ref()).await?;
         let header = resp.header;
         let (count, more) = (resp.count, resp.more);
@@ -77,9 +92,9 @@ impl PbKvService for KvService {
         &self,
         request: GrpcRequest<PbPutRequest>,
     ) -> Result<GrpcResponse<PbPutResponse>, Status> {
-        self.gate
-            .caller(request.metadata())?
-            .check_put(request.get_ref())?;
+        let caller = self.gate.caller(request.metadata())?;
+        caller.check_put(request.get_ref())?;
+        self.refuse_arriving(&caller, &[range_of(&request.get_ref().key, &[])])?;
         Ok(GrpcResponse::new(self.kv.put(request.into_inner()).await?))
     }
 
@@ -87,9 +102,10 @@ impl PbKvService for KvService {
         &self,
         request: GrpcRequest<PbDeleteRequest>,
     ) -> Result<GrpcResponse<PbDeleteResponse>, Status> {
-        self.gate
-            .caller(request.metadata())?
-            .check_delete(request.get_ref())?;
+        let caller = self.gate.caller(request.metadata())?;
+        caller.check_delete(request.get_ref())?;
+        let r = request.get_ref();
+        self.refuse_arriving(&caller, &[range_of(&r.key, &r.range_end)])?;
         Ok(GrpcResponse::new(
             self.kv.delete_range(request.into_inner()).await?,
         ))
@@ -99,9 +115,9 @@ impl PbKvService for KvService {
         &self,
         request: GrpcRequest<PbTxnRequest>,
     ) -> Result<GrpcResponse<PbTxnResponse>, Status> {
-        self.gate
-            .caller(request.metadata())?
-            .check_txn(request.get_ref())?;
+        let caller = self.gate.caller(request.metadata())?;
+        caller.check_txn(request.get_ref())?;
+        self.refuse_arriving(&caller, &latchkey_shared::txn_op::ranges(request.get_ref()))?;
         Ok(GrpcResponse::new(self.kv.txn(request.into_inner()).await?))
     }
 

@@ -11,6 +11,7 @@ pub mod cluster;
 pub mod kv;
 pub mod lease;
 pub mod maintenance;
+pub mod moves;
 pub mod proxy_auth;
 pub mod sessions;
 pub mod tenants;
@@ -111,6 +112,10 @@ pub async fn serve(
         },
     )
     .max_decoding_message_size(max_message);
+    let moves = latchkey_shared::moves_pb::moves_server::MovesServer::new(moves::MovesService {
+        node: node.clone(),
+        gate: gate.clone(),
+    });
     let cluster = PbClusterServer::new(cluster::ClusterService { node, gate });
     tonic::transport::Server::builder()
         .add_service(kv)
@@ -124,6 +129,7 @@ pub async fn serve(
         .add_service(auth)
         .add_service(tenants)
         .add_service(proxy_auth)
+        .add_service(moves)
         .serve_with_incoming_shutdown(listener, shutdown)
         .await?;
     Ok(())

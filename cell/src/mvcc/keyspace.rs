@@ -427,6 +427,18 @@ impl KeySpace {
         Some(prev)
     }
 
+    /// Deletes every live key under `prefix` at `rev` without a change for
+    /// watchers (see `txn::drop_given_away`); returns them.
+    pub fn drop_prefix(&mut self, rev: i64, prefix: &[u8]) -> Vec<KeyValue> {
+        let victims = self.live_keys_in(&KeyRange::prefix(prefix));
+        let changes = self.changes.len();
+        for victim in &victims {
+            self.delete(rev, &victim.key);
+        }
+        self.changes.truncate(changes);
+        victims
+    }
+
     /// The live keys in `range` now.
     pub fn live_keys_in(&self, range: &KeyRange) -> Vec<KeyValue> {
         let mut out = Vec::new();
@@ -441,6 +453,13 @@ impl KeySpace {
     /// by `by`, and everything before the new revision is compacted, so no
     /// revision up to it is issued again and nothing older is read or
     /// watched.
+    /// The revision becomes at least `above`: the next write gets a
+    /// higher one. History stays (nothing changed at the revisions
+    /// skipped, so a read or watch there sees what it saw before).
+    pub fn raise_revision(&mut self, above: i64) {
+        self.revision = self.revision.max(above);
+    }
+
     pub fn bump_revision(&mut self, by: i64) {
         if by <= 0 {
             return;

@@ -15,6 +15,7 @@ use super::range::{check_range, range, to_pb};
 use super::tenants::Deltas;
 use super::versions::KvRef;
 use crate::mvcc::lease_table::LeaseTable;
+use latchkey_shared::directory::OWNERSHIP_KEY;
 use latchkey_shared::etcd_enums::{compare_holds, CompareResult, CompareTarget, EtcdEnum};
 use latchkey_shared::etcdpb::{
     PbCompare, PbDeleteRequest, PbDeleteResponse, PbPutRequest, PbPutResponse, PbResponseOp,
@@ -101,6 +102,9 @@ fn do_put(kv: &mut Kv<'_>, rev: i64, req: &PbPutRequest) -> PbPutResponse {
     if lease != 0 {
         kv.leases.attach(lease, &req.key);
     }
+    if req.key == OWNERSHIP_KEY {
+        drop_given_away(kv, rev);
+    }
     PbPutResponse {
         header: None,
         prev_kv: if req.prev_kv {
@@ -128,6 +132,26 @@ fn do_delete(kv: &mut Kv<'_>, rev: i64, req: &PbDeleteRequest) -> PbDeleteRespon
         header: None,
         deleted: victims.len() as i64,
         prev_kvs,
+    }
+}
+
+/// Deletes, at `rev` and telling no watcher, every key under the prefixes
+/// the cell's new ownership record says it gave away (a move's source,
+/// once the target holds them): watchers of those prefixes here are
+/// cancelled as the cell stops owning them, and must not read the keys'
+/// departure as deletes.
+fn drop_given_away(kv: &mut Kv<'_>, rev: i64) {
+    let dropped = kv
+        .keys
+        .ownership()
+        .map(|o| o.dropped.clone())
+        .unwrap_or_default();
+    for prefix in dropped {
+        for victim in kv.keys.drop_prefix(rev, &prefix) {
+            if victim.lease != 0 {
+                kv.leases.detach(victim.lease, &victim.key);
+            }
+        }
     }
 }
 
@@ -901,6 +925,8 @@ pub(crate) mod tests {
             rest: false,
             prefixes: vec![b"jobs/".to_vec(), b"queue/".to_vec()],
             leaving: vec![b"queue/".to_vec()],
+            arriving: vec![],
+            dropped: vec![],
         };
         let record_key = String::from_utf8(OWNERSHIP_KEY.to_vec()).unwrap();
         put(
@@ -971,5 +997,50 @@ pub(crate) mod tests {
         )
         .expect("delete the record");
         put(&mut kv, &put_req("config", "x")).expect("every key is owned again");
+    }
+
+    /// A move's source: the record that gives a prefix away deletes its
+    /// keys, in the record's revision, with no change for watchers; a
+    /// raised revision makes the next write's higher than any before.
+    #[test]
+    fn a_record_that_drops_a_prefix_deletes_its_keys_telling_no_watcher() {
+        use latchkey_shared::directory::{Ownership, OWNERSHIP_KEY};
+        let (mut keys, mut leases) = (KeySpace::default(), LeaseTable::default());
+        leases.insert(7, 60);
+        let mut kv = Kv {
+            keys: &mut keys,
+            leases: &mut leases,
+        };
+        put(&mut kv, &put_req("jobs/1", "x")).expect("put");
+        let mut leased = put_req("jobs/2", "y");
+        leased.lease = 7;
+        put(&mut kv, &leased).expect("put with a lease");
+        put(&mut kv, &put_req("config", "z")).expect("put");
+        kv.keys.take_changes();
+        let record = Ownership {
+            version: 3,
+            rest: true,
+            prefixes: vec![b"jobs/".to_vec()],
+            leaving: vec![],
+            arriving: vec![],
+            dropped: vec![b"jobs/".to_vec()],
+        };
+        let record_key = String::from_utf8(OWNERSHIP_KEY.to_vec()).unwrap();
+        put(
+            &mut kv,
+            &put_req(&record_key, std::str::from_utf8(&record.encode()).unwrap()),
+        )
+        .expect("the record");
+        let changes = kv.keys.take_changes();
+        assert_eq!(changes.len(), 1, "the record alone: {changes:?}");
+        assert!(kv.keys.get(b"jobs/1").is_none() && kv.keys.get(b"jobs/2").is_none());
+        assert!(kv.keys.get(b"config").is_some());
+        assert!(
+            kv.leases.get(7).is_some_and(|l| l.keys.is_empty()),
+            "detached from its lease"
+        );
+        kv.keys.raise_revision(100);
+        put(&mut kv, &put_req("config", "w")).expect("put");
+        assert_eq!(kv.keys.revision(), 101);
     }
 }

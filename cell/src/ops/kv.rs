@@ -89,6 +89,17 @@ impl Kv {
         })
     }
 
+    /// Refuses a client (not a proxy) any of `ranges` while a move brings
+    /// keys of it into this cell.
+    pub fn refuse_arriving(&self, ranges: &[latchkey_shared::KeyRange]) -> Result<(), ApiError> {
+        self.node.state.read(|s| match s.keys.ownership() {
+            Some(o) if !o.arriving.is_empty() => {
+                ranges.iter().try_for_each(|r| o.check_not_arriving(r))
+            }
+            _ => Ok(()),
+        })
+    }
+
     /// Whether `req` would write if applied to this member's state now.
     fn takes_writing_path(&self, req: &PbTxnRequest) -> bool {
         let keys = self.node.state.read(|s| s.keys.clone());

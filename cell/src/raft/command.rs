@@ -54,6 +54,13 @@ pub enum Request {
     /// all). Each is applied in turn with its own revision and result, as
     /// if it had its own entry. Never nested.
     Batch(Vec<Request>),
+    /// The keyspace's revision becomes at least `above`, so the next write
+    /// gets a higher one (a prefix moved in from another cell: every
+    /// revision, and so every fencing token, issued here after the move is
+    /// above those the other cell issued). Writes nothing, compacts nothing.
+    RaiseRevision {
+        above: i64,
+    },
 }
 
 impl Request {
@@ -108,6 +115,7 @@ impl fmt::Display for Request {
             }
             Request::PublishMember { id, .. } => write!(f, "publish_member({id})"),
             Request::Batch(reqs) => write!(f, "batch({} writes)", reqs.len()),
+            Request::RaiseRevision { above } => write!(f, "raise_revision({above})"),
         }
     }
 }
@@ -141,6 +149,7 @@ pub enum Reply {
     Checkpointed,
     /// A [`Request::Batch`]'s results, one per write, in order.
     Batch(Vec<Response>),
+    RevisionRaised,
 }
 
 /// Serde for protobuf messages: their protobuf encoding as bytes.
@@ -209,6 +218,7 @@ mod tests {
                 8,
             ),
             (Request::Batch(vec![]), 9),
+            (Request::RaiseRevision { above: 1 }, 10),
         ];
         for (command, want) in commands {
             assert_eq!(position(&command), want, "{command}");
@@ -229,6 +239,7 @@ mod tests {
             (Reply::Published, 8),
             (Reply::Checkpointed, 9),
             (Reply::Batch(vec![]), 10),
+            (Reply::RevisionRaised, 11),
         ];
         for (reply, want) in replies {
             assert_eq!(position(&reply), want, "{reply:?}");

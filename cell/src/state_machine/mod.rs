@@ -154,6 +154,10 @@ impl CellState {
                     })
                     .collect(),
             )),
+            Request::RaiseRevision { above } => {
+                self.keys.raise_revision(*above);
+                Ok(Reply::RevisionRaised)
+            }
         }
     }
 

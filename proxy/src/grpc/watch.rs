@@ -75,6 +75,8 @@ impl PbWatchService for WatchService {
 struct ClientWatch {
     forwarder: tokio::task::AbortHandle,
     sent_through: Arc<AtomicI64>,
+    /// Whether its range is the home cell's (revisions are per cell).
+    at_home: bool,
     _held: Held,
 }
 
@@ -117,6 +119,11 @@ impl ClientStream {
                 .min()
         };
         let cell = self.state.upstream.home();
+        if self.watches.values().any(|w| !w.at_home) {
+            // Watches of several cells: their revisions are not comparable,
+            // so the answer is what every watch has reached.
+            return reached().unwrap_or_else(|| cell.last_header().revision);
+        }
         let target = cell
             .call::<_, PbStatusResponse>(Route::Leader, Kind::Read, STATUS, PbStatusRequest {})
             .await
@@ -132,7 +139,7 @@ impl ClientStream {
             if now >= target || tokio::time::Instant::now() >= deadline {
                 return now;
             }
-            self.state.coalescer.request_progress().await;
+            self.state.coalescers.home().request_progress().await;
             tokio::time::sleep(PROGRESS_POLL).await;
         }
     }
@@ -188,7 +195,15 @@ impl ClientStream {
                     Ok(k) => k,
                     Err(e) => return self.send(refuse(e.message)).await,
                 };
-                let coalescer = self.state.coalescer.clone();
+                let coalescer = match self
+                    .state
+                    .coalescers
+                    .for_range(&self.state.upstream, &watch_key.range)
+                {
+                    Ok(coalescer) => coalescer,
+                    Err(e) => return self.send(refuse(e.grpc_message().to_string())).await,
+                };
+                let at_home = Arc::ptr_eq(&coalescer, self.state.coalescers.home());
                 let subscription = match coalescer.subscribe(watch_key, c.start_revision).await {
                     Ok(subscription) => subscription,
                     // As etcd: the watch is created, then cancelled with the
@@ -240,6 +255,7 @@ impl ClientStream {
                     ClientWatch {
                         forwarder,
                         sent_through,
+                        at_home,
                         _held: held,
                     },
                 );

@@ -216,12 +216,14 @@ mod tests {
         drop(closed);
         let cell = CellClient::new(&[addr], Duration::from_millis(300), None).expect("cell");
         let upstream = Arc::new(Upstream::new(cell, None));
-        let coalescer =
-            crate::watch::coalescer::Coalescer::new(upstream.home().clone(), 8, 8, 1 << 20);
-        let cache = crate::cache::ReadCache::new(coalescer.clone(), upstream.home().clone(), 0);
+        let coalescers =
+            crate::watch::cell_coalescers::CellCoalescers::new(upstream.home(), 8, 8, 1 << 20);
+        let cache =
+            crate::cache::ReadCache::new(coalescers.home().clone(), upstream.home().clone(), 0);
         router(Arc::new(ProxyState {
             upstream,
-            coalescer,
+            coalescers,
+            extensions: Default::default(),
             fanout: crate::watch::fanout::Fanout::new(std::time::Duration::ZERO),
             client_watches: crate::watch::client_watches::ClientWatches::new(8, 8),
             cache,

@@ -143,7 +143,10 @@ pub async fn serve(
 ) -> Result<Response, ApiError> {
     let with_prev = watch_key.prev_kv;
     let held = state.client_watches.take("sse")?;
-    let subscription = match state.coalescer.subscribe(watch_key, start_revision).await {
+    let coalescer = state
+        .coalescers
+        .for_range(&state.upstream, &watch_key.range)?;
+    let subscription = match coalescer.subscribe(watch_key, start_revision).await {
         Ok(subscription) => subscription,
         // The stream opens and says why it ends, as it would for a
         // compaction met later.

@@ -101,6 +101,11 @@ pub async fn txn(
     }
     let committed = match guard {
         None => {
+            let leases = super::kv::txn_leases(&txn);
+            state
+                .extensions
+                .ensure_all(&state.upstream, cell, &leases)
+                .await?;
             let token = super::auth::client_token();
             let who = crate::upstream::Who::Client(token.as_deref());
             Committed::Now(

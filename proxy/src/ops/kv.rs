@@ -15,6 +15,7 @@ use crate::upstream::cell_client::HasHeader;
 use crate::upstream::{Cell, Kind, Route, Who};
 use latchkey_shared::etcd_methods::kv::RANGE;
 use latchkey_shared::etcd_methods::kv::{COMPACT, DELETE_RANGE, PUT, TXN};
+use latchkey_shared::etcdpb::PbTxnOpRequest;
 use latchkey_shared::etcdpb::{
     PbCompactionRequest, PbCompactionResponse, PbDeleteRequest, PbDeleteResponse, PbPutRequest,
     PbPutResponse, PbRangeRequest, PbRangeResponse, PbTxnRequest, PbTxnResponse,
@@ -106,7 +107,8 @@ pub async fn put(
     reserved::check_put(&req)?;
     super::rates::charge(state, || super::rates::key(&req.key)).await?;
     let ranges = super::rates::key(&req.key);
-    write(state, client, &ranges, PUT, req).await
+    let leases = [req.lease];
+    write(state, client, &ranges, &leases, PUT, req).await
 }
 
 pub async fn delete_range(
@@ -117,16 +119,18 @@ pub async fn delete_range(
     reserved::check_delete(&req)?;
     super::rates::charge(state, || super::rates::range(&req.key, &req.range_end)).await?;
     let ranges = super::rates::range(&req.key, &req.range_end);
-    write(state, client, &ranges, DELETE_RANGE, req).await
+    write(state, client, &ranges, &[], DELETE_RANGE, req).await
 }
 
 /// A client's write of `ranges` to the leader of the one cell that owns
-/// them (`cross_cell` when they span cells), as the client; a home-cell
+/// them (`cross_cell` when they span cells), as the client, once the
+/// sessions it binds keys to (`leases`) exist in that cell; a home-cell
 /// answer's revision becomes the client's floor (read-your-writes).
 async fn write<Req, Resp>(
     state: &ProxyState,
     client: Option<SocketAddr>,
     ranges: &[KeyRange],
+    leases: &[i64],
     path: &'static str,
     req: Req,
 ) -> Result<Resp, ApiError>
@@ -141,6 +145,10 @@ where
         .routed(ranges, |cell| {
             let req = req.clone();
             async move {
+                state
+                    .extensions
+                    .ensure_all(&state.upstream, &cell, leases)
+                    .await?;
                 let resp: Resp = cell
                     .call_as(who, Route::Leader, Kind::Write, path, req)
                     .await?;
@@ -154,6 +162,21 @@ where
     Ok(resp)
 }
 
+/// The leases a txn's puts bind keys to, nested txns included.
+pub fn txn_leases(txn: &PbTxnRequest) -> Vec<i64> {
+    let mut leases = Vec::new();
+    for op in txn.success.iter().chain(&txn.failure) {
+        match &op.request {
+            Some(PbTxnOpRequest::RequestPut(p)) if p.lease != 0 => leases.push(p.lease),
+            Some(PbTxnOpRequest::RequestTxn(t)) => leases.extend(txn_leases(t)),
+            _ => {}
+        }
+    }
+    leases.sort_unstable();
+    leases.dedup();
+    leases
+}
+
 /// A txn goes to the one cell that owns every key it names.
 pub async fn txn(
     state: &ProxyState,
@@ -163,7 +186,8 @@ pub async fn txn(
     reserved::check_txn(&req)?;
     super::rates::charge(state, || super::rates::txn_ranges(&req)).await?;
     let ranges = super::rates::txn_ranges(&req);
-    write(state, client, &ranges, TXN, req).await
+    let leases = txn_leases(&req);
+    write(state, client, &ranges, &leases, TXN, req).await
 }
 
 /// `client` was answered a write (or a txn) at `revision`: its later

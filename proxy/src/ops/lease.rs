@@ -1,5 +1,6 @@
 //! etcd's lease operations through the proxy, for both faces: grant and
-//! revoke on the home cell with the session table kept in step, and
+//! revoke on the home cell with the session table kept in step (a revoke
+//! also revokes the session's extensions in other cells), and
 //! time-to-live. Keep-alives are the session table's
 //! ([`session`](crate::session)).
 
@@ -35,8 +36,15 @@ pub async fn revoke(state: &ProxyState, id: LeaseId) -> Result<PbLeaseRevokeResp
     let request = PbLeaseRevokeRequest { id: id.get() };
     let result = call_for_client(state.upstream.home(), Kind::Write, REVOKE, request).await;
     match &result {
-        Ok(_) => state.sessions.revoked(id),
-        Err(e) if e.code == ErrorCode::LeaseNotFound => state.sessions.revoked(id),
+        Ok(_)
+        | Err(ApiError {
+            code: ErrorCode::LeaseNotFound,
+            ..
+        }) => {
+            state.sessions.revoked(id);
+            // Then in every other cell the session was extended to.
+            state.extensions.revoke(id).await?;
+        }
         Err(e) if e.retry() != latchkey_shared::Retry::Never => state.sessions.unsure(id),
         Err(_) => {}
     }

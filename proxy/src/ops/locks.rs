@@ -62,15 +62,27 @@ impl LockBackend for UpstreamLocks {
         })
     }
 
+    /// In the cell of the lock's or election's keys, once the session
+    /// whose keys it writes exists there.
     fn txn(&self, req: PbTxnRequest) -> BoxFuture<'_, Result<PbTxnResponse, ApiError>> {
         Box::pin(async move {
-            let key = req
-                .compare
-                .first()
-                .map(|c| c.key.clone())
-                .unwrap_or_default();
-            let cell = self.state.upstream.cell_for(&key);
-            cell.call(Route::Leader, Kind::Write, TXN, req).await
+            let ranges = super::rates::txn_ranges(&req);
+            let leases = super::kv::txn_leases(&req);
+            let state = &self.state;
+            state
+                .upstream
+                .routed(&ranges, |cell| {
+                    let req = req.clone();
+                    let leases = &leases;
+                    async move {
+                        state
+                            .extensions
+                            .ensure_all(&state.upstream, &cell, leases)
+                            .await?;
+                        cell.call(Route::Leader, Kind::Write, TXN, req).await
+                    }
+                })
+                .await
         })
     }
 
@@ -171,7 +183,11 @@ impl UpstreamLocks {
         after: i64,
         counts: impl Fn(&[PbEvent]) -> bool,
     ) -> Result<i64, ApiError> {
-        let mut changes = self.state.coalescer.subscribe(watched, after + 1).await?;
+        let coalescer = self
+            .state
+            .coalescers
+            .for_range(&self.state.upstream, &watched.range)?;
+        let mut changes = coalescer.subscribe(watched, after + 1).await?;
         loop {
             match changes.recv().await {
                 Some(Item::Events(revision)) => {

@@ -19,7 +19,6 @@ use latchkey_shared::auth::limiter::AttemptLimiter;
 use latchkey_shared::auth::token::claims_of_accepted;
 use latchkey_shared::auth_pb::{AuthUserGetRequest, AuthUserGetResponse};
 use latchkey_shared::etcd_methods::auth::USER_GET;
-use latchkey_shared::etcdpb::{PbTxnOpRequest, PbTxnRequest};
 use latchkey_shared::{ApiError, KeyRange};
 use std::sync::Arc;
 use tokio::time::Instant;
@@ -102,24 +101,4 @@ pub fn range(key: &[u8], range_end: &[u8]) -> Vec<KeyRange> {
 
 /// Every range a txn names: its compares' and every operation's of both
 /// branches, nested txns included.
-pub fn txn_ranges(txn: &PbTxnRequest) -> Vec<KeyRange> {
-    let mut ranges: Vec<KeyRange> = txn
-        .compare
-        .iter()
-        .map(|c| KeyRange::new(c.key.clone(), c.range_end.clone()))
-        .collect();
-    for op in txn.success.iter().chain(&txn.failure) {
-        match &op.request {
-            Some(PbTxnOpRequest::RequestRange(r)) => {
-                ranges.push(KeyRange::new(r.key.clone(), r.range_end.clone()))
-            }
-            Some(PbTxnOpRequest::RequestPut(p)) => ranges.push(KeyRange::single(p.key.clone())),
-            Some(PbTxnOpRequest::RequestDeleteRange(d)) => {
-                ranges.push(KeyRange::new(d.key.clone(), d.range_end.clone()))
-            }
-            Some(PbTxnOpRequest::RequestTxn(t)) => ranges.extend(txn_ranges(t)),
-            None => {}
-        }
-    }
-    ranges
-}
+pub use latchkey_shared::txn_op::ranges as txn_ranges;

@@ -8,16 +8,26 @@
 //! that fails puts its leases back for the next tick; the clients keep
 //! being answered from what the cell confirmed before, and a client whose
 //! confirmed time runs down waits for the cell instead of being told more.
+//!
+//! Sessions extended to other cells ([`LeaseExtensions`]) are refreshed
+//! there too: each tick, the leases of the home batch extended to a cell go
+//! to that cell's task ([`CellBatcher`]), which sends them in one batch of
+//! its own, so a slow or leaderless cell delays no other cell's batch.
 
+use super::extensions::LeaseExtensions;
 use super::registry::{Answer, SessionTable};
 use crate::metrics_catalog::{
     REFRESH_BATCHES, REFRESH_BATCH_LEASES, REFRESH_FAILURES, REFRESH_SECONDS, SESSIONS,
 };
+use crate::upstream::{Cell, Kind, Route};
 use latchkey_shared::client::{is_gone, RefreshStream};
 use latchkey_shared::limits::MAX_REFRESH_BATCH;
+use latchkey_shared::tls::ClientTls;
 use latchkey_shared::LeaseId;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::mpsc;
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
@@ -36,10 +46,16 @@ pub struct KeepAliveBatcher {
     pub table: Arc<SessionTable>,
     pub stream: RefreshStream,
     pub tick: Duration,
+    pub home: Cell,
+    pub extensions: Arc<LeaseExtensions>,
+    /// For the other cells' refresh streams.
+    pub tls: Option<ClientTls>,
 }
 
 impl KeepAliveBatcher {
     pub async fn run(mut self, shutdown: CancellationToken) {
+        // Each other cell's batches, by its members' addresses.
+        let mut cells: HashMap<Vec<String>, mpsc::Sender<Vec<LeaseId>>> = HashMap::new();
         let mut ticks = tokio::time::interval(self.tick);
         // A batch that took longer than a tick is not followed by a burst:
         // at most one batch per tick, whatever happened.
@@ -52,6 +68,7 @@ impl KeepAliveBatcher {
             }
             count += 1;
             let due = self.table.take_due();
+            self.hand_out_extended(&due, &mut cells, &shutdown);
             if !due.is_empty() {
                 tokio::select! {
                     _ = shutdown.cancelled() => return,
@@ -67,6 +84,64 @@ impl KeepAliveBatcher {
             }
             metrics::gauge!(SESSIONS.name).set(self.table.len() as f64);
         }
+    }
+
+    /// Gives each other cell's task the leases of `due` extended to it.
+    fn hand_out_extended(
+        &self,
+        due: &[LeaseId],
+        cells: &mut HashMap<Vec<String>, mpsc::Sender<Vec<LeaseId>>>,
+        shutdown: &CancellationToken,
+    ) {
+        let mut batches: HashMap<Vec<String>, (Cell, Vec<LeaseId>)> = HashMap::new();
+        for id in due {
+            for cell in self.extensions.cells_of(*id) {
+                let addrs: Vec<String> = cell.members.iter().map(|m| m.addr.clone()).collect();
+                batches
+                    .entry(addrs)
+                    .or_insert_with(|| (cell.clone(), Vec::new()))
+                    .1
+                    .push(*id);
+            }
+        }
+        for (addrs, (cell, ids)) in batches {
+            let sender = match cells.get(&addrs) {
+                Some(sender) => sender.clone(),
+                None => match self.start_cell(cell, shutdown) {
+                    Ok(sender) => cells.entry(addrs).or_insert(sender).clone(),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "no refresh stream to a cell sessions are extended to");
+                        continue;
+                    }
+                },
+            };
+            // A cell still busy with earlier batches misses this one: its
+            // leases go again with their clients' next keep-alives.
+            if sender.try_send(ids).is_err() {
+                metrics::counter!(REFRESH_FAILURES.name).increment(1);
+            }
+        }
+    }
+
+    fn start_cell(
+        &self,
+        cell: Cell,
+        shutdown: &CancellationToken,
+    ) -> Result<mpsc::Sender<Vec<LeaseId>>, latchkey_shared::client::ClientError> {
+        let addrs: Vec<String> = cell.members.iter().map(|m| m.addr.clone()).collect();
+        let stream = RefreshStream::new(addrs)?
+            .with_tls(self.tls.clone())
+            .with_own_credentials(cell.own_credentials.clone());
+        let (tx, rx) = mpsc::channel(2);
+        let batcher = CellBatcher {
+            cell,
+            stream,
+            table: self.table.clone(),
+            home: self.home.clone(),
+            extensions: self.extensions.clone(),
+        };
+        tokio::spawn(batcher.run(rx, shutdown.child_token()));
+        Ok(tx)
     }
 
     /// One tick's batch (split only past the cell's batch limit).
@@ -86,6 +161,12 @@ impl KeepAliveBatcher {
                             Answer::Alive(ttl)
                         };
                         self.table.answered(*id, answer, sent);
+                        if answer == Answer::Gone && !self.extensions.cells_of(*id).is_empty() {
+                            // Gone at home: gone everywhere.
+                            let extensions = self.extensions.clone();
+                            let id = *id;
+                            tokio::spawn(async move { extensions.revoke(id).await });
+                        }
                     }
                 }
                 Ok(reply) => {
@@ -105,5 +186,62 @@ impl KeepAliveBatcher {
                 }
             }
         }
+    }
+}
+
+/// One other cell's refresh batches for the sessions extended to it.
+struct CellBatcher {
+    cell: Cell,
+    stream: RefreshStream,
+    table: Arc<SessionTable>,
+    home: Cell,
+    extensions: Arc<LeaseExtensions>,
+}
+
+impl CellBatcher {
+    async fn run(mut self, mut batches: mpsc::Receiver<Vec<LeaseId>>, shutdown: CancellationToken) {
+        while let Some(Some(due)) = shutdown.run_until_cancelled(batches.recv()).await {
+            for chunk in due.chunks(MAX_REFRESH_BATCH) {
+                let ids: Vec<i64> = chunk.iter().map(|id| id.get()).collect();
+                metrics::counter!(REFRESH_BATCHES.name).increment(1);
+                match self.stream.refresh(&ids, BATCH_TIMEOUT).await {
+                    Ok(reply) if reply.ttls.len() == ids.len() => {
+                        for (id, ttl) in chunk.iter().zip(reply.ttls) {
+                            if is_gone(ttl) {
+                                self.end_everywhere(*id).await;
+                            }
+                        }
+                    }
+                    Ok(_) | Err(_) => {
+                        metrics::counter!(REFRESH_FAILURES.name).increment(1);
+                        tracing::warn!(
+                            cell = %self.cell.members[0].addr,
+                            leases = ids.len(),
+                            "an extension refresh batch failed; its leases go with their next keep-alives"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// A session's extension is gone in this cell (it expired there): the
+    /// session ends in every cell, home first.
+    async fn end_everywhere(&self, id: LeaseId) {
+        tracing::warn!(lease_id = %id, "a session's extension expired in another cell; revoking the session");
+        let at_home: Result<latchkey_shared::etcdpb::PbLeaseRevokeResponse, _> = self
+            .home
+            .call(
+                Route::Leader,
+                Kind::Write,
+                latchkey_shared::etcd_methods::lease::REVOKE,
+                latchkey_shared::etcdpb::PbLeaseRevokeRequest { id: id.get() },
+            )
+            .await;
+        if let Err(e) = at_home {
+            tracing::warn!(lease_id = %id, error = %e, "revoking a session at home; it expires in its TTL");
+        }
+        self.table.revoked(id);
+        let _ = self.extensions.revoke(id).await;
     }
 }

@@ -5,13 +5,18 @@
 //!   this proxy; a client keep-alive is answered from it at once.
 //! - [`keepalive_batcher`]: [`KeepAliveBatcher`], the ONE task that sends
 //!   the cell one refresh batch per tick and brings the answers back to
-//!   the table.
+//!   the table, and hands the sessions extended to other cells to those
+//!   cells' own batches.
+//! - [`extensions`]: [`extensions::LeaseExtensions`], sessions that bind
+//!   keys, locks or elections in other cells than home: the same lease id
+//!   granted there, refreshed and revoked with the session.
 //!
 //! A keep-alive flows: client -> `SessionTable::keep_alive` (answer now,
 //! mark due) -> next tick `take_due` -> one `Sessions.Refresh` batch ->
 //! `SessionTable::answered` (confirmed TTL, waiters woken, gone leases
 //! removed).
 
+pub mod extensions;
 pub mod keepalive_batcher;
 pub mod registry;
 

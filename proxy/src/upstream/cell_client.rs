@@ -487,6 +487,7 @@ has_header!(
 );
 
 has_header!(latchkey_shared::proxy_auth_pb::CheckReadsResponse);
+has_header!(latchkey_shared::moves_pb::RaiseRevisionResponse);
 
 use latchkey_shared::auth_pb as auth;
 has_header!(

@@ -1,5 +1,7 @@
 //! Watches through the proxy (DESIGN section 4).
 //!
+//! - [`cell_coalescers`]: one coalescer per cell; a client watch joins
+//!   the one of the cell that owns its range.
 //! - [`coalescer`]: [`coalescer::Coalescer`], one shared watch per
 //!   [`WatchKey`] on a member stream, resumed on another member when that
 //!   stream fails; `Coalescer::subscribe` serves a start older than the
@@ -35,6 +37,7 @@
 //! or SSE stream (`http/watch_sse.rs`). The read cache (`cache/`)
 //! subscribes like any client.
 
+pub mod cell_coalescers;
 pub mod client_watches;
 pub mod coalescer;
 pub mod fanout;

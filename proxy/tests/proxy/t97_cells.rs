@@ -2,10 +2,12 @@
 //! says which cell owns which prefix; the proxies route every KV request to
 //! that cell, refuse one that spans cells, and a request routed by a proxy
 //! that has not seen a change is refused by the old cell (nothing applied
-//! there) and routed again.
+//! there) and routed again. Watches join the shared watches of their
+//! range's cell.
 
 use crate::{member_addrs, proxy_bin};
-use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp, WatchOptions};
+use futures::StreamExt;
 use latchkey_testkit::auth_matrix::{code, connect_anonymous};
 use latchkey_testkit::{cell_binary, Cluster, ProxyProcess};
 use serde_json::{json, Value};
@@ -239,6 +241,70 @@ async fn requests_go_to_the_cell_that_owns_their_prefix() {
         Some("txn in b")
     );
 
+    // A watch joins the shared watches of the cell that owns its range;
+    // one over both cells is refused.
+    let next_put = |mut events: etcd_client::WatchStream| async move {
+        let created = events.message().await.expect("created").expect("message");
+        assert!(created.created() && !created.canceled(), "{created:?}");
+        let resp = tokio::time::timeout(std::time::Duration::from_secs(10), events.message())
+            .await
+            .expect("an event within 10 s")
+            .expect("stream")
+            .expect("message");
+        let kv = resp.events()[0].kv().expect("kv").clone();
+        (
+            kv.key_str().unwrap().to_string(),
+            kv.value_str().unwrap().to_string(),
+        )
+    };
+    let jobs = c1
+        .watch("jobs/", Some(WatchOptions::new().with_prefix()))
+        .await
+        .expect("watch b's prefix");
+    let config = c1
+        .watch("config/", Some(WatchOptions::new().with_prefix()))
+        .await
+        .expect("watch home's");
+    let sse = http
+        .get(format!("http://{}/v1/watch/jobs/?prefix=true", p2.http))
+        .send()
+        .await
+        .expect("SSE watch of b's prefix");
+    assert_eq!(sse.status().as_u16(), 200);
+    let writer = async {
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        c2.put("jobs/7", "watched in b", None).await.expect("put");
+        c2.put("config/d", "watched in home", None)
+            .await
+            .expect("put");
+    };
+    let (_, in_b, in_home) = tokio::join!(writer, next_put(jobs), next_put(config));
+    assert_eq!(in_b, ("jobs/7".to_string(), "watched in b".to_string()));
+    assert_eq!(
+        in_home,
+        ("config/d".to_string(), "watched in home".to_string())
+    );
+    let mut body = Box::pin(sse.bytes_stream());
+    let mut text = String::new();
+    while !text.contains("watched in b") {
+        let chunk = tokio::time::timeout(std::time::Duration::from_secs(10), body.next())
+            .await
+            .expect("an SSE event within 10 s")
+            .expect("open")
+            .expect("chunk");
+        text.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    let mut both = c1
+        .watch("", Some(WatchOptions::new().with_all_keys()))
+        .await
+        .expect("watch stream");
+    let refused = both.message().await.expect("answer").expect("message");
+    assert!(refused.canceled(), "{refused:?}");
+    assert!(
+        refused.cancel_reason().contains("cells b, home"),
+        "{refused:?}"
+    );
+
     // Back to home: refused while b holds keys under it.
     let (status, body) = change(&p2, "/prefixes", json!({"prefix": "jobs/", "cell": "home"})).await;
     assert_eq!(status, 412, "{body}");
@@ -251,4 +317,100 @@ async fn requests_go_to_the_cell_that_owns_their_prefix() {
     c2.put("jobs/6", "b still owns it", None)
         .await
         .expect("a refused change gives the keys back");
+}
+
+/// The live keys of `key` through the proxy at `grpc`, with their leases.
+async fn leases_of(client: &mut etcd_client::Client, key: &[u8]) -> Vec<i64> {
+    let resp = client.get(key, None).await.expect("read through the proxy");
+    resp.kvs().iter().map(|kv| kv.lease()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_session_holds_locks_in_two_cells_through_leader_kills() {
+    let mut home = Cluster::start(cell_binary(), 3, &[]).await;
+    let mut other = Cluster::start(cell_binary(), 3, &[]).await;
+    let p = ProxyProcess::start(proxy_bin(), &member_addrs(&home), &[]).await;
+    let (status, body) = change(&p, "/cells/b", json!({"endpoints": member_addrs(&other)})).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = change(&p, "/prefixes", json!({"prefix": "jobs/", "cell": "b"})).await;
+    assert_eq!(status, 200, "{body}");
+
+    let mut client = connect_anonymous(&format!("http://{}", p.grpc)).await;
+    let lease = client.lease_grant(5, None).await.expect("grant").id();
+    let (mut keeper, mut acks) = client.lease_keep_alive(lease).await.expect("keep-alive");
+    let keeping = tokio::spawn(async move {
+        loop {
+            if keeper.keep_alive().await.is_err() {
+                return;
+            }
+            // A keep-alive that fails (a leader change) is sent again at
+            // the next second; the session's TTL covers several.
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(1), acks.message()).await;
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        }
+    });
+    let with_lease = || Some(etcd_client::LockOptions::new().with_lease(lease));
+    let in_b = client
+        .lock("jobs/lock", with_lease())
+        .await
+        .expect("lock in b");
+    let in_home = client
+        .lock("config/lock", with_lease())
+        .await
+        .expect("lock in home");
+    let (in_b, in_home) = (in_b.key().to_vec(), in_home.key().to_vec());
+    assert_eq!(leases_of(&mut client, &in_b).await, vec![lease]);
+    assert_eq!(leases_of(&mut client, &in_home).await, vec![lease]);
+    let b_key = String::from_utf8(in_b.clone()).expect("utf-8");
+    assert_eq!(
+        eventually_in(&other, &b_key).await.as_deref(),
+        Some(""),
+        "the lock's key is in b"
+    );
+
+    // Each cell's leader dies in turn; the session outlives both by more
+    // than its TTL.
+    for cluster in [&mut other, &mut home] {
+        let leader = cluster
+            .wait_leader(std::time::Duration::from_secs(10))
+            .await;
+        cluster.kill(leader);
+        cluster
+            .wait_leader(std::time::Duration::from_secs(10))
+            .await;
+        tokio::time::sleep(std::time::Duration::from_secs(6)).await;
+        assert_eq!(
+            leases_of(&mut client, &in_b).await,
+            vec![lease],
+            "b's lock held"
+        );
+        assert_eq!(
+            leases_of(&mut client, &in_home).await,
+            vec![lease],
+            "home's lock held"
+        );
+    }
+
+    // A revoke releases both: another session takes each lock.
+    keeping.abort();
+    client.lease_revoke(lease).await.expect("revoke");
+    assert!(
+        leases_of(&mut client, &in_b).await.is_empty(),
+        "released in b"
+    );
+    assert!(leases_of(&mut client, &in_home).await.is_empty());
+    let next = client.lease_grant(5, None).await.expect("grant").id();
+    let opts = Some(etcd_client::LockOptions::new().with_lease(next));
+    let taken = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+        client
+            .lock("jobs/lock", opts.clone())
+            .await
+            .expect("lock b's again");
+        client
+            .lock("config/lock", opts)
+            .await
+            .expect("lock home's again");
+    })
+    .await;
+    assert!(taken.is_ok(), "both locks free within 5 s of the revoke");
 }

@@ -1,0 +1,149 @@
+//! [`LeaseExtensions`]: sessions that span cells (DESIGN section 9).
+//!
+//! A session is a lease of the home cell. When a client binds a key, a
+//! lock or an election in another cell to it, the proxy first grants that
+//! cell a lease with the same id and the same granted TTL (the session's
+//! extension there), and from then on every refresh batch this proxy sends
+//! home for the session also goes to each cell it was extended to, in that
+//! cell's own batch of the same tick ([`KeepAliveBatcher`]).
+//!
+//! So a session ends in every cell within the same bounds: a client that
+//! stops refreshing loses it in each cell one TTL after the last batch
+//! that carried it (an extension made after that batch may outlive home's
+//! by at most the time home's lease had already run down when it was
+//! made); a revoke through the proxy revokes it at home, then in each
+//! extension cell, one after the other: between the two, a client may see
+//! the session's keys gone from home and still present in another cell.
+//! An extension a cell says is gone (expired there while its batches
+//! failed) revokes the session everywhere: it never lives on in part.
+//!
+//! [`KeepAliveBatcher`]: super::KeepAliveBatcher
+
+use crate::upstream::{Cell, Kind, Route, Upstream};
+use dashmap::DashMap;
+use latchkey_shared::etcd_methods::lease::{GRANT, REVOKE, TIME_TO_LIVE};
+use latchkey_shared::etcdpb::{
+    PbLeaseGrantRequest, PbLeaseGrantResponse, PbLeaseRevokeRequest, PbLeaseRevokeResponse,
+    PbLeaseTimeToLiveRequest, PbLeaseTimeToLiveResponse,
+};
+use latchkey_shared::{ApiError, ErrorCode, LeaseId};
+use std::sync::Arc;
+
+#[derive(Default)]
+pub struct LeaseExtensions {
+    /// Each extended session's cells besides home.
+    cells: DashMap<LeaseId, Vec<Cell>>,
+}
+
+impl LeaseExtensions {
+    /// Makes sure session `id` exists in `cell` (nothing to do for home, or
+    /// for no lease): granted there with home's granted TTL the first time.
+    pub async fn ensure(&self, upstream: &Upstream, cell: &Cell, id: i64) -> Result<(), ApiError> {
+        if id == 0 || Arc::ptr_eq(cell, upstream.home()) {
+            return Ok(());
+        }
+        let id = LeaseId::from(id);
+        let known = self
+            .cells
+            .get(&id)
+            .is_some_and(|cells| cells.iter().any(|c| Arc::ptr_eq(c, cell)));
+        if known {
+            return Ok(());
+        }
+        let at_home: PbLeaseTimeToLiveResponse = upstream
+            .home()
+            .call(
+                Route::Leader,
+                Kind::Read,
+                TIME_TO_LIVE,
+                PbLeaseTimeToLiveRequest {
+                    id: id.get(),
+                    keys: false,
+                },
+            )
+            .await?;
+        if at_home.ttl <= 0 {
+            return Err(ApiError::lease_not_found(id));
+        }
+        let granted: Result<PbLeaseGrantResponse, ApiError> = cell
+            .call(
+                Route::Leader,
+                Kind::Write,
+                GRANT,
+                PbLeaseGrantRequest {
+                    ttl: at_home.granted_ttl,
+                    id: id.get(),
+                },
+            )
+            .await;
+        match granted {
+            Ok(g) if g.error.is_empty() => {}
+            Ok(g) => {
+                return Err(ApiError::unavailable(format!(
+                    "session {id} could not be extended to another cell: {}",
+                    g.error
+                )))
+            }
+            // Extended before (by this proxy before a restart, or another).
+            Err(e) if e.code == ErrorCode::LeaseExists => {}
+            Err(e) => return Err(e),
+        }
+        let mut cells = self.cells.entry(id).or_default();
+        if !cells.iter().any(|c| Arc::ptr_eq(c, cell)) {
+            cells.push(cell.clone());
+        }
+        Ok(())
+    }
+
+    /// [`ensure`](Self::ensure) for each of `ids`.
+    pub async fn ensure_all(
+        &self,
+        upstream: &Upstream,
+        cell: &Cell,
+        ids: &[i64],
+    ) -> Result<(), ApiError> {
+        for id in ids {
+            self.ensure(upstream, cell, *id).await?;
+        }
+        Ok(())
+    }
+
+    /// The cells session `id` is extended to.
+    pub fn cells_of(&self, id: LeaseId) -> Vec<Cell> {
+        self.cells.get(&id).map(|c| c.clone()).unwrap_or_default()
+    }
+
+    /// Revokes session `id` in every cell it was extended to and forgets
+    /// it. A cell that does not have it (expired there) is fine.
+    pub async fn revoke(&self, id: LeaseId) -> Result<(), ApiError> {
+        let Some((_, cells)) = self.cells.remove(&id) else {
+            return Ok(());
+        };
+        let mut failed = None;
+        for cell in cells {
+            let done: Result<PbLeaseRevokeResponse, ApiError> = cell
+                .call(
+                    Route::Leader,
+                    Kind::Write,
+                    REVOKE,
+                    PbLeaseRevokeRequest { id: id.get() },
+                )
+                .await;
+            match done {
+                Ok(_) => {}
+                Err(e) if e.code == ErrorCode::LeaseNotFound => {}
+                Err(e) => {
+                    tracing::warn!(lease_id = %id, error = %e, "revoking a session's extension; it expires in its TTL");
+                    failed = Some(e);
+                }
+            }
+        }
+        failed.map_or(Ok(()), Err)
+    }
+
+    /// Forgets session `id` (it is gone at home; its extensions, no longer
+    /// refreshed, expire within their TTL).
+    pub fn forget(&self, id: LeaseId) {
+        self.cells.remove(&id);
+    }
+}
