@@ -327,8 +327,15 @@ impl Ownership {
     }
 
     /// This record with writes under `prefixes` refused from now on.
-    pub fn leaving(mut self, prefixes: Vec<Vec<u8>>) -> Ownership {
+    pub fn with_leaving(mut self, prefixes: Vec<Vec<u8>>) -> Ownership {
         self.leaving = prefixes;
+        self
+    }
+
+    /// This record with `prefixes` served to the proxies only (a move is
+    /// bringing them in).
+    pub fn with_arriving(mut self, prefixes: Vec<Vec<u8>>) -> Ownership {
+        self.arriving = prefixes;
         self
     }
 
@@ -540,7 +547,7 @@ mod tests {
         assert_eq!(e.code, ErrorCode::WrongCell);
         assert!(e.message.contains("version 3"), "{}", e.message);
         assert!(!Ownership::nothing().owns(&KeyRange::single(b"a".to_vec())));
-        let fenced = d.ownership_of("b").leaving(vec![b"jobs/".to_vec()]);
+        let fenced = d.ownership_of("b").with_leaving(vec![b"jobs/".to_vec()]);
         let job = KeyRange::single(b"jobs/1".to_vec());
         assert!(fenced.check_read(&job).is_ok(), "a leaving prefix is read");
         assert_eq!(

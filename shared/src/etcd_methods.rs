@@ -86,6 +86,7 @@ pub mod proxy_auth {
 /// `latchkey.moves.v1.Moves` (latchkey's, proxies only).
 pub mod moves {
     pub const RAISE_REVISION: &str = "/latchkey.moves.v1.Moves/RaiseRevision";
+    pub const IMPORT: &str = "/latchkey.moves.v1.Moves/Import";
 }
 
 /// `latchkey.tenants.v1.Tenants` (latchkey's, not etcd's).

@@ -115,7 +115,8 @@ pub async fn serve(
     let moves = latchkey_shared::moves_pb::moves_server::MovesServer::new(moves::MovesService {
         node: node.clone(),
         gate: gate.clone(),
-    });
+    })
+    .max_decoding_message_size(max_message);
     let cluster = PbClusterServer::new(cluster::ClusterService { node, gate });
     tonic::transport::Server::builder()
         .add_service(kv)

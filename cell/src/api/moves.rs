@@ -4,9 +4,11 @@
 
 use crate::node::CellNode;
 use crate::ops::auth_gate::AuthGate;
-use crate::raft::command::{Reply, Request};
+use crate::raft::command::{Imported, Reply, Request};
 use latchkey_shared::moves_pb::moves_server::Moves;
-use latchkey_shared::moves_pb::{RaiseRevisionRequest, RaiseRevisionResponse};
+use latchkey_shared::moves_pb::{
+    ImportRequest, ImportResponse, RaiseRevisionRequest, RaiseRevisionResponse,
+};
 use latchkey_shared::ApiError;
 use std::sync::Arc;
 use tonic::{Request as GrpcRequest, Response, Status};
@@ -16,18 +18,55 @@ pub struct MovesService {
     pub gate: Arc<AuthGate>,
 }
 
+impl MovesService {
+    fn only_proxies(&self, metadata: &tonic::metadata::MetadataMap) -> Result<(), Status> {
+        if self.gate.caller(metadata)?.writes_records() {
+            return Ok(());
+        }
+        Err(ApiError::permission_denied(
+            "only a proxy (role latchkey-proxy, or the proxies' key) moves prefixes between cells",
+        )
+        .into())
+    }
+}
+
 #[tonic::async_trait]
 impl Moves for MovesService {
+    async fn import(
+        &self,
+        request: GrpcRequest<ImportRequest>,
+    ) -> Result<Response<ImportResponse>, Status> {
+        self.only_proxies(request.metadata())?;
+        let keys: Vec<Imported> = request
+            .into_inner()
+            .kvs
+            .into_iter()
+            .map(|kv| Imported {
+                key: kv.key,
+                value: kv.value,
+                lease: kv.lease,
+                create_revision: kv.create_revision,
+                version: kv.version,
+            })
+            .collect();
+        if keys.len() > latchkey_shared::limits::MAX_TXN_OPS {
+            return Err(ApiError::too_many_txn_ops().into());
+        }
+        let resp = self.node.write(Request::Import(keys)).await?;
+        match resp.result {
+            Ok(Reply::Imported) => Ok(Response::new(ImportResponse {
+                header: Some(self.node.header(resp.revision)),
+            })),
+            Ok(other) => Err(ApiError::internal(format!("import answered {other:?}")).into()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     async fn raise_revision(
         &self,
         request: GrpcRequest<RaiseRevisionRequest>,
     ) -> Result<Response<RaiseRevisionResponse>, Status> {
-        if !self.gate.caller(request.metadata())?.writes_records() {
-            return Err(ApiError::permission_denied(
-                "only a proxy (role latchkey-proxy, or the proxies' key) moves prefixes between cells",
-            )
-            .into());
-        }
+        self.only_proxies(request.metadata())?;
         let above = request.into_inner().above;
         if above < 0 {
             return Err(

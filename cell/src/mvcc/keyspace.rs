@@ -338,18 +338,49 @@ impl KeySpace {
     /// Writes `key` at revision `rev` (from [`Self::next_revision`]).
     /// Returns the previous live value.
     pub fn put(&mut self, rev: i64, key: &[u8], value: Vec<u8>, lease: i64) -> Option<KeyValue> {
+        self.put_with(rev, key, value, lease, None)
+    }
+
+    /// [`put`](Self::put) of a key moved in from another cell: it keeps
+    /// the create revision and version it had there (`origin`), so a lock
+    /// queue keeps its order and a holder its fencing token.
+    pub fn import(
+        &mut self,
+        rev: i64,
+        key: &[u8],
+        value: Vec<u8>,
+        lease: i64,
+        origin: (i64, i64),
+    ) -> Option<KeyValue> {
+        self.put_with(rev, key, value, lease, Some(origin))
+    }
+
+    fn put_with(
+        &mut self,
+        rev: i64,
+        key: &[u8],
+        value: Vec<u8>,
+        lease: i64,
+        origin: Option<(i64, i64)>,
+    ) -> Option<KeyValue> {
         let sub = self.take_sub(rev);
         let versions = self.keys.entry(Arc::from(key)).or_default();
         let prev = versions
             .last()
             .and_then(|v| v.view(key))
             .map(|kv| kv.to_key_value());
+        let (create_revision, key_version) = origin.unwrap_or_else(|| {
+            (
+                prev.as_ref().map_or(rev, |p| p.create_revision),
+                prev.as_ref().map_or(1, |p| p.version + 1),
+            )
+        });
         let kv = KeyValue {
             key: key.to_vec(),
             value,
-            create_revision: prev.as_ref().map_or(rev, |p| p.create_revision),
+            create_revision,
             mod_revision: rev,
-            version: prev.as_ref().map_or(1, |p| p.version + 1),
+            version: key_version,
             lease,
         };
         let version = Version {

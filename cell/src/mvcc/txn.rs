@@ -15,6 +15,7 @@ use super::range::{check_range, range, to_pb};
 use super::tenants::Deltas;
 use super::versions::KvRef;
 use crate::mvcc::lease_table::LeaseTable;
+use crate::raft::command::Imported;
 use latchkey_shared::directory::OWNERSHIP_KEY;
 use latchkey_shared::etcd_enums::{compare_holds, CompareResult, CompareTarget, EtcdEnum};
 use latchkey_shared::etcdpb::{
@@ -133,6 +134,39 @@ fn do_delete(kv: &mut Kv<'_>, rev: i64, req: &PbDeleteRequest) -> PbDeleteRespon
         deleted: victims.len() as i64,
         prev_kvs,
     }
+}
+
+/// Writes keys a move brings in (`Request::Import`) at one new revision,
+/// each with the create revision and version it had in its cell: refused
+/// whole if one is not this cell's to write or names a lease it does not
+/// have.
+pub fn import(kv: &mut Kv<'_>, keys: &[Imported]) -> Result<(), ApiError> {
+    for k in keys {
+        if k.key.is_empty() {
+            return Err(ApiError::key_not_provided());
+        }
+        kv.keys.check_owned_write(&k.key, &[])?;
+        if k.lease != 0 && !kv.leases.contains(k.lease) {
+            return Err(ApiError::lease_not_found(LeaseId(k.lease)));
+        }
+    }
+    let rev = kv.keys.next_revision();
+    for k in keys {
+        let prev = kv.keys.import(
+            rev,
+            &k.key,
+            k.value.clone(),
+            k.lease,
+            (k.create_revision, k.version),
+        );
+        if let Some(p) = prev.filter(|p| p.lease != 0 && p.lease != k.lease) {
+            kv.leases.detach(p.lease, &k.key);
+        }
+        if k.lease != 0 {
+            kv.leases.attach(k.lease, &k.key);
+        }
+    }
+    Ok(())
 }
 
 /// Deletes, at `rev` and telling no watcher, every key under the prefixes

@@ -61,6 +61,20 @@ pub enum Request {
     RaiseRevision {
         above: i64,
     },
+    /// Keys a move copies in from another cell, written at one revision
+    /// with the create revision and version they had there.
+    Import(Vec<Imported>),
+}
+
+/// One key of a [`Request::Import`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Imported {
+    pub key: Vec<u8>,
+    #[serde(with = "serde_bytes")]
+    pub value: Vec<u8>,
+    pub lease: i64,
+    pub create_revision: i64,
+    pub version: i64,
 }
 
 impl Request {
@@ -69,6 +83,10 @@ impl Request {
     pub fn added_bytes(&self) -> u64 {
         match self {
             Request::Put(p) => (p.key.len() + p.value.len()) as u64,
+            Request::Import(keys) => keys
+                .iter()
+                .map(|k| (k.key.len() + k.value.len()) as u64)
+                .sum(),
             Request::Txn(t) => crate::mvcc::txn::txn_put_bytes(t),
             Request::LeaseGrant { .. } => 1,
             Request::Batch(reqs) => reqs.iter().map(Request::added_bytes).sum(),
@@ -116,6 +134,7 @@ impl fmt::Display for Request {
             Request::PublishMember { id, .. } => write!(f, "publish_member({id})"),
             Request::Batch(reqs) => write!(f, "batch({} writes)", reqs.len()),
             Request::RaiseRevision { above } => write!(f, "raise_revision({above})"),
+            Request::Import(keys) => write!(f, "import({} keys)", keys.len()),
         }
     }
 }
@@ -150,6 +169,7 @@ pub enum Reply {
     /// A [`Request::Batch`]'s results, one per write, in order.
     Batch(Vec<Response>),
     RevisionRaised,
+    Imported,
 }
 
 /// Serde for protobuf messages: their protobuf encoding as bytes.
@@ -219,6 +239,7 @@ mod tests {
             ),
             (Request::Batch(vec![]), 9),
             (Request::RaiseRevision { above: 1 }, 10),
+            (Request::Import(vec![]), 11),
         ];
         for (command, want) in commands {
             assert_eq!(position(&command), want, "{command}");
@@ -240,6 +261,7 @@ mod tests {
             (Reply::Checkpointed, 9),
             (Reply::Batch(vec![]), 10),
             (Reply::RevisionRaised, 11),
+            (Reply::Imported, 12),
         ];
         for (reply, want) in replies {
             assert_eq!(position(&reply), want, "{reply:?}");

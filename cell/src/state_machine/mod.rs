@@ -154,6 +154,7 @@ impl CellState {
                     })
                     .collect(),
             )),
+            Request::Import(keys) => txn::import(&mut self.kv(), keys).map(|()| Reply::Imported),
             Request::RaiseRevision { above } => {
                 self.keys.raise_revision(*above);
                 Ok(Reply::RevisionRaised)

@@ -1,7 +1,8 @@
 //! Operators' routes for the directory of cells (root only once
 //! authentication is on): `GET /v1/admin/directory`,
 //! `PUT /v1/admin/directory/cells/{name}` (add a cell) and
-//! `PUT /v1/admin/directory/prefixes` (assign a prefix to a cell). Every
+//! `PUT /v1/admin/directory/prefixes` (assign a prefix to a cell) and
+//! `POST /v1/admin/directory/moves` (move a prefix with its keys). Every
 //! change answers the new directory; the proxy that made it routes by it
 //! at once, the others within their next read of it.
 
@@ -119,4 +120,41 @@ pub async fn assign(
     answer(view(
         directory::assign(&state, assignment.prefix.as_bytes(), &assignment.cell).await?,
     ))
+}
+
+/// What a move did.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct MoveAnswer {
+    pub directory: DirectoryView,
+    /// The cell the prefix left.
+    pub from: String,
+    /// Keys copied at the move's start revision.
+    pub copied: u64,
+    /// Source revisions applied to the target after the copy.
+    pub followed: u64,
+    /// Milliseconds from the source's fence to the switch: writes under the
+    /// prefix waited at most this long (other prefixes never wait).
+    pub pause_ms: u64,
+}
+
+/// Move a prefix to another cell with its keys, sessions, locks and
+/// elections, online: copied, followed, fenced for a short pause, switched.
+#[utoipa::path(post, path = "/v1/admin/directory/moves", tag = "directory",
+    request_body = Assignment,
+    responses((status = 200, body = MoveAnswer),
+        (status = 412, body = ErrorBody, description = "precondition_failed: already there, keys left in the target, a cell that does not answer, or another change running"),
+        (status = "4XX", body = ErrorBody), (status = "5XX", body = ErrorBody)))]
+pub async fn move_prefix(
+    State(state): State<Arc<ProxyState>>,
+    Json(assignment): Json<Assignment>,
+) -> Answer<MoveAnswer> {
+    let moved =
+        directory::move_prefix(&state, assignment.prefix.as_bytes(), &assignment.cell).await?;
+    answer(MoveAnswer {
+        directory: view(moved.directory),
+        from: moved.from,
+        copied: moved.copied as u64,
+        followed: moved.followed as u64,
+        pause_ms: moved.pause.as_millis() as u64,
+    })
 }

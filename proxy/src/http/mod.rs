@@ -104,6 +104,7 @@ pub fn routes() -> (Router<Arc<ProxyState>>, serde_json::Value) {
         .routes(routes!(directory::show))
         .routes(routes!(directory::add_cell))
         .routes(routes!(directory::assign))
+        .routes(routes!(directory::move_prefix))
         .routes(routes!(auth::token))
         .routes(routes!(openapi_json))
         .routes(routes!(healthz))

@@ -120,6 +120,47 @@ pub async fn assign(state: &ProxyState, prefix: &[u8], cell: &str) -> Result<Dir
     change(state, |current| current.with_assignment(prefix, cell)).await
 }
 
+/// How long a move may take, all steps together.
+pub const MOVE_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Moves `prefix`, with its keys, sessions, locks and elections, to cell
+/// `to` online ([`super::prefix_move`]).
+pub async fn move_prefix(
+    state: &ProxyState,
+    prefix: &[u8],
+    to: &str,
+) -> Result<super::prefix_move::Moved, ApiError> {
+    require_admin(state.upstream.home()).await?;
+    let home = state.upstream.home();
+    let lock = ChangeLock::take(home, MOVE_TIMEOUT.as_secs() as i64 + 30).await?;
+    let result = tokio::time::timeout(MOVE_TIMEOUT, async {
+        let (current, seen) = crate::upstream::directory::read_with_revision(home)
+            .await?
+            .unwrap_or_default();
+        let Some(next) = current.with_assignment(prefix, to)? else {
+            return Err(ApiError::precondition_failed(format!(
+                "prefix {:?} is cell {to}'s already",
+                prefix.escape_ascii().to_string()
+            )));
+        };
+        let moved = super::prefix_move::run(state, prefix, &current, &next).await?;
+        commit(home, &lock, seen, &next).await?;
+        Ok(moved)
+    })
+    .await
+    .unwrap_or_else(|_| {
+        Err(ApiError::timeout().with_message(format!(
+            "the move took longer than {MOVE_TIMEOUT:?}; the cells' records may be half \
+             changed: run it again"
+        )))
+    });
+    lock.release(home).await;
+    if result.is_ok() {
+        state.upstream.refresh().await?;
+    }
+    result
+}
+
 /// Runs one change: `next` gives the new directory from the current one
 /// (`None`: nothing to change).
 async fn change<F>(state: &ProxyState, next: F) -> Result<Directory, ApiError>
@@ -127,7 +168,7 @@ where
     F: FnOnce(&Directory) -> Result<Option<Directory>, ApiError>,
 {
     let home = state.upstream.home();
-    let lock = ChangeLock::take(home).await?;
+    let lock = ChangeLock::take(home, LOCK_TTL_SECONDS).await?;
     let result = tokio::time::timeout(CHANGE_TIMEOUT, async {
         let (current, seen) = crate::upstream::directory::read_with_revision(home)
             .await?
@@ -157,18 +198,7 @@ where
 /// stop taking writes for it; once it is known to hold no keys there, every
 /// cell but the gaining ones gets its new record, then the gaining ones.
 async fn apply(state: &ProxyState, current: &Directory, next: &Directory) -> Result<(), ApiError> {
-    let cell_of = |name: &str| -> Result<Cell, ApiError> {
-        match name {
-            HOME => Ok(state.upstream.home().clone()),
-            _ => {
-                let endpoints = next
-                    .cells
-                    .get(name)
-                    .ok_or_else(|| ApiError::internal(format!("no endpoints for cell {name:?}")))?;
-                state.upstream.client(endpoints)
-            }
-        }
-    };
+    let cell_of = |name: &str| cell_of(state, next, name);
     let names: Vec<&str> = std::iter::once(HOME)
         .chain(next.cells.keys().map(String::as_str))
         .collect();
@@ -204,11 +234,11 @@ async fn apply(state: &ProxyState, current: &Directory, next: &Directory) -> Res
     // The losing cells take no more writes for what they lose, but still
     // answer reads of it: what it holds is counted there.
     for (name, prefixes) in &losing {
-        let fenced = current.ownership_of(name).leaving(prefixes.clone());
+        let fenced = current.ownership_of(name).with_leaving(prefixes.clone());
         write_ownership(&cell_of(name)?, fenced, name).await?;
     }
     for (prefix, from, _) in &moved {
-        let keys = count_keys(&cell_of(from)?, prefix).await?;
+        let (keys, _) = count_keys(&cell_of(from)?, prefix).await?;
         if keys > 0 {
             for name in losing.keys() {
                 write_ownership(&cell_of(name)?, current.ownership_of(name), name).await?;
@@ -230,8 +260,30 @@ async fn apply(state: &ProxyState, current: &Directory, next: &Directory) -> Res
     Ok(())
 }
 
+/// The client of cell `name` of `directory`.
+pub(super) fn cell_of(
+    state: &ProxyState,
+    directory: &Directory,
+    name: &str,
+) -> Result<Cell, ApiError> {
+    match name {
+        HOME => Ok(state.upstream.home().clone()),
+        _ => {
+            let endpoints = directory
+                .cells
+                .get(name)
+                .ok_or_else(|| ApiError::internal(format!("no endpoints for cell {name:?}")))?;
+            state.upstream.client(endpoints)
+        }
+    }
+}
+
 /// Writes `record` into cell `name`'s ownership record.
-async fn write_ownership(cell: &Cell, record: Ownership, name: &str) -> Result<(), ApiError> {
+pub(super) async fn write_ownership(
+    cell: &Cell,
+    record: Ownership,
+    name: &str,
+) -> Result<(), ApiError> {
     let _: PbPutResponse = cell
         .call(
             Route::Leader,
@@ -260,8 +312,9 @@ fn unreachable_cell(name: &str, e: ApiError) -> ApiError {
     ))
 }
 
-/// How many live keys `cell` holds under `prefix` (linearizable).
-async fn count_keys(cell: &Cell, prefix: &[u8]) -> Result<i64, ApiError> {
+/// How many live keys `cell` holds under `prefix`, and its revision then
+/// (a linearizable read).
+pub(super) async fn count_keys(cell: &Cell, prefix: &[u8]) -> Result<(i64, i64), ApiError> {
     let range = KeyRange::prefix(prefix);
     let resp: PbRangeResponse = cell
         .call(
@@ -276,7 +329,7 @@ async fn count_keys(cell: &Cell, prefix: &[u8]) -> Result<i64, ApiError> {
             },
         )
         .await?;
-    Ok(resp.count)
+    Ok((resp.count, resp.header.map_or(0, |h| h.revision)))
 }
 
 /// Writes `next` if the directory is still as read (`seen`) and the lock
@@ -339,16 +392,13 @@ struct ChangeLock {
 }
 
 impl ChangeLock {
-    async fn take(home: &Cell) -> Result<ChangeLock, ApiError> {
+    async fn take(home: &Cell, ttl: i64) -> Result<ChangeLock, ApiError> {
         let granted: PbLeaseGrantResponse = home
             .call(
                 Route::Leader,
                 Kind::Write,
                 GRANT,
-                PbLeaseGrantRequest {
-                    ttl: LOCK_TTL_SECONDS,
-                    id: 0,
-                },
+                PbLeaseGrantRequest { ttl, id: 0 },
             )
             .await?;
         if !granted.error.is_empty() {

@@ -13,6 +13,8 @@
 //! - [`directory`]: an operator's changes to the directory of cells (add
 //!   a cell, assign a prefix), each cell told what it owns before the
 //!   directory changes.
+//! - [`prefix_move`]: a prefix moved online from its cell to another:
+//!   copy, follow, fence, raise, switch.
 //! - [`kv`]: ranges (read cache, client floors, member), puts, deletes,
 //!   txns and compaction.
 //! - [`lease`]: grant and revoke with the session table kept in step;
@@ -29,4 +31,5 @@ pub mod idempotency;
 pub mod kv;
 pub mod lease;
 pub mod locks;
+pub mod prefix_move;
 pub mod rates;

@@ -488,6 +488,7 @@ has_header!(
 
 has_header!(latchkey_shared::proxy_auth_pb::CheckReadsResponse);
 has_header!(latchkey_shared::moves_pb::RaiseRevisionResponse);
+has_header!(latchkey_shared::moves_pb::ImportResponse);
 
 use latchkey_shared::auth_pb as auth;
 has_header!(

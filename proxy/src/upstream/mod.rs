@@ -36,6 +36,10 @@ use latchkey_shared::{ApiError, ErrorCode};
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 
+/// How long a request refused by a cell that the directory still names
+/// waits before it is sent again.
+const REROUTE_PAUSE: std::time::Duration = std::time::Duration::from_millis(20);
+
 /// The directory this proxy routes by, with a client for each cell it
 /// names. Replaced whole on every change.
 pub struct Routes {
@@ -103,24 +107,31 @@ impl Upstream {
     }
 
     /// Sends with `send` to the cell of `ranges`; when that cell answers
-    /// `wrong_cell`, reads the directory again and, if it changed, routes
-    /// and sends once more. A cell refuses what it does not own before it
-    /// applies anything, so the second send never doubles a write.
+    /// `wrong_cell`, reads the directory again and sends again (at once to
+    /// the cell a newer directory names; after a short pause to the same
+    /// one, which is fenced by a move and will be switched), until the
+    /// request timeout. A cell refuses what it does not own before it
+    /// applies anything, so sending again never doubles a write.
     pub async fn routed<T, F, Fut>(&self, ranges: &[KeyRange], send: F) -> Result<T, ApiError>
     where
         F: Fn(Cell) -> Fut,
         Fut: std::future::Future<Output = Result<T, ApiError>>,
     {
-        let seen = self.routes().directory.version;
-        match send(self.route(ranges)?).await {
-            Err(e) if e.code == ErrorCode::WrongCell => {
-                self.refresh().await?;
-                if self.routes().directory.version == seen {
-                    return Err(e);
+        let deadline = tokio::time::Instant::now() + self.home.request_timeout;
+        loop {
+            let seen = self.routes().directory.version;
+            match send(self.route(ranges)?).await {
+                Err(e) if e.code == ErrorCode::WrongCell => {
+                    if tokio::time::Instant::now() >= deadline {
+                        return Err(e);
+                    }
+                    self.refresh().await?;
+                    if self.routes().directory.version == seen {
+                        tokio::time::sleep(REROUTE_PAUSE).await;
+                    }
                 }
-                send(self.route(ranges)?).await
+                other => return other,
             }
-            other => other,
         }
     }
 

@@ -414,3 +414,226 @@ async fn one_session_holds_locks_in_two_cells_through_leader_kills() {
     .await;
     assert!(taken.is_ok(), "both locks free within 5 s of the revoke");
 }
+
+/// One writer's puts through one proxy, each of a new key under `prefix`
+/// (`prefix/000001`, ...), for as long as `run` says: how many were
+/// acknowledged (keys 1 to that), and when each acknowledgement came with
+/// how long it took.
+async fn write_until(
+    mut client: etcd_client::Client,
+    prefix: String,
+    run: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> (u64, Vec<(std::time::Instant, std::time::Duration)>) {
+    let (mut n, mut acked) = (0u64, Vec::new());
+    while run.load(std::sync::atomic::Ordering::Relaxed) {
+        let sent = std::time::Instant::now();
+        let key = format!("{prefix}/{:06}", n + 1);
+        // A write that fails is sent again, same key and value, until one
+        // is acknowledged.
+        if client.put(key, "v", None).await.is_ok() {
+            n += 1;
+            acked.push((std::time::Instant::now(), sent.elapsed()));
+        }
+    }
+    (n, acked)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefix_moves_under_load_losing_nothing() {
+    let home = Cluster::start(cell_binary(), 3, &[]).await;
+    let other = Cluster::start(cell_binary(), 3, &[]).await;
+    let p1 = ProxyProcess::start(proxy_bin(), &member_addrs(&home), &[]).await;
+    let p2 = ProxyProcess::start(proxy_bin(), &member_addrs(&home), &[]).await;
+    let (status, body) = change(&p1, "/cells/b", json!({"endpoints": member_addrs(&other)})).await;
+    assert_eq!(status, 200, "{body}");
+    let c1 = connect_anonymous(&format!("http://{}", p1.grpc)).await;
+    let c2 = connect_anonymous(&format!("http://{}", p2.grpc)).await;
+
+    // Before: keys, a session's key and lock, a waiter behind it, all in home.
+    let mut setup = c1.clone();
+    for i in 0..200 {
+        setup
+            .put(format!("jobs/seed/{i:03}"), "s", None)
+            .await
+            .expect("seed");
+    }
+    let session = setup.lease_grant(10, None).await.expect("grant").id();
+    let (mut keeper, mut acks) = setup.lease_keep_alive(session).await.expect("keep-alive");
+    let keeping = tokio::spawn(async move {
+        while keeper.keep_alive().await.is_ok() {
+            let _ = acks.message().await;
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        }
+    });
+    let mut bound = etcd_client::PutOptions::new().with_lease(session);
+    setup
+        .put("jobs/ephemeral", "bound", Some(bound.clone()))
+        .await
+        .expect("a session's key");
+    bound = bound.with_prev_key();
+    let _ = bound;
+    let holder = setup
+        .lock(
+            "jobs/lk",
+            Some(etcd_client::LockOptions::new().with_lease(session)),
+        )
+        .await
+        .expect("lock");
+    let holder_key = holder.key().to_vec();
+    let holder_token = setup
+        .get(holder_key.clone(), None)
+        .await
+        .expect("holder key")
+        .kvs()[0]
+        .create_revision();
+    let waiter_session = setup.lease_grant(30, None).await.expect("grant").id();
+    let mut waiter_client = c2.clone();
+    let waiter = tokio::spawn(async move {
+        // A wait cut by the move (its watch was on home) is taken up again.
+        loop {
+            let opts = etcd_client::LockOptions::new().with_lease(waiter_session);
+            match waiter_client.lock("jobs/lk", Some(opts)).await {
+                Ok(resp) => return resp.key().to_vec(),
+                Err(_) => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
+            }
+        }
+    });
+
+    // Load on the moving prefix through both proxies, and on another.
+    let run = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let mut writers = Vec::new();
+    for (i, client) in [c1.clone(), c2.clone(), c1.clone(), c2.clone()]
+        .into_iter()
+        .enumerate()
+    {
+        writers.push(tokio::spawn(write_until(
+            client,
+            format!("jobs/w/{i}"),
+            run.clone(),
+        )));
+    }
+    let elsewhere = tokio::spawn(write_until(c1.clone(), "config/w".into(), run.clone()));
+    tokio::time::sleep(std::time::Duration::from_millis(800)).await;
+
+    let started = std::time::Instant::now();
+    let resp = reqwest::Client::new()
+        .post(format!("http://{}/v1/admin/directory/moves", p2.http))
+        .json(&json!({"prefix": "jobs/", "cell": "b"}))
+        .send()
+        .await
+        .expect("move");
+    let status = resp.status().as_u16();
+    let moved: Value = resp.json().await.expect("json");
+    let ended = std::time::Instant::now();
+    assert_eq!(status, 200, "{moved}");
+    assert_eq!(moved["from"], "home", "{moved}");
+    assert_eq!(
+        moved["directory"]["prefixes"],
+        json!([{"prefix": "jobs/", "cell": "b"}])
+    );
+    assert!(moved["copied"].as_u64().unwrap() >= 203, "{moved}");
+    let pause_ms = moved["pause_ms"].as_u64().expect("pause");
+    tokio::time::sleep(std::time::Duration::from_millis(800)).await;
+    run.store(false, std::sync::atomic::Ordering::Relaxed);
+
+    // Nothing acknowledged is lost: every key a writer was told it wrote
+    // is there, through either proxy, in b.
+    let mut slowest = std::time::Duration::ZERO;
+    let mut reader = c1.clone();
+    let mut written = 0;
+    for (i, writer) in writers.into_iter().enumerate() {
+        let (last, acked) = writer.await.expect("writer");
+        assert!(last > 0, "writer {i} wrote");
+        let prefix = format!("jobs/w/{i}/");
+        let got = reader
+            .get(
+                prefix.as_str(),
+                Some(GetOptions::new().with_prefix().with_keys_only()),
+            )
+            .await
+            .expect("read");
+        let keys: std::collections::BTreeSet<String> = got
+            .kvs()
+            .iter()
+            .map(|kv| kv.key_str().unwrap().to_string())
+            .collect();
+        let lost: Vec<String> = (1..=last)
+            .map(|n| format!("{prefix}{n:06}"))
+            .filter(|k| !keys.contains(k))
+            .collect();
+        assert!(lost.is_empty(), "acknowledged and lost: {lost:?}");
+        written += last;
+        slowest = slowest.max(
+            acked
+                .iter()
+                .map(|(_, took)| *took)
+                .max()
+                .unwrap_or_default(),
+        );
+    }
+    let first_of_0 = "jobs/w/0/000001";
+    assert_eq!(
+        eventually_in(&other, first_of_0).await.as_deref(),
+        Some("v"),
+        "in b"
+    );
+    assert_eq!(
+        value_in(&home, first_of_0).await,
+        Err(Code::FailedPrecondition),
+        "home gave the prefix away"
+    );
+    let seeds = reader
+        .get(
+            "jobs/seed/",
+            Some(GetOptions::new().with_prefix().with_count_only()),
+        )
+        .await
+        .expect("count");
+    assert_eq!(seeds.count(), 200);
+
+    // The other prefix went on while this one paused.
+    let (_, config_acks) = elsewhere.await.expect("writer");
+    let during = config_acks
+        .iter()
+        .filter(|(at, _)| *at > started && *at < ended)
+        .count();
+    assert!(
+        during > 0,
+        "writes elsewhere were acknowledged during the move"
+    );
+
+    // The session lives, its key and its lock too, in b; its unlock hands
+    // the lock to the waiter with a higher token.
+    let ttl = reader
+        .lease_time_to_live(session, None)
+        .await
+        .expect("ttl")
+        .ttl();
+    assert!(ttl > 0, "the session outlived the move");
+    let eph = reader.get("jobs/ephemeral", None).await.expect("read");
+    assert_eq!(eph.kvs()[0].lease(), session);
+    let held = reader.get(holder_key.clone(), None).await.expect("holder");
+    assert_eq!(held.kvs()[0].lease(), session, "the holder still holds");
+    assert_eq!(
+        held.kvs()[0].create_revision(),
+        holder_token,
+        "its token kept"
+    );
+    assert!(!waiter.is_finished(), "the waiter still waits");
+    reader.unlock(holder_key).await.expect("unlock");
+    let next_key = tokio::time::timeout(std::time::Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter gets the lock")
+        .expect("waiter");
+    let next_token = reader.get(next_key, None).await.expect("next").kvs()[0].create_revision();
+    assert!(
+        next_token > holder_token,
+        "fencing tokens rise across the move: {holder_token} then {next_token}"
+    );
+    keeping.abort();
+    println!(
+        "moved jobs/ under load: pause {pause_ms} ms; {written} acknowledged writes of the \
+         prefix, none lost, the slowest {} ms; {during} writes elsewhere during the move",
+        slowest.as_millis()
+    );
+}

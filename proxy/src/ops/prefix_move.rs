@@ -1,0 +1,400 @@
+//! An online move of a key prefix from the cell that owns it to another
+//! (DESIGN section 9), run by an operator through any proxy under the
+//! directory's change lock ([`super::directory`]):
+//!
+//! 1. **Arriving.** The target is told it owns the prefix for the move
+//!    only: it answers and takes writes under it from the proxies alone. It
+//!    must hold no keys there.
+//! 2. **Copy.** The source's keys under the prefix are read at one
+//!    revision `r0` (page by page) and imported into the target with the
+//!    create revision and version each had (a lock or election queue keeps
+//!    its order, a holder its fencing token) and its session (each
+//!    session's lease is extended to the target first).
+//! 3. **Follow.** A watch of the source from `r0 + 1` applies every later
+//!    change to the target, while clients go on writing to the source.
+//! 4. **Fence.** The source stops taking writes under the prefix
+//!    (`leaving`); the pause begins. Its revision then, `rf`, is the last
+//!    any write of the prefix got there; the follower applies through it.
+//! 5. **Raise.** The target's revision becomes at least `rf`: every
+//!    revision it issues from now on, and so every fencing token, is above
+//!    those the source issued.
+//! 6. **Switch.** Every cell but the target gets its record from the new
+//!    directory (the source's drops the prefix's keys), then the target
+//!    (owning the prefix outright), then the directory commits; the pause
+//!    ends. Proxies learn it within `--directory-interval`, or at once when
+//!    the source refuses a request; a proxy holds a refused request and
+//!    sends it again until its timeout, so a short pause is a slow answer,
+//!    not an error.
+//!
+//! What clients see: writes under the prefix wait during the pause (the
+//! move reports how long it was); other prefixes never pause. Locks,
+//! elections and sessions on the prefix keep their keys and leases; a
+//! holder's token stays what it was, the next holder's is above it. A
+//! watch of the prefix on the source is cancelled when the source stops
+//! owning it (its client watches again, through the target). A move that
+//! fails before the switch gives the source its record back and tells
+//! the target it owns nothing there; the keys it copied stay in the target
+//! until the next move into it fails on them (remove them by moving the
+//! prefix in and out, or by hand).
+
+use super::directory::{cell_of, count_keys, write_ownership};
+use crate::state::ProxyState;
+use crate::upstream::{Cell, Kind, Route};
+use crate::watch::{Cancel, Item, WatchKey};
+use futures::FutureExt;
+use latchkey_shared::directory::Directory;
+use latchkey_shared::etcd_enums::EventType;
+use latchkey_shared::etcd_methods::kv::{RANGE, TXN};
+use latchkey_shared::etcd_methods::moves::IMPORT;
+use latchkey_shared::etcd_methods::moves::RAISE_REVISION;
+use latchkey_shared::etcdpb::*;
+use latchkey_shared::key_range::KeyRange;
+use latchkey_shared::limits::MAX_TXN_OPS;
+use latchkey_shared::moves_pb::{
+    ImportRequest, ImportResponse, RaiseRevisionRequest, RaiseRevisionResponse,
+};
+use latchkey_shared::txn_op::op;
+use latchkey_shared::ApiError;
+use std::collections::BTreeMap;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// Keys read from the source per page of the copy.
+const COPY_PAGE: i64 = 1000;
+/// How long the fenced follower may take to reach the source's revision.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What a move did.
+#[derive(Debug, Clone)]
+pub struct Moved {
+    pub directory: Directory,
+    pub from: String,
+    /// Keys copied at the start revision.
+    pub copied: usize,
+    /// Source revisions the follower applied after the copy.
+    pub followed: usize,
+    /// From the fence to the directory's commit: writes under the prefix
+    /// waited at most this long.
+    pub pause: Duration,
+}
+
+/// Moves `prefix` from its cell to `to` (see the module doc); `current`
+/// and `next` are the directory before and after, read under the change
+/// lock.
+pub async fn run(
+    state: &ProxyState,
+    prefix: &[u8],
+    current: &Directory,
+    next: &Directory,
+) -> Result<Moved, ApiError> {
+    let from = current.owner_of(prefix).to_string();
+    let to = next.owner_of(prefix).to_string();
+    let source = cell_of(state, next, &from)?;
+    let target = cell_of(state, next, &to)?;
+    let range = KeyRange::prefix(prefix);
+
+    // 1. Arriving: the target owns it for the move only.
+    let arriving = next.ownership_of(&to).with_arriving(vec![prefix.to_vec()]);
+    write_ownership(&target, arriving, &to).await?;
+    let (stale, _) = count_keys(&target, prefix).await?;
+    if stale > 0 {
+        write_ownership(&target, current.ownership_of(&to), &to).await?;
+        return Err(ApiError::precondition_failed(format!(
+            "cell {to} already holds {stale} keys under {:?} (left by a move that failed?); \
+             nothing was moved",
+            prefix.escape_ascii().to_string()
+        )));
+    }
+    let moved = copy_follow_switch(state, prefix, &range, current, next, &source, &target).await;
+    if moved.is_err() {
+        // Back as it was: the source takes writes again, the target
+        // answers nothing under the prefix.
+        let _ = write_ownership(&source, current.ownership_of(&from), &from).await;
+        let _ = write_ownership(&target, current.ownership_of(&to), &to).await;
+    }
+    let (copied, followed, pause) = moved?;
+    Ok(Moved {
+        directory: next.clone(),
+        from,
+        copied,
+        followed,
+        pause,
+    })
+}
+
+/// Steps 2 to 6; the directory is committed by the caller right after.
+async fn copy_follow_switch(
+    state: &ProxyState,
+    prefix: &[u8],
+    range: &KeyRange,
+    current: &Directory,
+    next: &Directory,
+    source: &Cell,
+    target: &Cell,
+) -> Result<(usize, usize, Duration), ApiError> {
+    let from = current.owner_of(prefix);
+    let to = next.owner_of(prefix);
+    // 2. Copy at one revision, each key with its create revision and
+    // version (a lock queue keeps its order, a holder its token).
+    let (kvs, r0) = read_all(source, range).await?;
+    let copied = kvs.len();
+    import(state, target, kvs).await?;
+
+    // 3. Follow from r0 + 1, in rounds, until a round has little left
+    // to apply: then the fence's pause holds only that little.
+    let coalescer = state.coalescers.of(&state.upstream, source);
+    let key = WatchKey::new(range.start.clone(), range.end.clone(), &[], false)?.on_the_leader();
+    let mut follower = Follower {
+        changes: coalescer.subscribe(key, r0 + 1).await?,
+        coalescer,
+        applied: r0,
+        followed: 0,
+    };
+    for _ in 0..FOLLOW_ROUNDS {
+        let now = count_keys(source, prefix).await?.1;
+        let behind = now - follower.applied;
+        follower.follow(state, target, now).await?;
+        if behind <= CLOSE_ENOUGH {
+            break;
+        }
+    }
+
+    // 4. Fence the source; the pause begins. Its revision then is the
+    // last any write of the prefix got there.
+    let fenced = Instant::now();
+    let leaving = current
+        .ownership_of(from)
+        .with_leaving(vec![prefix.to_vec()]);
+    write_ownership(source, leaving, from).await?;
+    let rf = count_keys(source, prefix).await?.1;
+    follower.follow(state, target, rf).await?;
+    let followed = follower.followed;
+    drop(follower);
+
+    // 5. The target's revisions continue above the source's.
+    let _: RaiseRevisionResponse = target
+        .call(
+            Route::Leader,
+            Kind::Write,
+            RAISE_REVISION,
+            RaiseRevisionRequest { above: rf },
+        )
+        .await?;
+
+    // 6. Every cell but the target, the source dropping the prefix's keys;
+    // then the target owns it outright.
+    for name in std::iter::once(latchkey_shared::directory::HOME)
+        .chain(next.cells.keys().map(String::as_str))
+        .filter(|n| *n != to)
+    {
+        let mut record = next.ownership_of(name);
+        if name == from {
+            record.dropped = vec![prefix.to_vec()];
+        }
+        write_ownership(&cell_of(state, next, name)?, record, name).await?;
+    }
+    write_ownership(target, next.ownership_of(to), to).await?;
+    Ok((copied, followed, fenced.elapsed()))
+}
+
+/// Every live key of `range` at one revision, page by page, with it.
+async fn read_all(cell: &Cell, range: &KeyRange) -> Result<(Vec<PbKeyValue>, i64), ApiError> {
+    let mut kvs = Vec::new();
+    let mut start = range.start.clone();
+    let mut at = 0;
+    loop {
+        let page: PbRangeResponse = cell
+            .call(
+                Route::Leader,
+                Kind::Read,
+                RANGE,
+                PbRangeRequest {
+                    key: start.clone(),
+                    range_end: range.end.clone(),
+                    limit: COPY_PAGE,
+                    revision: at,
+                    ..Default::default()
+                },
+            )
+            .await?;
+        if at == 0 {
+            at = page.header.map_or(0, |h| h.revision);
+        }
+        let more = page.more;
+        if let Some(last) = page.kvs.last() {
+            start = [last.key.as_slice(), &[0]].concat();
+        }
+        kvs.extend(page.kvs);
+        if !more {
+            return Ok((kvs, at));
+        }
+    }
+}
+
+/// Rounds of following before the fence, at most.
+const FOLLOW_ROUNDS: usize = 20;
+/// A round that started this many revisions behind, or fewer, is the last.
+const CLOSE_ENOUGH: i64 = 32;
+/// Revisions merged into one application to the target, at most.
+const MERGE: usize = 512;
+
+/// The source's changes under the prefix, applied to the target.
+struct Follower {
+    coalescer: std::sync::Arc<crate::watch::coalescer::Coalescer>,
+    changes: crate::watch::coalescer::Subscription,
+    /// Every source revision through this one is in the target.
+    applied: i64,
+    /// Source revisions with changes applied.
+    followed: usize,
+}
+
+impl Follower {
+    /// Applies changes until every revision through `through` is applied.
+    /// The revisions waiting are merged (each key's last change wins:
+    /// the target serves none of them until the switch, so only the end
+    /// state matters), then applied as one delete txn and one import.
+    async fn follow(
+        &mut self,
+        state: &ProxyState,
+        target: &Cell,
+        through: i64,
+    ) -> Result<(), ApiError> {
+        let deadline = Instant::now() + DRAIN_TIMEOUT;
+        while self.applied < through {
+            let first =
+                match tokio::time::timeout(Duration::from_millis(20), self.changes.recv()).await {
+                    Ok(item) => item,
+                    Err(_) => {
+                        // Quiet: ask where upstream is.
+                        if Instant::now() > deadline {
+                            return Err(ApiError::timeout().with_message(format!(
+                                "the move's follower reached revision {} of {through} in \
+                             {DRAIN_TIMEOUT:?}; nothing was switched",
+                                self.applied
+                            )));
+                        }
+                        self.coalescer.request_progress().await;
+                        continue;
+                    }
+                };
+            let mut last: BTreeMap<Vec<u8>, Option<PbKeyValue>> = BTreeMap::new();
+            let mut item = first;
+            let mut merged = 0;
+            loop {
+                match item {
+                    Some(Item::Events(revision)) => {
+                        for e in revision.events.iter() {
+                            let Some(kv) = &e.kv else { continue };
+                            let put = (e.r#type != EventType::Delete as i32).then(|| kv.clone());
+                            last.insert(kv.key.clone(), put);
+                        }
+                        self.applied = revision.revision;
+                        self.followed += 1;
+                    }
+                    Some(Item::Progress(revision)) => self.applied = self.applied.max(revision),
+                    Some(Item::Cancelled(Cancel::Compacted { compact_revision })) => {
+                        return Err(ApiError::compacted(compact_revision).with_message(format!(
+                            "the source compacted past revision {} while the move followed \
+                             it; nothing was switched",
+                            self.applied
+                        )))
+                    }
+                    Some(Item::Cancelled(Cancel::Ended { reason })) => {
+                        return Err(ApiError::unavailable(format!(
+                            "the move's watch of the source ended: {reason}; nothing was switched"
+                        )))
+                    }
+                    Some(Item::Cancelled(Cancel::Revoked(e))) => return Err(e),
+                    None => {
+                        return Err(ApiError::unavailable(
+                            "the move's watch of the source ended; nothing was switched",
+                        ))
+                    }
+                }
+                merged += 1;
+                if merged >= MERGE {
+                    break;
+                }
+                // What is already here joins this application.
+                match self.changes.recv().now_or_never() {
+                    Some(next) => item = next,
+                    None => break,
+                }
+            }
+            let (deletes, puts): (Vec<_>, Vec<_>) =
+                last.into_iter().partition(|(_, kv)| kv.is_none());
+            let deletes = deletes
+                .into_iter()
+                .map(|(key, _)| {
+                    op(PbTxnOpRequest::RequestDeleteRange(PbDeleteRequest {
+                        key,
+                        ..Default::default()
+                    }))
+                })
+                .collect();
+            delete(target, deletes).await?;
+            import(
+                state,
+                target,
+                puts.into_iter().filter_map(|(_, kv)| kv).collect(),
+            )
+            .await?;
+        }
+        Ok(())
+    }
+}
+
+/// Most bytes of keys and values in one import.
+const IMPORT_BYTES: usize = 1 << 20;
+
+/// Writes `kvs` into `target` with their create revisions, versions and
+/// leases (each session extended there first), in imports of at most
+/// `MAX_TXN_OPS` keys and about `IMPORT_BYTES`.
+async fn import(state: &ProxyState, target: &Cell, kvs: Vec<PbKeyValue>) -> Result<(), ApiError> {
+    let mut batch: Vec<PbKeyValue> = Vec::new();
+    let mut bytes = 0;
+    let mut kvs = kvs.into_iter().peekable();
+    while let Some(kv) = kvs.next() {
+        bytes += kv.key.len() + kv.value.len();
+        batch.push(kv);
+        let full = batch.len() == MAX_TXN_OPS || bytes >= IMPORT_BYTES;
+        if full || kvs.peek().is_none() {
+            let mut leases: Vec<i64> = batch
+                .iter()
+                .map(|kv| kv.lease)
+                .filter(|l| *l != 0)
+                .collect();
+            leases.sort_unstable();
+            leases.dedup();
+            state
+                .extensions
+                .ensure_all(&state.upstream, target, &leases)
+                .await?;
+            let _: ImportResponse = target
+                .call(
+                    Route::Leader,
+                    Kind::Write,
+                    IMPORT,
+                    ImportRequest {
+                        kvs: std::mem::take(&mut batch),
+                    },
+                )
+                .await?;
+            bytes = 0;
+        }
+    }
+    Ok(())
+}
+
+/// Deletes in `target`, as the proxy, in txns of at most `MAX_TXN_OPS`.
+async fn delete(target: &Cell, ops: Vec<PbTxnRequestOp>) -> Result<(), ApiError> {
+    for chunk in ops.chunks(MAX_TXN_OPS) {
+        let txn = PbTxnRequest {
+            compare: vec![],
+            success: chunk.to_vec(),
+            failure: vec![],
+        };
+        let _: PbTxnResponse = target.call(Route::Leader, Kind::Write, TXN, txn).await?;
+    }
+    Ok(())
+}
