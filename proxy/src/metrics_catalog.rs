@@ -233,6 +233,20 @@ pub const TENANTS_KNOWN: Metric = Metric {
     help: "Tenants this proxy knows from the cell's Tenants service (read every second), whose request rates it enforces.",
 };
 
+pub const DIRECTORY_VERSION: Metric = Metric {
+    name: "latchkey_proxy_directory_version",
+    kind: Kind::Gauge,
+    unit: Unit::Count,
+    help: "The version of the directory of cells this proxy routes by (0: none, one cell).",
+};
+
+pub const DIRECTORY_CELLS: Metric = Metric {
+    name: "latchkey_proxy_directory_cells",
+    kind: Kind::Gauge,
+    unit: Unit::Count,
+    help: "Cells this proxy routes to, home included.",
+};
+
 /// Every metric the proxy records.
 pub const ALL: &[Metric] = &[
     REQUEST_SECONDS,
@@ -265,6 +279,8 @@ pub const ALL: &[Metric] = &[
     RATE_LIMITED,
     QUOTA_REFUSED,
     TENANTS_KNOWN,
+    DIRECTORY_VERSION,
+    DIRECTORY_CELLS,
 ];
 
 /// Describes the proxy's metrics and the shared crate's to the process's

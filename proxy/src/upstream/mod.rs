@@ -30,6 +30,7 @@ pub use directory::CellMaker;
 pub use identity::CellIdentity;
 pub use leader_tracker::LeaderTracker;
 
+use crate::metrics_catalog::{DIRECTORY_CELLS, DIRECTORY_VERSION};
 use latchkey_shared::directory::{Directory, HOME};
 use latchkey_shared::key_range::KeyRange;
 use latchkey_shared::{ApiError, ErrorCode};
@@ -201,6 +202,8 @@ impl Upstream {
         }
         let version = directory.version;
         tracing::info!(version, cells = cells.len(), "routing by a new directory");
+        metrics::gauge!(DIRECTORY_VERSION.name).set(version as f64);
+        metrics::gauge!(DIRECTORY_CELLS.name).set(cells.len() as f64);
         *self.routes.write().expect("routes lock") = Arc::new(Routes { directory, cells });
         Ok(version)
     }

@@ -305,6 +305,25 @@ async fn requests_go_to_the_cell_that_owns_their_prefix() {
         "{refused:?}"
     );
 
+    // A change made through p2 reaches p1 with no request of p1's: it
+    // reads the directory every 500 ms.
+    let (status, body) = change(&p2, "/prefixes", json!({"prefix": "queue/", "cell": "b"})).await;
+    assert_eq!(status, 200, "{body}");
+    let version = body["version"].as_f64().expect("version");
+    let mut seen = 0.0;
+    for _ in 0..40 {
+        seen = p1
+            .metric("latchkey_proxy_directory_version")
+            .await
+            .unwrap_or(0.0);
+        if seen == version {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(seen, version, "p1 routes by the new directory within 2 s");
+    assert_eq!(p1.metric("latchkey_proxy_directory_cells").await, Some(2.0));
+
     // Back to home: refused while b holds keys under it.
     let (status, body) = change(&p2, "/prefixes", json!({"prefix": "jobs/", "cell": "home"})).await;
     assert_eq!(status, 412, "{body}");
