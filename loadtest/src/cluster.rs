@@ -6,6 +6,14 @@
 //! in front of it (or, with `--etcd`, members of Debian's etcd as the
 //! reference and etcd's own grpc-proxies), each in its own process group so the terminal's Ctrl-C does
 //! not reach them, waits until every one is ready, and writes a state file:
+//! With `--cell-groups G`, it starts G cells of `--cells` members each (the
+//! first is home, `cell-N`; the others `cellgG-N`), adds the others to the
+//! directory of cells through the first proxy and gives cell g the prefix
+//! `loadtest/cell-{g-1}/` (the `locks` scenario's `--spread-cells G` names
+//! its locks across them); `--cpu-quota C` puts each cell's members in a
+//! cgroup of their own limited to C cores (cgroup v1's `cpu` controller, or
+//! v2's `cpu.max`; root only), so cells on one machine do not share CPU as
+//! they please.
 //! what runs, its pid, its addresses, its log, and the one directory that
 //! holds every data directory and log. `down` reads that file, stops each
 //! process that is still the one it started (SIGTERM, then SIGKILL after a
@@ -45,6 +53,15 @@ struct UpArgs {
     /// Start members of etcd (the reference) instead of latchkey.
     #[arg(long)]
     etcd: bool,
+    /// Cells of `--cells` members each (latchkey only): the first is home,
+    /// the others are added to the directory, cell g owning the prefix
+    /// `loadtest/cell-{g-1}/`.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=8))]
+    cell_groups: u8,
+    /// Cores each cell's members may use together (a cgroup per cell; root
+    /// only), e.g. 0.5.
+    #[arg(long)]
+    cpu_quota: Option<f64>,
     /// The `etcd` binary (Debian's etcd-server installs /usr/bin/etcd).
     #[arg(long, default_value = "etcd")]
     etcd_bin: PathBuf,
@@ -86,6 +103,9 @@ pub struct ClusterState {
     /// Holds every data directory and log; `down` removes it.
     pub dir: PathBuf,
     pub processes: Vec<Proc>,
+    /// The cgroups `--cpu-quota` made; `down` removes them.
+    #[serde(default)]
+    pub cgroups: Vec<PathBuf>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -153,6 +173,7 @@ async fn up(args: UpArgs) -> Result<(), String> {
     let mut state = ClusterState {
         dir: dir.clone(),
         processes: Vec::new(),
+        cgroups: Vec::new(),
     };
     let started = if args.etcd {
         start_etcd(&args, &mut state).await
@@ -161,6 +182,7 @@ async fn up(args: UpArgs) -> Result<(), String> {
     };
     if let Err(e) = started {
         stop(&state.processes).await;
+        remove_cgroups(&state.cgroups);
         let _ = std::fs::remove_dir_all(&dir);
         return Err(e);
     }
@@ -215,40 +237,62 @@ fn addr_flags(addrs: &BTreeMap<String, String>) -> Vec<String> {
 async fn start_latchkey(args: &UpArgs, state: &mut ClusterState) -> Result<(), String> {
     let cell_bin = args.bins.cell()?;
     let proxy_bin = args.bins.proxy()?;
-    let members: Vec<BTreeMap<String, String>> = (0..args.cells)
-        .map(|_| listen_on(&["client", "peer", "metrics"]))
-        .collect();
-    let initial_cluster = members
-        .iter()
-        .enumerate()
-        .map(|(i, m)| format!("{}={}", i + 1, m["peer"]))
-        .collect::<Vec<_>>()
-        .join(",");
+    if args.cpu_quota.is_some_and(|c| !(c > 0.0 && c <= 64.0)) {
+        return Err("--cpu-quota is in cores, above 0 and at most 64".into());
+    }
     // The members admit, and the proxies present, one key for latchkey's
     // own records.
     let key_file = state.dir.join("proxy.key");
     latchkey_shared::auth::proxy_key::create_or_read(&key_file).map_err(|e| e.to_string())?;
     let key_file = path_arg(&key_file)?;
-    for (i, addrs) in members.iter().enumerate() {
-        let id = i + 1;
-        let mut argv: Vec<String> = vec![
-            "--proxy-key-file".into(),
-            key_file.clone(),
-            "--id".into(),
-            id.to_string(),
-            "--initial-cluster".into(),
-            initial_cluster.clone(),
-            "--data-dir".into(),
-            path_arg(&state.dir.join(format!("cell-{id}")))?,
-        ];
-        argv.extend(addr_flags(addrs));
-        argv.extend(args.bins.cell_arg.iter().cloned());
-        launch(state, &cell_bin, format!("cell-{id}"), argv, addrs.clone())?;
+    let mut groups: Vec<Vec<String>> = Vec::new();
+    for g in 1..=args.cell_groups {
+        let name = |id: usize| match g {
+            1 => format!("cell-{id}"),
+            _ => format!("cellg{g}-{id}"),
+        };
+        let members: Vec<BTreeMap<String, String>> = (0..args.cells)
+            .map(|_| listen_on(&["client", "peer", "metrics"]))
+            .collect();
+        let initial_cluster = members
+            .iter()
+            .enumerate()
+            .map(|(i, m)| format!("{}={}", i + 1, m["peer"]))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut started = Vec::new();
+        for (i, addrs) in members.iter().enumerate() {
+            let id = i + 1;
+            let mut argv: Vec<String> = vec![
+                "--proxy-key-file".into(),
+                key_file.clone(),
+                "--id".into(),
+                id.to_string(),
+                "--initial-cluster".into(),
+                initial_cluster.clone(),
+                "--data-dir".into(),
+                path_arg(&state.dir.join(name(id)))?,
+            ];
+            argv.extend(addr_flags(addrs));
+            argv.extend(args.bins.cell_arg.iter().cloned());
+            started.push(launch(state, &cell_bin, name(id), argv, addrs.clone())?);
+        }
+        if let Some(cores) = args.cpu_quota {
+            let pids: Vec<u32> = started.iter().map(|p| p.pid).collect();
+            let group = cpu_cgroup(
+                &format!("latchkey-loadtest-{}-g{g}", std::process::id()),
+                cores,
+                &pids,
+            )?;
+            state.cgroups.push(group);
+        }
+        for p in &started {
+            wait_ready(p, &p.addrs["metrics"], args.ready_timeout).await?;
+        }
+        groups.push(members.iter().map(|m| m["client"].clone()).collect());
     }
-    for p in state.processes.clone() {
-        wait_ready(&p, &p.addrs["metrics"], args.ready_timeout).await?;
-    }
-    let cells = state.addrs("client").join(",");
+    let cells = groups[0].join(",");
+    let mut first_http = None;
     for n in 1..=args.proxies.unwrap_or(2) {
         let addrs = listen_on(&["http", "grpc", "metrics"]);
         let mut argv: Vec<String> = vec![
@@ -263,8 +307,86 @@ async fn start_latchkey(args: &UpArgs, state: &mut ClusterState) -> Result<(), S
         argv.extend(args.bins.proxy_arg.iter().cloned());
         let p = launch(state, &proxy_bin, format!("proxy-{n}"), argv, addrs)?;
         wait_ready(&p, &p.addrs["http"], args.ready_timeout).await?;
+        first_http.get_or_insert(p.addrs["http"].clone());
+    }
+    if groups.len() > 1 {
+        let http = first_http.ok_or("--cell-groups needs a proxy to change the directory")?;
+        for (i, members) in groups.iter().enumerate().skip(1) {
+            let cell = format!("cell{}", i + 1);
+            let body = serde_json::json!({ "endpoints": members }).to_string();
+            directory_change(&http, &format!("/v1/admin/directory/cells/{cell}"), &body).await?;
+            let body = serde_json::json!({ "prefix": format!("loadtest/cell-{i}/"), "cell": cell })
+                .to_string();
+            directory_change(&http, "/v1/admin/directory/prefixes", &body).await?;
+        }
     }
     Ok(())
+}
+
+/// A `PUT` of the directory through the proxy at `http`.
+async fn directory_change(http: &str, path: &str, body: &str) -> Result<(), String> {
+    let resp = reqwest::Client::new()
+        .put(format!("http://{http}{path}"))
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .timeout(Duration::from_secs(30))
+        .send()
+        .await
+        .map_err(|e| format!("PUT {path}: {e}"))?;
+    if resp.status().is_success() {
+        return Ok(());
+    }
+    let status = resp.status();
+    Err(format!(
+        "PUT {path}: {status} {}",
+        resp.text().await.unwrap_or_default()
+    ))
+}
+
+/// A cgroup named `name` holding `pids`, limited to `cores` of CPU: v1's
+/// `cpu` controller where it is mounted, else v2's `cpu.max`.
+fn cpu_cgroup(name: &str, cores: f64, pids: &[u32]) -> Result<PathBuf, String> {
+    let period = 100_000u64;
+    let quota = ((cores * period as f64) as u64).max(1_000);
+    let v1 = Path::new("/sys/fs/cgroup/cpu");
+    let (dir, files): (PathBuf, Vec<(&str, String)>) = if v1.join("cpu.cfs_quota_us").exists() {
+        (
+            v1.join(name),
+            vec![
+                ("cpu.cfs_period_us", period.to_string()),
+                ("cpu.cfs_quota_us", quota.to_string()),
+            ],
+        )
+    } else {
+        (
+            Path::new("/sys/fs/cgroup").join(name),
+            vec![("cpu.max", format!("{quota} {period}"))],
+        )
+    };
+    let fail = |what: &str, e: std::io::Error| {
+        format!(
+            "--cpu-quota: {what} {}: {e} (root and a cgroup cpu controller are needed)",
+            dir.display()
+        )
+    };
+    std::fs::create_dir_all(&dir).map_err(|e| fail("making", e))?;
+    for (file, value) in files {
+        std::fs::write(dir.join(file), value).map_err(|e| fail(file, e))?;
+    }
+    for pid in pids {
+        std::fs::write(dir.join("cgroup.procs"), pid.to_string())
+            .map_err(|e| fail("cgroup.procs of", e))?;
+    }
+    Ok(dir)
+}
+
+/// Removes the cgroups `up` made (their processes have stopped).
+fn remove_cgroups(groups: &[PathBuf]) {
+    for group in groups {
+        if let Err(e) = std::fs::remove_dir(group) {
+            eprintln!("cluster: removing {}: {e}", group.display());
+        }
+    }
 }
 
 async fn start_etcd(args: &UpArgs, state: &mut ClusterState) -> Result<(), String> {
@@ -508,6 +630,7 @@ async fn down(file: &Path) -> Result<(), String> {
             file.display()
         ));
     }
+    remove_cgroups(&state.cgroups);
     std::fs::remove_dir_all(&state.dir)
         .or_else(|e| match e.kind() {
             std::io::ErrorKind::NotFound => Ok(()),

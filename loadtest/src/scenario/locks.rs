@@ -36,6 +36,11 @@ pub struct LocksArgs {
     /// two holders at once would overlap in the referee's view).
     #[arg(long, default_value = "5ms", value_parser = humantime::parse_duration)]
     hold: Duration,
+    /// Spread the locks over this many cells: lock i is named under
+    /// `loadtest/cell-{i % N}/`, the prefixes `cluster up --cell-groups N`
+    /// gives its cells.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=8))]
+    spread_cells: u64,
 }
 
 /// Who holds what, as the contenders themselves see it, and what they
@@ -124,6 +129,8 @@ async fn run(args: &LocksArgs, endpoints: &Endpoints) -> Result<Outcome, String>
         first: Mutex::new(None),
     });
     let acquired = Arc::new(Recorder::new());
+    let cpu = super::CpuMeter::start(&endpoints.cell_pids);
+    let cpu_seconds = latchkey_testkit::process::cpu_seconds(&endpoints.cell_pids);
     let progress = Progress::show("locks", acquired.clone(), args.common.duration);
     let started = Instant::now();
     let tasks: Vec<_> = contenders
@@ -133,12 +140,14 @@ async fn run(args: &LocksArgs, endpoints: &Endpoints) -> Result<Outcome, String>
             let (referee, acquired, common) =
                 (referee.clone(), acquired.clone(), args.common.clone());
             let (locks, hold, run_id) = (args.locks, args.hold, run_id.clone());
+            let spread = args.spread_cells;
             let c = c as u64;
             tokio::spawn(async move {
                 let mut rng = fastrand::Rng::with_seed(c + 1);
                 while !over(&common, started, acquired.done()) {
                     let lock = rng.u64(0..locks);
-                    let name = format!("loadtest/locks/{run_id}/{lock}");
+                    let cell = lock % spread;
+                    let name = format!("loadtest/cell-{cell}/locks/{run_id}/{lock}");
                     let t = Instant::now();
                     let asked =
                         client.lock(name.as_str(), Some(LockOptions::new().with_lease(lease)));
@@ -203,6 +212,30 @@ async fn run(args: &LocksArgs, endpoints: &Endpoints) -> Result<Outcome, String>
     o.figure("duration_s", elapsed, format!("{elapsed:.1} s"));
     let rate = acquired.done() as f64 / elapsed;
     o.figure("acquisitions_per_s", rate, format!("{rate:.0}"));
+    // A lock operation is an acquire or a release: two per acquisition.
+    let ops = 2.0 * rate;
+    o.figure(
+        "lock_ops_per_s",
+        ops,
+        format!("{ops:.0} (acquire + release)"),
+    );
+    o.field("spread_cells", args.spread_cells);
+    o.maybe(
+        "cell_cpu_percent",
+        cpu.percent(),
+        "% of a core (every member)",
+    );
+    if !endpoints.cell_pids.is_empty() && acquired.done() > 0 {
+        let used = latchkey_testkit::process::cpu_seconds(&endpoints.cell_pids) - cpu_seconds;
+        let per_thousand = used * 1000.0 * 1000.0
+            / (2.0 * acquired.done() as f64)
+            / endpoints.cell_pids.len() as f64;
+        o.figure(
+            "cpu_ms_per_1000_ops_per_member",
+            per_thousand,
+            format!("{per_thousand:.1} ms of CPU per 1 000 lock operations, per member"),
+        );
+    }
     o.field("acquisitions", acquired.done());
     o.latency("acquire", &acquired.latency());
     o.safety("violations", referee.violations.load(Ordering::Relaxed));

@@ -212,7 +212,9 @@ impl Endpoints {
             cells: addrs(&members, "client"),
             cell_metrics: addrs(&members, "metrics"),
             proxy_metrics: addrs(&proxies, "metrics"),
-            cell_pids: members.iter().map(|p| p.pid).collect(),
+            // Every cell's members (`cellgG-N` with `--cell-groups`); the
+            // addresses above are the home cell's.
+            cell_pids: of("cell").iter().map(|p| p.pid).collect(),
             proxy_pids: proxies.iter().map(|p| p.pid).collect(),
         })
     }
