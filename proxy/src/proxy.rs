@@ -120,7 +120,7 @@ impl Proxy {
                 .with_tls(tls.upstream.clone())
                 .with_own_credentials(state.upstream.home().own_credentials.clone()),
             tick: cfg.refresh_tick,
-            home: state.upstream.home().clone(),
+            upstream: state.upstream.clone(),
             extensions: state.extensions.clone(),
             tls: tls.upstream,
         };

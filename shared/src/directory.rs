@@ -30,6 +30,22 @@ pub const DIRECTORY_KEY: &[u8] = b"\0latchkey/directory";
 pub const CHANGE_KEY: &[u8] = b"\0latchkey/directory-change";
 /// Where each cell keeps what it owns.
 pub const OWNERSHIP_KEY: &[u8] = b"\0latchkey/ownership";
+/// In the home cell, one key per session and cell the session was extended
+/// to (`<prefix><lease id, 16 hex digits>/<cell>`), bound to the session's
+/// lease: any proxy that takes the session over learns where to refresh it,
+/// and the records go with the session.
+pub const SESSION_CELLS_PREFIX: &[u8] = b"\0latchkey/session-cells/";
+
+/// The record that session `lease` was extended to cell `cell`.
+pub fn session_cell_key(lease: i64, cell: &str) -> Vec<u8> {
+    [session_cells_of(lease).as_slice(), cell.as_bytes()].concat()
+}
+
+/// The prefix of session `lease`'s records.
+pub fn session_cells_of(lease: i64) -> Vec<u8> {
+    [SESSION_CELLS_PREFIX, format!("{lease:016x}/").as_bytes()].concat()
+}
+
 /// The name of the cell that holds the directory and every unassigned key.
 pub const HOME: &str = "home";
 

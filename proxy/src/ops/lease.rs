@@ -33,6 +33,11 @@ pub async fn grant(
 
 /// Revokes a lease on the cell and drops it from the session table.
 pub async fn revoke(state: &ProxyState, id: LeaseId) -> Result<PbLeaseRevokeResponse, ApiError> {
+    // Where the session is extended, from the home cell's records (this
+    // proxy may not have made them): they go with the session.
+    if let Err(e) = state.extensions.adopt(&state.upstream, id).await {
+        tracing::warn!(lease_id = %id, error = %e, "reading a session's cells before its revoke");
+    }
     let request = PbLeaseRevokeRequest { id: id.get() };
     let result = call_for_client(state.upstream.home(), Kind::Write, REVOKE, request).await;
     match &result {

@@ -17,14 +17,24 @@
 //! An extension a cell says is gone (expired there while its batches
 //! failed) revokes the session everywhere: it never lives on in part.
 //!
+//! Each extension is recorded in the home cell
+//! ([`latchkey_shared::directory::session_cell_key`]), bound to the
+//! session's lease: a proxy that takes a session over (its client moved,
+//! or the proxy restarted) reads where it is extended when the session is
+//! first confirmed there ([`LeaseExtensions::adopt`]), and a revoke through
+//! any proxy reaches every cell.
+//!
 //! [`KeepAliveBatcher`]: super::KeepAliveBatcher
 
 use crate::upstream::{Cell, Kind, Route, Upstream};
 use dashmap::DashMap;
+use latchkey_shared::directory::{session_cell_key, session_cells_of};
+use latchkey_shared::etcd_methods::kv::{PUT, RANGE};
 use latchkey_shared::etcd_methods::lease::{GRANT, REVOKE, TIME_TO_LIVE};
 use latchkey_shared::etcdpb::{
     PbLeaseGrantRequest, PbLeaseGrantResponse, PbLeaseRevokeRequest, PbLeaseRevokeResponse,
-    PbLeaseTimeToLiveRequest, PbLeaseTimeToLiveResponse,
+    PbLeaseTimeToLiveRequest, PbLeaseTimeToLiveResponse, PbPutRequest, PbPutResponse,
+    PbRangeRequest, PbRangeResponse,
 };
 use latchkey_shared::{ApiError, ErrorCode, LeaseId};
 use std::sync::Arc;
@@ -88,9 +98,61 @@ impl LeaseExtensions {
             Err(e) if e.code == ErrorCode::LeaseExists => {}
             Err(e) => return Err(e),
         }
+        // Then the record, bound to the session at home: written after the
+        // grant, so a record always names a lease that was granted.
+        let name = upstream.routes().name_of(cell).to_string();
+        let _: PbPutResponse = upstream
+            .home()
+            .call(
+                Route::Leader,
+                Kind::Write,
+                PUT,
+                PbPutRequest {
+                    key: session_cell_key(id.get(), &name),
+                    lease: id.get(),
+                    ..Default::default()
+                },
+            )
+            .await?;
+        self.add(id, cell);
+        Ok(())
+    }
+
+    fn add(&self, id: LeaseId, cell: &Cell) {
         let mut cells = self.cells.entry(id).or_default();
         if !cells.iter().any(|c| Arc::ptr_eq(c, cell)) {
             cells.push(cell.clone());
+        }
+    }
+
+    /// Learns from the home cell's records where session `id` is extended
+    /// (a session this proxy takes over).
+    pub async fn adopt(&self, upstream: &Upstream, id: LeaseId) -> Result<(), ApiError> {
+        let prefix = session_cells_of(id.get());
+        let range = latchkey_shared::KeyRange::prefix(&prefix);
+        let resp: PbRangeResponse = upstream
+            .home()
+            .call(
+                Route::Leader,
+                Kind::Read,
+                RANGE,
+                PbRangeRequest {
+                    key: range.start,
+                    range_end: range.end,
+                    keys_only: true,
+                    ..Default::default()
+                },
+            )
+            .await?;
+        let routes = upstream.routes();
+        for kv in resp.kvs {
+            let name = String::from_utf8_lossy(&kv.key[prefix.len()..]).into_owned();
+            match routes.named(&name) {
+                Some(cell) => self.add(id, &cell),
+                None => {
+                    tracing::warn!(lease_id = %id, cell = %name, "a session is extended to a cell the directory does not name")
+                }
+            }
         }
         Ok(())
     }

@@ -46,7 +46,7 @@ pub struct KeepAliveBatcher {
     pub table: Arc<SessionTable>,
     pub stream: RefreshStream,
     pub tick: Duration,
-    pub home: Cell,
+    pub upstream: Arc<crate::upstream::Upstream>,
     pub extensions: Arc<LeaseExtensions>,
     /// For the other cells' refresh streams.
     pub tls: Option<ClientTls>,
@@ -137,7 +137,7 @@ impl KeepAliveBatcher {
             cell,
             stream,
             table: self.table.clone(),
-            home: self.home.clone(),
+            home: self.upstream.home().clone(),
             extensions: self.extensions.clone(),
         };
         tokio::spawn(batcher.run(rx, shutdown.child_token()));
@@ -160,7 +160,19 @@ impl KeepAliveBatcher {
                         } else {
                             Answer::Alive(ttl)
                         };
+                        let adopted =
+                            matches!(answer, Answer::Alive(_)) && !self.table.confirmed(*id);
                         self.table.answered(*id, answer, sent);
+                        if adopted {
+                            // A session new to this proxy: where else is it?
+                            let (extensions, upstream, id) =
+                                (self.extensions.clone(), self.upstream.clone(), *id);
+                            tokio::spawn(async move {
+                                if let Err(e) = extensions.adopt(&upstream, id).await {
+                                    tracing::warn!(lease_id = %id, error = %e, "reading a session's cells");
+                                }
+                            });
+                        }
                         if answer == Answer::Gone && !self.extensions.cells_of(*id).is_empty() {
                             // Gone at home: gone everywhere.
                             let extensions = self.extensions.clone();

@@ -166,6 +166,12 @@ impl SessionTable {
         Ok(KeepAlive::Wait(rx))
     }
 
+    /// Whether the cell has confirmed `id` to this proxy (a grant here, or
+    /// a batch's answer).
+    pub fn confirmed(&self, id: LeaseId) -> bool {
+        self.entries.get(&id).is_some_and(|e| e.confirmed.is_some())
+    }
+
     /// A lease this proxy just granted (its TTL from `sent`).
     pub fn granted(&self, id: LeaseId, ttl: i64, sent: Instant) {
         self.entries.entry(id).or_insert_with(Entry::new).confirmed = Some(Confirmed { ttl, sent });

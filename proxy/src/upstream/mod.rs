@@ -240,6 +240,11 @@ impl Routes {
             .clone()
     }
 
+    /// The client of the cell named `name`, if the directory names it.
+    pub fn named(&self, name: &str) -> Option<Cell> {
+        self.cells.get(name).cloned()
+    }
+
     /// The name the directory gives `cell`.
     pub fn name_of(&self, cell: &Cell) -> &str {
         self.cells

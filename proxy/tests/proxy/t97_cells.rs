@@ -344,11 +344,27 @@ async fn leases_of(client: &mut etcd_client::Client, key: &[u8]) -> Vec<i64> {
     resp.kvs().iter().map(|kv| kv.lease()).collect()
 }
 
+/// Keeps session `lease` alive through `client` every second until
+/// aborted; a keep-alive that fails (a leader change) is sent again at the
+/// next second, the session's TTL covering several.
+fn keep_alive(mut client: etcd_client::Client, lease: i64) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let Ok((mut keeper, mut acks)) = client.lease_keep_alive(lease).await else {
+            return;
+        };
+        while keeper.keep_alive().await.is_ok() {
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(1), acks.message()).await;
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        }
+    })
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_session_holds_locks_in_two_cells_through_leader_kills() {
     let mut home = Cluster::start(cell_binary(), 3, &[]).await;
     let mut other = Cluster::start(cell_binary(), 3, &[]).await;
     let p = ProxyProcess::start(proxy_bin(), &member_addrs(&home), &[]).await;
+    let q = ProxyProcess::start(proxy_bin(), &member_addrs(&home), &[]).await;
     let (status, body) = change(&p, "/cells/b", json!({"endpoints": member_addrs(&other)})).await;
     assert_eq!(status, 200, "{body}");
     let (status, body) = change(&p, "/prefixes", json!({"prefix": "jobs/", "cell": "b"})).await;
@@ -356,18 +372,7 @@ async fn one_session_holds_locks_in_two_cells_through_leader_kills() {
 
     let mut client = connect_anonymous(&format!("http://{}", p.grpc)).await;
     let lease = client.lease_grant(5, None).await.expect("grant").id();
-    let (mut keeper, mut acks) = client.lease_keep_alive(lease).await.expect("keep-alive");
-    let keeping = tokio::spawn(async move {
-        loop {
-            if keeper.keep_alive().await.is_err() {
-                return;
-            }
-            // A keep-alive that fails (a leader change) is sent again at
-            // the next second; the session's TTL covers several.
-            let _ = tokio::time::timeout(std::time::Duration::from_secs(1), acks.message()).await;
-            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-        }
-    });
+    let keeping = keep_alive(client.clone(), lease);
     let with_lease = || Some(etcd_client::LockOptions::new().with_lease(lease));
     let in_b = client
         .lock("jobs/lock", with_lease())
@@ -386,6 +391,12 @@ async fn one_session_holds_locks_in_two_cells_through_leader_kills() {
         Some(""),
         "the lock's key is in b"
     );
+
+    // The client's keep-alives move to the other proxy, which learns from
+    // home where the session is extended and refreshes it there too.
+    keeping.abort();
+    let mut through_q = connect_anonymous(&format!("http://{}", q.grpc)).await;
+    let keeping = keep_alive(through_q.clone(), lease);
 
     // Each cell's leader dies in turn; the session outlives both by more
     // than its TTL.
@@ -410,9 +421,10 @@ async fn one_session_holds_locks_in_two_cells_through_leader_kills() {
         );
     }
 
-    // A revoke releases both: another session takes each lock.
+    // A revoke (through the proxy that took the session over) releases
+    // both: another session takes each lock.
     keeping.abort();
-    client.lease_revoke(lease).await.expect("revoke");
+    through_q.lease_revoke(lease).await.expect("revoke");
     assert!(
         leases_of(&mut client, &in_b).await.is_empty(),
         "released in b"
