@@ -5,8 +5,11 @@
 DIR holds the `helm template` output of scripts/test-helm.sh: default.yaml
 (3 voters), five.yaml (cell.replicas=5), production.yaml
 (values-production.yaml), learners.yaml (3 voters + 2 learners, no proxies,
-restore and backup upload on). Prints one line per check, "ok   helm: ..."
-or "FAIL helm: ...: why", and exits 1 if any failed.
+restore and backup upload on), cells.yaml (the defaults and two more cells:
+b, 3 voters owning jobs/ and queues/, and c, 5 voters) and
+cells-production.yaml (production with the same cells, c with 2 learners,
+networkPolicy.allowExternal=false). Prints one line per check, "ok   helm:
+..." or "FAIL helm: ...: why", and exits 1 if any failed.
 
 Checks read the manifests as Kubernetes would, not the templates' text:
 the cell's --initial-cluster comes from running the rendered start script
@@ -16,6 +19,8 @@ not have fails here.
 """
 
 import base64
+import collections
+import json
 import os
 import re
 import subprocess
@@ -90,24 +95,28 @@ def env_of(container):
     return {e["name"]: e.get("value") for e in container.get("env", [])}
 
 
-RENDERS = {name: load(f"{name}.yaml") for name in ("default", "five", "production", "learners")}
-DEFAULT, FIVE, PROD, LEARN = (RENDERS[n] for n in ("default", "five", "production", "learners"))
+RENDERS = {name: load(f"{name}.yaml") for name in ("default", "five", "production", "learners", "cells",
+                                                    "cells-production")}
+DEFAULT, FIVE, PROD, LEARN, CELLS, CELLS_PROD = (
+    RENDERS[n] for n in ("default", "five", "production", "learners", "cells", "cells-production"))
 
 
-def start_script_args(docs, ordinal, running=False, has_data=False, pod_ip=None):
+def start_script_args(docs, ordinal, running=False, has_data=False, pod_ip=None, sts_name=CELL):
     """Runs the rendered start script as pod `ordinal` with the rendered
     environment. latchkey-cell and etcdctl are stubs, and so are getent,
     host, nslookup and dig, which only record that they were asked (the
     script must resolve nothing). etcdctl finds no cell, or with `running`
     a cell of the first three pods, known by their DNS names, that accepts
     a member add. `has_data`: the data directory holds a member's files.
-    Returns (latchkey-cell's args, names looked up, etcdctl calls, exit
-    status, stderr)."""
-    sts = one(docs, "StatefulSet", CELL)
-    cm = one(docs, "ConfigMap", f"{CELL}-scripts")
+    `sts_name`: the StatefulSet, the home cell's or another cell's. Returns
+    (latchkey-cell's args, names looked up, etcdctl calls, exit status,
+    stderr)."""
+    sts = one(docs, "StatefulSet", sts_name)
+    (script_cm,) = [v["configMap"]["name"] for v in sts["spec"]["template"]["spec"]["volumes"] if v["name"] == "config"]
+    cm = one(docs, "ConfigMap", script_cm)
     (container,) = [c for c in sts["spec"]["template"]["spec"]["containers"] if c["name"] == "cell"]
     env = {k: v for k, v in env_of(container).items() if v is not None}
-    env.update(POD_NAME=f"{CELL}-{ordinal}", POD_IP=pod_ip or f"10.1.0.{ordinal + 1}")
+    env.update(POD_NAME=f"{sts_name}-{ordinal}", POD_IP=pod_ip or f"10.1.0.{ordinal + 1}")
     with tempfile.TemporaryDirectory() as tmp:
         def stub(name, body):
             with open(f"{tmp}/{name}", "w") as f:
@@ -118,7 +127,8 @@ def start_script_args(docs, ordinal, running=False, has_data=False, pod_ip=None)
         for resolver in ("getent", "host", "nslookup", "dig"):
             stub(resolver, f'echo "{resolver} $*" >>{tmp}/names\nexit 2\n')
         peer, client = env["CELL_PEER_PORT"], env["CELL_CLIENT_PORT"]
-        members = "".join(f"{i + 1}, started, {CELL}-{i}, http://{pod_host(i)}:{peer}, http://{pod_host(i)}:{client}, false\n"
+        host = lambda i: pod_host(i, sts_name)
+        members = "".join(f"{i + 1}, started, {sts_name}-{i}, http://{host(i)}:{peer}, http://{host(i)}:{client}, false\n"
                           for i in range(3))
         stub("etcdctl", f'echo "$*" >>{tmp}/etcdctl.calls\n' + (
             f'case "$*" in *"member list"*) printf "{members}" ;; *"member add"*) echo added ;; *) exit 1 ;; esac\n'
@@ -142,28 +152,29 @@ def started(docs, ordinal, **kw):
     return args, names, calls
 
 
-def pod_host(i):
-    return f"{CELL}-{i}.{HEADLESS}.{NAMESPACE}.svc.{DOMAIN}"
+def pod_host(i, sts_name=CELL):
+    """Pod i of a cell's StatefulSet under its headless Service."""
+    return f"{sts_name}-{i}.{sts_name}-headless.{NAMESPACE}.svc.{DOMAIN}"
 
 
 def flag(args, name):
     return args[args.index(name) + 1]
 
 
-def ports(docs):
-    svc = one(docs, "Service", HEADLESS)["spec"]["ports"]
+def ports(docs, sts_name=CELL):
+    svc = one(docs, "Service", f"{sts_name}-headless")["spec"]["ports"]
     return {p["name"]: p["port"] for p in svc}
 
 
-def addresses_wrong(args, ordinal, docs, wildcard="0.0.0.0"):
+def addresses_wrong(args, ordinal, docs, wildcard="0.0.0.0", sts_name=CELL):
     """Why the bind and advertised addresses of pod `ordinal` are wrong, or
     None: every port binds the wildcard, and the member advertises its own
     pod's DNS name for peers and clients."""
-    p = ports(docs)
+    p = ports(docs, sts_name)
     want = {"--peer-addr": f"{wildcard}:{p['peer']}", "--client-addr": f"{wildcard}:{p['client']}",
             "--metrics-addr": f"{wildcard}:{p['metrics']}",
-            "--advertise-peer-addr": f"{pod_host(ordinal)}:{p['peer']}",
-            "--advertise-client-addr": f"{pod_host(ordinal)}:{p['client']}"}
+            "--advertise-peer-addr": f"{pod_host(ordinal, sts_name)}:{p['peer']}",
+            "--advertise-client-addr": f"{pod_host(ordinal, sts_name)}:{p['client']}"}
     got = {k: flag(args, k) if k in args else None for k in want}
     if got != want:
         return f"pod {ordinal}: {got}, want {want}"
@@ -606,7 +617,7 @@ def _():
             return f"default values: {owner} has auth"
 
 
-@check("the proxies' key: members and proxies read one Secret's proxy.key from a read-only mount, "
+@check("the proxies' key: members of every cell and proxies read one Secret's proxy.key from a read-only mount, "
        "in every render; the chart's Secret is random and kept on upgrade")
 def _():
     secret = f"{RELEASE}-latchkey-proxy-key"
@@ -614,7 +625,10 @@ def _():
     if "LATCHKEY_PROXY_KEY_FILE" not in flags:
         return "latchkey-cell and latchkey-proxy do not both take LATCHKEY_PROXY_KEY_FILE"
     for render, docs in RENDERS.items():
-        for kind, name in (("StatefulSet", CELL), ("Deployment", PROXY)):
+        cells = [("StatefulSet", d["metadata"]["name"]) for d in docs if d["kind"] == "StatefulSet"]
+        if render.startswith("cells") and len(cells) != 3:
+            return f"{render}: {len(cells)} StatefulSets"
+        for kind, name in cells + [("Deployment", PROXY)]:
             if docs is LEARN and kind == "Deployment":
                 continue  # no proxies there
             spec = one(docs, kind, name)["spec"]["template"]["spec"]
@@ -646,6 +660,475 @@ def _():
         for d in docs:
             if d["kind"] in CRD_KINDS and d["apiVersion"] != "monitoring.coreos.com/v1":
                 return f"{d['kind']} as {d['apiVersion']}"
+
+
+# ---------------------------------------------------------------------------
+# More cells (values.yaml: cells): cells.yaml and cells-production.yaml,
+# b (3 voters, jobs/ and queues/) and c (5 voters; 2 learners on production).
+# ---------------------------------------------------------------------------
+EXTRA = {"b": 3, "c": 5}
+EXTRA_LEARNERS = {"cells": {"b": 0, "c": 0}, "cells-production": {"b": 0, "c": 2}}
+DIRECTORY = f"{RELEASE}-latchkey-directory"
+
+
+def sts_of(cell):
+    """The StatefulSet (and client Service, PDB, NetworkPolicy) of a cell."""
+    return CELL if cell == "home" else f"{CELL}-{cell}"
+
+
+def selects(selector, labels):
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def component(name):
+    return {"app.kubernetes.io/name": "latchkey", "app.kubernetes.io/instance": RELEASE,
+            "app.kubernetes.io/component": name}
+
+
+@check("cells: one StatefulSet per cell (home, b 3 voters, c 5; c 2 learners on production), Parallel, "
+       "each on its own headless Service, its selector taking no other cell's pods")
+def _():
+    for render in ("cells", "cells-production"):
+        docs = RENDERS[render]
+        stss = {d["metadata"]["name"]: d for d in docs if d["kind"] == "StatefulSet"}
+        if sorted(stss) != sorted(sts_of(c) for c in ("home", *EXTRA)):
+            return f"{render}: StatefulSets {sorted(stss)}"
+        voters = {"home": one(docs, "StatefulSet", CELL)["metadata"]["annotations"]["latchkey.io/voters"], **EXTRA}
+        for cell, n in voters.items():
+            n = int(n)
+            sts = stss[sts_of(cell)]
+            spec = sts["spec"]
+            learners = EXTRA_LEARNERS[render].get(cell, 0)
+            (c,) = spec["template"]["spec"]["containers"]
+            env = env_of(c)
+            got = (spec["replicas"], spec["podManagementPolicy"], spec["serviceName"],
+                   sts["metadata"]["annotations"].get("latchkey.io/voters"), env.get("CELL_VOTERS"),
+                   env.get("CELL_PODS"), env.get("CELL_STS"), c["image"])
+            want = (n + learners, "Parallel", f"{sts_of(cell)}-headless", str(n), str(n), str(n + learners),
+                    sts_of(cell), one(docs, "StatefulSet", CELL)["spec"]["template"]["spec"]["containers"][0]["image"])
+            if got != want:
+                return f"{render}: cell {cell}: {got}, want {want}"
+        for a in stss.values():
+            for b in stss.values():
+                if selects(a["spec"]["selector"]["matchLabels"], b["spec"]["template"]["metadata"]["labels"]) != (a is b):
+                    what = "misses its own pods" if a is b else f"takes the pods of {b['metadata']['name']}"
+                    return f"{render}: the selector of {a['metadata']['name']} {what}"
+
+
+@check("cells: every voter of b and c bootstraps with an --initial-cluster of its own cell's pods' DNS names "
+       "and advertises its own; a learner of c adds itself to c and joins c")
+def _():
+    for cell, n in EXTRA.items():
+        sts = sts_of(cell)
+        want = ",".join(f"{i + 1}={pod_host(i, sts)}:{ports(CELLS, sts)['peer']}" for i in range(n))
+        for ordinal in range(n):
+            args, names, _ = started(CELLS, ordinal, sts_name=sts)
+            if names:
+                return f"{sts}-{ordinal} looked up {names}"
+            if flag(args, "--initial-cluster") != want or flag(args, "--id") != str(ordinal + 1) or "--join" in args:
+                return f"{sts}-{ordinal} starts with {args}, want --initial-cluster {want}"
+            why = addresses_wrong(args, ordinal, CELLS, sts_name=sts)
+            if why:
+                return f"{sts}: {why}"
+    # Production (TLS): pod 5 of c is its first learner.
+    sts = sts_of("c")
+    p = ports(CELLS_PROD, sts)
+    args, names, calls = started(CELLS_PROD, 5, running=True, sts_name=sts)
+    others = ",".join(f"https://{pod_host(i, sts)}:{p['client']}" for i in range(7) if i != 5)
+    if "--initial-cluster" in args or flag(args, "--join") != others or names:
+        return f"{sts}-5 started with {args}, looked up {names}"
+    adds = [c for c in calls if "member add" in c]
+    if len(adds) != 1 or f"--peer-urls=https://{pod_host(5, sts)}:{p['peer']}" not in adds[0] or "--learner" not in adds[0]:
+        return f"etcdctl calls {calls}"
+    if any(f"{sts}-" not in c for c in calls):
+        return f"{sts}-5 asked another cell: {calls}"
+    return addresses_wrong(args, 5, CELLS_PROD, sts_name=sts)
+
+
+@check("cells: each cell has a headless Service (every pod, ready or not) and a client Service of its own, "
+       "selecting only its pods")
+def _():
+    stss = [d for d in CELLS if d["kind"] == "StatefulSet"]
+    for cell in ("home", *EXTRA):
+        name = sts_of(cell)
+        headless, client = one(CELLS, "Service", f"{name}-headless"), one(CELLS, "Service", name)
+        h = headless["spec"]
+        if h.get("clusterIP") != "None" or h.get("publishNotReadyAddresses") is not True:
+            return f"{name}-headless is not headless with publishNotReadyAddresses"
+        if headless["metadata"]["labels"].get("latchkey.io/service") != "headless":
+            return f"{name}-headless lacks the label its ServiceMonitor selects"
+        if sorted(p["name"] for p in h["ports"]) != ["client", "metrics", "peer"] or \
+                [p["name"] for p in client["spec"]["ports"]] != ["client"]:
+            return f"{name}: ports {h['ports']}, {client['spec']['ports']}"
+        for svc in (headless, client):
+            owners = [d["metadata"]["name"] for d in stss
+                      if selects(svc["spec"]["selector"], d["spec"]["template"]["metadata"]["labels"])]
+            if owners != [name]:
+                return f"Service {svc['metadata']['name']} selects the pods of {owners}"
+
+
+@check("cells: a PDB per cell keeping its quorum (b 2 of 3, c 3 of 5; c with 2 learners 5 of 7), on its own pods")
+def _():
+    for render, want in (("cells", {"home": 2, "b": 2, "c": 3}), ("cells-production", {"home": 3, "b": 2, "c": 5})):
+        docs = RENDERS[render]
+        stss = [d for d in docs if d["kind"] == "StatefulSet"]
+        for cell, n in want.items():
+            pdb = one(docs, "PodDisruptionBudget", sts_of(cell))["spec"]
+            if pdb.get("minAvailable") != n or "maxUnavailable" in pdb:
+                return f"{render}: cell {cell}: minAvailable {pdb.get('minAvailable')}, want {n}"
+            owners = [d["metadata"]["name"] for d in stss
+                      if selects(pdb["selector"]["matchLabels"], d["spec"]["template"]["metadata"]["labels"])]
+            if owners != [sts_of(cell)]:
+                return f"{render}: the PDB of cell {cell} selects the pods of {owners}"
+
+
+@check("cells: still one proxy Deployment, started with the home cell's members only (LATCHKEY_CELLS)")
+def _():
+    for render in ("cells", "cells-production"):
+        docs = RENDERS[render]
+        deps = [d["metadata"]["name"] for d in docs if d["kind"] == "Deployment"]
+        if deps != [PROXY]:
+            return f"{render}: Deployments {deps}"
+        home = int(one(docs, "StatefulSet", CELL)["spec"]["replicas"])
+        want = [f"{pod_host(i)}:{ports(docs)['client']}" for i in range(home)]
+        got = one(docs, "ConfigMap", PROXY)["data"]["LATCHKEY_CELLS"].split(",")
+        if got != want:
+            return f"{render}: LATCHKEY_CELLS={got}"
+
+
+def by_key(docs):
+    return {(d["kind"], d["metadata"]["name"]): d for d in docs}
+
+
+def but_random_key(d):
+    """The object, without the random key of the chart's proxy-key Secret."""
+    if d["kind"] == "Secret" and d["metadata"]["name"] == f"{RELEASE}-latchkey-proxy-key":
+        return {k: v for k, v in d.items() if k != "data"}
+    return d
+
+
+@check("cells: every object of the default and production renders stays exactly as it was with `cells` "
+       "(but the test pod, which checks the new cells too; on production, the proxies' NetworkPolicy, "
+       "allowExternal=false there, and new alert groups next to the same old ones)")
+def _():
+    rule = ("PrometheusRule", f"{RELEASE}-latchkey")
+    for render, before, after, skip in (("default", DEFAULT, CELLS, set()),
+                                        ("production", PROD, CELLS_PROD, {("NetworkPolicy", PROXY), rule})):
+        now = by_key(after)
+        for k, d in by_key(before).items():
+            if k == ("Pod", f"{RELEASE}-latchkey-test") or k in skip:
+                continue
+            if k not in now:
+                return f"{render}: {k[0]} {k[1]} is gone"
+            if but_random_key(now[k]) != but_random_key(d):
+                return f"{render}: {k[0]} {k[1]} changed"
+    old, new = (one(docs, *rule) for docs in (PROD, CELLS_PROD))
+    if old["metadata"] != new["metadata"]:
+        return "the PrometheusRule's metadata changed"
+    groups = {g["name"]: g for g in new["spec"]["groups"]}
+    for g in old["spec"]["groups"]:
+        if groups.get(g["name"]) != g:
+            return f"alert group {g['name']} changed"
+
+
+def directory_container(docs, name="directory"):
+    job = one(docs, "Job", DIRECTORY)
+    spec = job["spec"]["template"]["spec"]
+    (c,) = [c for c in containers(spec) if c["name"] == name]
+    return job, spec, c
+
+
+def directory_cells(env):
+    """The CELLS of the directory Job: {name: body of its PUT}."""
+    return {line.split(" ", 1)[0]: json.loads(line.split(" ", 1)[1]) for line in env["CELLS"].splitlines()}
+
+
+@check("cells: the directory Job, a post-install/post-upgrade hook after the auth Job, lists each cell with "
+       "its voters' client addresses and each prefix with its cell, at the proxies' HTTP Service; none without cells")
+def _():
+    for render, scheme in (("cells", "http"), ("cells-production", "https")):
+        docs = RENDERS[render]
+        job, _, c = directory_container(docs)
+        ann = job["metadata"]["annotations"]
+        if set(ann.get("helm.sh/hook", "").split(",")) != {"post-install", "post-upgrade"}:
+            return f"{render}: hooks {ann.get('helm.sh/hook')}"
+        if int(ann.get("helm.sh/hook-weight", "0")) <= 0:
+            return f"{render}: the Job may run before the auth-bootstrap Job (hook weight 0)"
+        env = env_of(c)
+        client = ports(docs)["client"]
+        want = {cell: {"endpoints": [f"{pod_host(i, sts_of(cell))}:{client}" for i in range(n)]}
+                for cell, n in EXTRA.items()}
+        if directory_cells(env) != want:
+            return f"{render}: CELLS {env['CELLS']!r}, want {want}"
+        prefixes = [json.loads(line) for line in env["PREFIXES"].splitlines()]
+        if prefixes != [{"cell": "b", "prefix": "jobs/"}, {"cell": "b", "prefix": "queues/"}]:
+            return f"{render}: PREFIXES {prefixes}"
+        (http,) = [p["port"] for p in one(docs, "Service", PROXY)["spec"]["ports"] if p["name"] == "http"]
+        if env.get("API") != f"{scheme}://{PROXY}.{NAMESPACE}.svc.{DOMAIN}:{http}":
+            return f"{render}: API={env.get('API')}"
+    for render in ("default", "five", "production", "learners"):
+        if any(d["metadata"]["name"] == DIRECTORY for d in RENDERS[render]):
+            return f"{render}: a directory Job without cells"
+
+
+# curl, as the directory Job calls it: records the call, answers from
+# answers.json ("METHOD /path": [[status, body], ...], the last one
+# repeating; 200 by default; status 0: no connection).
+CURL_STUB = r'''
+import json, os, sys
+args, call, i = sys.argv[1:], {"headers": [], "flags": []}, 0
+valued = {"-o", "-w", "-X", "-H", "--data-binary", "--cacert", "--cert", "--key", "--connect-timeout", "--max-time"}
+while i < len(args):
+    if args[i] in valued:
+        if args[i] == "-H":
+            call["headers"].append(args[i + 1])
+        else:
+            call[args[i]] = args[i + 1]
+        i += 2
+    elif args[i].startswith("-"):
+        call["flags"].append(args[i])
+        i += 1
+    else:
+        call["url"] = args[i]
+        i += 1
+d = os.environ["STUB_DIR"]
+with open(f"{d}/calls", "a") as f:
+    f.write(json.dumps(call) + "\n")
+with open(f"{d}/answers.json") as f:
+    answers = json.load(f)
+what = call.get("-X", "GET") + " /" + call["url"].split("://", 1)[1].split("/", 1)[1]
+token = '{"token": "tok-%d", "ttl_seconds": 300}' % sum(1 for _ in open(f"{d}/calls"))
+queue = answers.get(what) or [[200, token if what.endswith("/v1/auth/token") else "{}"]]
+status, body = queue.pop(0) if len(queue) > 1 else queue[0]
+with open(f"{d}/answers.json", "w") as f:
+    json.dump(answers, f)
+if status == 0:
+    sys.stderr.write("curl: (7) Failed to connect\n")
+    sys.stdout.write("000")
+    sys.exit(7)
+with open(call["-o"], "w") as f:
+    f.write(body)
+sys.stdout.write(str(status))
+'''
+
+
+def run_directory(docs, answers=None, timeout="30", pause="0", root_password=None):
+    """Runs the directory Job's script with its rendered environment and a
+    stub curl. Returns (calls, exit status, stderr)."""
+    _, _, c = directory_container(docs)
+    env = {k: v for k, v in env_of(c).items() if v is not None}
+    if root_password is not None:
+        env["ROOT_PASSWORD"] = root_password
+    with tempfile.TemporaryDirectory() as tmp:
+        with open(f"{tmp}/curl", "w") as f:
+            f.write(f"#!{sys.executable}\n{CURL_STUB}")
+        os.chmod(f"{tmp}/curl", 0o755)
+        with open(f"{tmp}/answers.json", "w") as f:
+            json.dump(answers or {}, f)
+        env.update(PATH=f"{tmp}:/usr/bin:/bin", TMPDIR=tmp, STUB_DIR=tmp, TIMEOUT=timeout, PAUSE=pause)
+        run = subprocess.run(c["command"], env=env, capture_output=True, text=True, timeout=120)
+        calls = [json.loads(line) for line in open(f"{tmp}/calls")] if os.path.exists(f"{tmp}/calls") else []
+        return calls, run.returncode, run.stderr
+
+
+def request(call):
+    return call.get("-X", "GET") + " /" + call["url"].split("://", 1)[1].split("/", 1)[1]
+
+
+@check("cells: the directory Job's script (against a stub curl) waits for the proxies' /readyz, adds b and c "
+       "with their endpoints, then assigns jobs/ and queues/ to b")
+def _():
+    calls, status, stderr = run_directory(CELLS)
+    if status != 0:
+        return f"exit {status}: {stderr.strip()[-400:]}"
+    env = env_of(directory_container(CELLS)[2])
+    bodies = directory_cells(env)
+    got = [(request(c), json.loads(c["--data-binary"]) if "--data-binary" in c else None) for c in calls]
+    want = [("GET /readyz", None),
+            ("PUT /v1/admin/directory/cells/b", bodies["b"]), ("PUT /v1/admin/directory/cells/c", bodies["c"]),
+            ("PUT /v1/admin/directory/prefixes", {"prefix": "jobs/", "cell": "b"}),
+            ("PUT /v1/admin/directory/prefixes", {"prefix": "queues/", "cell": "b"}),
+            ("GET /v1/admin/directory", None)]
+    if got != want:
+        return f"calls {got}"
+    for c in calls:
+        if not c["url"].startswith(env["API"] + "/"):
+            return f"called {c['url']}"
+        if any(h.lower().startswith("authorization:") for h in c["headers"]) or "--cacert" in c:
+            return f"a token or TLS with neither on: {c}"
+        if "--data-binary" in c and "content-type: application/json" not in c["headers"]:
+            return f"a JSON body without its content type: {c}"
+
+
+@check("cells: the directory Job retries what may pass later (proxies not ready, no answer, 412), "
+       "stops at once on a 400, and fails at its deadline")
+def _():
+    calls, status, stderr = run_directory(CELLS, {
+        "GET /readyz": [[503, "{}"], [0, ""], [200, "{}"]],
+        "PUT /v1/admin/directory/cells/b": [[412, '{"error": "precondition_failed"}'], [0, ""], [200, "{}"]]})
+    n = [request(c) for c in calls]
+    if status != 0 or (n.count("GET /readyz"), n.count("PUT /v1/admin/directory/cells/b"),
+                       n.count("PUT /v1/admin/directory/prefixes")) != (3, 3, 2):
+        return f"retries: exit {status}, calls {dict(collections.Counter(n))}: {stderr.strip()[-300:]}"
+    calls, status, stderr = run_directory(CELLS, {
+        "PUT /v1/admin/directory/prefixes": [[400, '{"error": "invalid_argument"}']]})
+    n = [request(c) for c in calls]
+    if status == 0 or "refused: 400" not in stderr or n.count("PUT /v1/admin/directory/prefixes") != 1:
+        return f"a 400: exit {status}, calls {dict(collections.Counter(n))}: {stderr.strip()[-300:]}"
+    calls, status, stderr = run_directory(CELLS, {
+        "PUT /v1/admin/directory/cells/c": [[412, '{"error": "precondition_failed"}']]}, timeout="2", pause="1")
+    n = [request(c) for c in calls]
+    if status == 0 or "giving up after 2s" not in stderr or "PUT /v1/admin/directory/prefixes" in n:
+        return f"the deadline: exit {status}, calls {dict(collections.Counter(n))}: {stderr.strip()[-300:]}"
+
+
+@check("cells with authentication and TLS (production): the directory Job takes root's token with the auth "
+       "Secret's password and sends it, over https with the members' certificate and CA; a 401 takes a new token")
+def _():
+    _, spec, c = directory_container(CELLS_PROD)
+    refs = {e["name"]: e.get("valueFrom", {}).get("secretKeyRef") for e in c["env"]}
+    if refs.get("ROOT_PASSWORD") != {"name": f"{RELEASE}-latchkey-auth", "key": "root-password"}:
+        return f"ROOT_PASSWORD from {refs.get('ROOT_PASSWORD')}"
+    mounts = {m["name"]: m for m in c.get("volumeMounts", [])}
+    vols = {v["name"]: v for v in spec.get("volumes", [])}
+    if mounts.get("tls", {}).get("mountPath") != "/etc/latchkey-tls" or \
+            vols.get("tls", {}).get("secret", {}).get("secretName") != f"{RELEASE}-latchkey-cell-tls":
+        return "no cell Secret at /etc/latchkey-tls"
+    password = 'pa"ss\\word 1'
+    calls, status, stderr = run_directory(CELLS_PROD, {
+        "PUT /v1/admin/directory/cells/c": [[401, '{"error": "invalid_auth_token"}'], [200, "{}"]]},
+        root_password=password)
+    if status != 0:
+        return f"exit {status}: {stderr.strip()[-400:]}"
+    tokens = [i for i, c in enumerate(calls) if request(c) == "POST /v1/auth/token"]
+    if len(tokens) != 2 or json.loads(calls[tokens[0]]["--data-binary"]) != {"name": "root", "password": password}:
+        return f"token requests {[calls[i].get('--data-binary') for i in tokens]}"
+    for i, c in enumerate(calls):
+        if not c["url"].startswith("https://"):
+            return f"plain http: {c['url']}"
+        if (c.get("--cacert"), c.get("--cert"), c.get("--key")) != (
+                "/etc/latchkey-tls/ca.crt", "/etc/latchkey-tls/tls.crt", "/etc/latchkey-tls/tls.key"):
+            return f"{request(c)} without the members' certificate and CA"
+        if request(c).startswith("PUT"):
+            token = f"tok-{max(t for t in tokens if t < i) + 1}"
+            if f"authorization: Bearer {token}" not in c["headers"]:
+                return f"{request(c)} without the latest token ({token}): {c['headers']}"
+
+
+def run_auth_init(docs, auth_on):
+    """Runs the directory Job's init container with a stub etcdctl that finds
+    authentication on (root's `user get` passes) or off. Returns (etcdctl
+    calls, exit status, stderr)."""
+    _, _, c = directory_container(docs, "auth")
+    env = {k: v for k, v in env_of(c).items() if v is not None}
+    env.update(ROOT_PASSWORD="rootpw", PROXY_PASSWORD="proxypw", PAUSE="0", TIMEOUT="30")
+    with tempfile.TemporaryDirectory() as tmp:
+        with open(f"{tmp}/etcdctl", "w") as f:
+            f.write(f'#!/bin/sh\necho "$*" >>{tmp}/calls\n'
+                    f'case "$*" in *"--user root"*) exit {0 if auth_on else 1} ;; esac\n')
+        os.chmod(f"{tmp}/etcdctl", 0o755)
+        env.update(PATH=f"{tmp}:/usr/bin:/bin")
+        run = subprocess.run(c["command"], env=env, capture_output=True, text=True, timeout=60)
+        calls = open(f"{tmp}/calls").read().splitlines() if os.path.exists(f"{tmp}/calls") else []
+        return calls, run.returncode, run.stderr
+
+
+@check("cells with authentication (production): the directory Job first adds root and the proxies' user to b and c "
+       "and turns authentication on there, as the auth Job does in home; where it is on, only checks")
+def _():
+    if any(c["name"] == "auth" for c in containers(directory_container(CELLS)[1])):
+        return "an auth init container with authentication off"
+    calls, status, stderr = run_auth_init(CELLS_PROD, auth_on=False)
+    if status != 0:
+        return f"exit {status}: {stderr.strip()[-300:]}"
+    client = ports(CELLS_PROD)["client"]
+    for cell, n in EXTRA.items():
+        at = "--endpoints=" + ",".join(f"{pod_host(i, sts_of(cell))}:{client}" for i in range(n)) + " "
+        steps = [c.split("--command-timeout=20s ", 1)[-1] for c in calls if c.startswith(at)]
+        for step in ("user add root ", "user add latchkey-proxy ", "user grant-role root root",
+                     "user grant-role latchkey-proxy root", "user grant-role latchkey-proxy latchkey-proxy",
+                     "auth enable"):
+            if not any(s.startswith(step) for s in steps):
+                return f"cell {cell}: no {step.strip()!r} in {steps}"
+    if len([c for c in calls if c.endswith("auth enable")]) != len(EXTRA) or any(f"{CELL}-0." in c for c in calls):
+        return f"auth enable elsewhere than in b and c once each: {calls}"
+    calls, status, stderr = run_auth_init(CELLS_PROD, auth_on=True)
+    if status != 0 or any("auth enable" in c or "user add" in c for c in calls) or \
+            sum("user get latchkey-proxy" in c for c in calls) != len(EXTRA):
+        return f"with authentication on: exit {status}, calls {calls}"
+
+
+@check("cells: a NetworkPolicy per cell: its peer port from its own members only, its client port from its "
+       "members, the proxies, the test pod and (other cells) the directory Job; the proxies admit the directory Job")
+def _():
+    docs = CELLS_PROD
+    p = ports(docs)
+    selectors = {cell: one(docs, "StatefulSet", sts_of(cell))["spec"]["selector"]["matchLabels"] for cell in ("home", *EXTRA)}
+    for cell, own in selectors.items():
+        np = one(docs, "NetworkPolicy", sts_of(cell))["spec"]
+        if np["podSelector"]["matchLabels"] != own:
+            return f"the NetworkPolicy of cell {cell} is on other pods"
+
+        def sources(port):
+            rules = [r for r in np["ingress"] if any(x["port"] == port for x in r.get("ports", []))]
+            return [f.get("podSelector", {}).get("matchLabels") for r in rules for f in r.get("from", [])]
+
+        if sources(p["peer"]) != [own]:
+            return f"cell {cell}: peer port from {sources(p['peer'])}"
+        need = [own, component("proxy"), component("test")] + ([component("directory")] if cell != "home" else [])
+        missing = [n for n in need if n not in sources(p["client"])]
+        others = [o for o, sel in selectors.items() if o != cell and sel in sources(p["client"])]
+        if missing or others:
+            return f"cell {cell}: client port misses {missing}, admits the members of {others}"
+    np = one(docs, "NetworkPolicy", PROXY)["spec"]
+    (http,) = [x["port"] for x in one(docs, "Service", PROXY)["spec"]["ports"] if x["name"] == "http"]
+    api = [f.get("podSelector", {}).get("matchLabels") for r in np["ingress"]
+           if any(x["port"] == http for x in r["ports"]) for f in r.get("from", [])]
+    if component("directory") not in api:
+        return f"the proxies' API admits {api}, not the directory Job"
+
+
+@check("cells with TLS (production): every cell's members serve and present the cell Secret, as home's do")
+def _():
+    (home,) = one(CELLS_PROD, "StatefulSet", CELL)["spec"]["template"]["spec"]["containers"]
+    want = {k: v for k, v in env_of(home).items() if k.startswith("LATCHKEY_") and k != "LATCHKEY_PROXY_KEY_FILE"
+            and re.search(r"CERT|KEY|CA_FILE", k)}
+    if len(want) < 7:
+        return f"home's TLS settings: {want}"
+    for cell in EXTRA:
+        spec = one(CELLS_PROD, "StatefulSet", sts_of(cell))["spec"]["template"]["spec"]
+        (c,) = spec["containers"]
+        got = {k: env_of(c).get(k) for k in want}
+        mounts = {m["name"]: m for m in c.get("volumeMounts", [])}
+        vols = {v["name"]: v for v in spec.get("volumes", [])}
+        if got != want or not mounts.get("tls", {}).get("readOnly") or \
+                vols.get("tls", {}).get("secret", {}).get("secretName") != f"{RELEASE}-latchkey-cell-tls":
+            return f"cell {cell}: TLS env {got}, mounts {mounts.get('tls')}"
+
+
+@check("cells: a ServiceMonitor and an alert group per cell, on that cell's headless Service, with its own quorum")
+def _():
+    services = {d["metadata"]["name"]: d for d in CELLS_PROD if d["kind"] == "Service"}
+    groups = {g["name"]: g for g in one(CELLS_PROD, "PrometheusRule", f"{RELEASE}-latchkey")["spec"]["groups"]}
+    for cell, n in EXTRA.items():
+        name = sts_of(cell)
+        sm = one(CELLS_PROD, "ServiceMonitor", name)["spec"]
+        hits = [s for s, svc in services.items() if selects(sm["selector"]["matchLabels"], svc["metadata"]["labels"])]
+        if hits != [f"{name}-headless"] or [e["port"] for e in sm["endpoints"]] != ["metrics"]:
+            return f"ServiceMonitor {name} scrapes {hits}"
+        g = groups.get(f"latchkey-cell-{cell}")
+        if not g:
+            return f"no alert group latchkey-cell-{cell} in {sorted(groups)}"
+        if [r["alert"] for r in g["rules"]] != [r["alert"] for r in groups["latchkey-cell"]["rules"]]:
+            return f"cell {cell}'s alerts differ from home's"
+        jobs = {j for r in g["rules"] for j in re.findall(r'job="([^"]+)"', r["expr"])}
+        if jobs != {f"{name}-headless"}:
+            return f"cell {cell}'s alerts select jobs {jobs}"
+        for r in g["rules"]:
+            promql_parser.parse(r["expr"])
+        (quorum,) = [r["expr"] for r in g["rules"] if r["alert"] == "LatchkeyCellNoQuorum"]
+        if not quorum.strip().endswith(f"< {n // 2 + 1}"):
+            return f"cell {cell}: {quorum}"
 
 
 failed = [n for n, why in results if why is not None]

@@ -1,18 +1,29 @@
 #!/usr/bin/env bash
 # Checks helm/latchkey and the Dockerfile with the real tools, offline:
 #
-#   helm lint --strict       the default values and values-production.yaml
-#   helm template            defaults, cell.replicas=5, production, and
-#                            3 voters + 2 learners with every option on
+#   helm lint --strict       the default values and values-production.yaml,
+#                            each also with two more cells (`cells`)
+#   helm template            defaults, cell.replicas=5, production,
+#                            3 voters + 2 learners with every option on,
+#                            and two more cells (b: 3 voters and two
+#                            prefixes, c: 5) on the defaults and on
+#                            production (c with 2 learners there)
 #   kubernetes-validate      each render against the Kubernetes 1.27 (the
 #                            chart's oldest) and 1.37 API schemas, strict
 #   values.schema.json       rejects cell.replicas=4 (even), =three (a
-#                            string) and an unknown key
+#                            string) and an unknown key; a bad cell name,
+#                            an even cell replicas and an unknown key in a
+#                            cell. The templates refuse a cell named home,
+#                            a cell listed twice, overlapping prefixes and
+#                            cells without proxies
 #   chart_checks.py          assertions on the rendered objects (replicas,
 #                            --initial-cluster of DNS names, advertised
 #                            addresses, PDB = quorum, probes,
-#                            securityContext, alerts' metric names, ...)
-#   shellcheck               the cell's start script
+#                            securityContext, alerts' metric names, every
+#                            cell's objects, the directory Job's script
+#                            run against a stub curl, the home cell's
+#                            objects unchanged by `cells`, ...)
+#   ShellCheck               the cell's start script
 #   hadolint, dockerfile_checks.py   the Dockerfile (nothing is built)
 #
 # scripts/install-deps.sh installs the tools (scripts/tools.sh pins
@@ -84,6 +95,33 @@ check "lint --strict, default values" helm lint --strict "$chart" --kube-version
 check "lint --strict, values-production.yaml" \
   helm lint --strict "$chart" -f "$chart/values-production.yaml" --kube-version "${kube_versions[0]}"
 
+# Two more cells behind the proxies (values.yaml: cells); on production,
+# c has two learners too and clients reach the proxies by label only.
+cat >"$out/cells-values.yaml" <<'EOF'
+cells:
+  - name: b
+    replicas: 3
+    prefixes: ["jobs/", "queues/"]
+  - name: c
+    replicas: 5
+EOF
+cat >"$out/cells-production-values.yaml" <<'EOF'
+cells:
+  - name: b
+    replicas: 3
+    prefixes: ["jobs/", "queues/"]
+  - name: c
+    replicas: 5
+    learners: 2
+networkPolicy:
+  allowExternal: false
+EOF
+check "lint --strict, two more cells" \
+  helm lint --strict "$chart" -f "$out/cells-values.yaml" --kube-version "${kube_versions[0]}"
+check "lint --strict, values-production.yaml and two more cells" \
+  helm lint --strict "$chart" -f "$chart/values-production.yaml" -f "$out/cells-production-values.yaml" \
+  --kube-version "${kube_versions[0]}"
+
 check "template, default values (3 voters)" eval 'render >"$out/default.yaml"'
 check "template, cell.replicas=5" eval 'render --set cell.replicas=5 >"$out/five.yaml"'
 check "template, values-production.yaml" eval 'render -f "$chart/values-production.yaml" >"$out/production.yaml"'
@@ -94,7 +132,11 @@ check "template, 2 learners, no proxies, restore and backup upload" eval 'render
   --set backup.upload.image=example.org/uploader:1.0 --set-json "backup.upload.command=[\"sh\",\"-c\",\"true\"]" \
   >"$out/learners.yaml"'
 
-for r in default five production learners; do
+check "template, two more cells (b: 3 voters, c: 5)" eval 'render -f "$out/cells-values.yaml" >"$out/cells.yaml"'
+check "template, values-production.yaml and two more cells" \
+  eval 'render -f "$chart/values-production.yaml" -f "$out/cells-production-values.yaml" >"$out/cells-production.yaml"'
+
+for r in default five production learners cells cells-production; do
   check "$r render validates against the Kubernetes ${kube_versions[*]} schemas" validates "$out/$r.yaml"
 done
 
@@ -102,6 +144,20 @@ check "schema rejects cell.replicas=4 (even)" rejected "/cell/replicas" --set ce
 check "schema rejects cell.replicas=2 (even)" rejected "/cell/replicas" --set cell.replicas=2
 check "schema rejects cell.replicas=three (not an integer)" rejected "/cell/replicas.*want integer" --set cell.replicas=three
 check "schema rejects an unknown key" rejected "additional properties 'replica' not allowed" --set cell.replica=3
+check "schema rejects a cell name with capitals or '_'" rejected "/cells/0/name.*does not match pattern" \
+  --set-json 'cells=[{"name":"Cell_B"}]'
+check "schema rejects an even cell replicas (4)" rejected "/cells/0/replicas" \
+  --set-json 'cells=[{"name":"b","replicas":4}]'
+check "schema rejects an unknown key in a cell" rejected "/cells/0.*additional properties 'replica' not allowed" \
+  --set-json 'cells=[{"name":"b","replica":3}]'
+check "chart refuses a cell named home (the home cell's name in the directory)" \
+  rejected 'cells: "home" is not a cell name' --set-json 'cells=[{"name":"home"}]'
+check "chart refuses a cell listed twice" rejected 'cells: "b" is listed twice' \
+  --set-json 'cells=[{"name":"b"},{"name":"b"}]'
+check "chart refuses overlapping prefixes" rejected 'prefix "jobs/1/" (cell c) and prefix "jobs/" (cell b) overlap' \
+  --set-json 'cells=[{"name":"b","prefixes":["jobs/"]},{"name":"c","prefixes":["jobs/1/"]}]'
+check "chart refuses cells without proxies" rejected "cells needs proxy.enabled" \
+  --set-json 'cells=[{"name":"b"}]' --set proxy.enabled=false
 
 tally "$py" scripts/chart_checks.py "$out"
 

@@ -73,9 +73,73 @@ app.kubernetes.io/part-of: latchkey
 {{- end -}}
 {{- end -}}
 
-{{/* The cell's voters at bootstrap, its quorum, and every pod. */}}
-{{- define "latchkey.cell.quorum" -}}
-{{- add (div (int .Values.cell.replicas) 2) 1 -}}
+{{/* The directory Job's image (directoryJob.image): curl and a shell. */}}
+{{- define "latchkey.directoryJob.image" -}}
+{{- $i := .Values.directoryJob.image -}}
+{{- if $i.digest -}}
+{{- printf "%s@%s" $i.repository $i.digest -}}
+{{- else if $i.tag -}}
+{{- printf "%s:%s" $i.repository (toString $i.tag) -}}
+{{- else -}}
+{{- fail "directoryJob.image needs a tag or a digest" -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Every cell: the home cell (`cell`, the one the proxies are started with,
+which holds the directory) first, then each of `cells`. Sets key "cells"
+of .into to a list of dicts:
+  home       true for the home cell
+  cell       its name in the directory ("home" for the home cell)
+  name       the StatefulSet's, the client Service's and the PDB's name
+  headless   the peers' headless Service
+  component  the app.kubernetes.io/component of its pods ("cell" for home:
+             the other cells' must differ, or home's selectors, fixed at
+             install, would take their pods in)
+  replicas   bootstrap voters; learners: pods after them
+  prefixes   the prefixes it owns (the directory Job assigns them)
+Every other setting is `cell`'s. Call with (dict "ctx" $ "into" $holder).
+*/}}
+{{- define "latchkey.cells.collect" -}}
+{{- $ctx := .ctx -}}
+{{- $home := include "latchkey.cell.name" $ctx -}}
+{{- $cells := list (dict "home" true "cell" "home" "name" $home "headless" (include "latchkey.cell.headless" $ctx) "component" "cell" "replicas" $ctx.Values.cell.replicas "learners" $ctx.Values.cell.learners "prefixes" list) -}}
+{{- $seen := dict -}}
+{{- $prefixes := dict -}}
+{{- range $ctx.Values.cells -}}
+{{- if or (eq .name "home") (eq .name "headless") (hasSuffix "-headless" .name) -}}
+{{- fail (printf `cells: %q is not a cell name the chart can use ("home" is the home cell's name in the directory; "headless" and names ending in "-headless" would collide with a headless Service)` .name) -}}
+{{- end -}}
+{{- if hasKey $seen .name -}}
+{{- fail (printf "cells: %q is listed twice" .name) -}}
+{{- end -}}
+{{- $_ := set $seen .name true -}}
+{{- $cellName := .name -}}
+{{- $name := printf "%s-%s" $home .name -}}
+{{- /* A StatefulSet's pods carry the label controller-revision-hash=<name>-<10 characters>, at most 63. */ -}}
+{{- if gt (len $name) 52 -}}
+{{- fail (printf "cells: the StatefulSet of cell %q would be named %s (%d characters); the most Kubernetes takes is 52. Use a shorter cell name or fullnameOverride." .name $name (len $name)) -}}
+{{- end -}}
+{{- range $p := (.prefixes | default list) -}}
+{{- range $other, $owner := $prefixes -}}
+{{- if or (hasPrefix $other $p) (hasPrefix $p $other) -}}
+{{- fail (printf "cells: prefix %q (cell %s) and prefix %q (cell %s) overlap; a key belongs to one cell" $p $cellName $other $owner) -}}
+{{- end -}}
+{{- end -}}
+{{- $_ := set $prefixes $p $cellName -}}
+{{- end -}}
+{{- $replicas := $ctx.Values.cell.replicas -}}
+{{- if hasKey . "replicas" -}}
+{{- $replicas = .replicas -}}
+{{- end -}}
+{{- $cells = append $cells (dict "home" false "cell" .name "name" $name "headless" (printf "%s-headless" $name) "component" (printf "cell-%s" .name) "replicas" $replicas "learners" (.learners | default 0) "prefixes" (.prefixes | default list)) -}}
+{{- end -}}
+{{- $_ := set .into "cells" $cells -}}
+{{- end -}}
+
+{{/* A cell's voters at bootstrap, its quorum. Call with a cell of latchkey.cells.collect. */}}
+{{- define "latchkey.c.quorum" -}}
+{{- add (div (int .replicas) 2) 1 -}}
 {{- end -}}
 
 {{/*
@@ -84,30 +148,45 @@ bootstrap voters tolerate, (replicas-1)/2. With no learners it is the
 quorum; with learners (promoted or not) no eviction can take the voters
 below their quorum either, whichever pods it picks.
 */}}
-{{- define "latchkey.cell.minAvailable" -}}
-{{- add (include "latchkey.cell.quorum" . | int) (int .Values.cell.learners) -}}
+{{- define "latchkey.c.minAvailable" -}}
+{{- add (include "latchkey.c.quorum" . | int) (int .learners) -}}
 {{- end -}}
 
-{{- define "latchkey.cell.pods" -}}
-{{- add (int .Values.cell.replicas) (int .Values.cell.learners) -}}
+{{/* Every pod: voters, then learners. */}}
+{{- define "latchkey.c.pods" -}}
+{{- add (int .replicas) (int .learners) -}}
 {{- end -}}
 
-{{/* <headless service>.<namespace>.svc.<cluster domain> */}}
-{{- define "latchkey.cell.peerDomain" -}}
-{{- printf "%s.%s.svc.%s" (include "latchkey.cell.headless" .) .Release.Namespace .Values.clusterDomain -}}
+{{/* <headless service>.<namespace>.svc.<cluster domain>. Call with (dict "ctx" $ "c" $cell). */}}
+{{- define "latchkey.c.peerDomain" -}}
+{{- printf "%s.%s.svc.%s" .c.headless .ctx.Release.Namespace .ctx.Values.clusterDomain -}}
 {{- end -}}
 
 {{/*
-host:port of the client API of the first `count` pods, comma separated (all
-pods: the proxies' --cells). Call with (dict "ctx" $ "count" N).
+host:port of the client API of a cell's first `count` pods, comma
+separated (all pods: the proxies' --cells). Call with
+(dict "ctx" $ "c" $cell "count" N).
 */}}
-{{- define "latchkey.cell.clientAddrs" -}}
+{{- define "latchkey.c.clientAddrs" -}}
 {{- $ctx := .ctx -}}
+{{- $c := .c -}}
 {{- $addrs := list -}}
 {{- range $i := until (int .count) -}}
-{{- $addrs = append $addrs (printf "%s-%d.%s:%d" (include "latchkey.cell.name" $ctx) $i (include "latchkey.cell.peerDomain" $ctx) (int $ctx.Values.cell.ports.client)) -}}
+{{- $addrs = append $addrs (printf "%s-%d.%s:%d" $c.name $i (include "latchkey.c.peerDomain" (dict "ctx" $ctx "c" $c)) (int $ctx.Values.cell.ports.client)) -}}
 {{- end -}}
 {{- join "," $addrs -}}
+{{- end -}}
+
+{{/* The same, of the home cell (`cell`). */}}
+{{- define "latchkey.cell.home" -}}
+{{- toJson (dict "name" (include "latchkey.cell.name" .) "headless" (include "latchkey.cell.headless" .) "replicas" .Values.cell.replicas "learners" .Values.cell.learners) -}}
+{{- end -}}
+{{- define "latchkey.cell.pods" -}}
+{{- include "latchkey.c.pods" (include "latchkey.cell.home" . | fromJson) -}}
+{{- end -}}
+{{/* Call with (dict "ctx" $ "count" N). */}}
+{{- define "latchkey.cell.clientAddrs" -}}
+{{- include "latchkey.c.clientAddrs" (dict "ctx" .ctx "c" (include "latchkey.cell.home" .ctx | fromJson) "count" .count) -}}
 {{- end -}}
 
 {{/* The TLS Secrets' names (values.yaml: tls). */}}
@@ -222,26 +301,32 @@ successThreshold: {{ .probe.successThreshold }}
 {{/*
 Prometheus label matchers for each tier's series, as the Prometheus
 Operator labels them (namespace, and job = the scraped Service's name).
+A cell's: call with (dict "ctx" $ "c" $cell).
 */}}
 {{- define "latchkey.cell.promSelector" -}}
-namespace="{{ .Release.Namespace }}", job="{{ include "latchkey.cell.headless" . }}"
+namespace="{{ .ctx.Release.Namespace }}", job="{{ .c.headless }}"
 {{- end -}}
 {{- define "latchkey.proxy.promSelector" -}}
 namespace="{{ .Release.Namespace }}", job="{{ include "latchkey.proxy.name" . }}"
 {{- end -}}
 
 {{/*
-The cell's bootstrap voter count is fixed at install: Raft membership lives
-in the cell. On an upgrade, refuse a changed cell.replicas rather than let a
+A cell's bootstrap voter count is fixed at install: Raft membership lives
+in the cell. On an upgrade, refuse a changed replicas rather than let a
 resized StatefulSet start pods that bootstrap a second cell. (lookup sees the
 cluster only in a real install or upgrade, not in `helm template`.)
+Call with (dict "ctx" $ "c" $cell).
 */}}
 {{- define "latchkey.cell.guardReplicas" -}}
-{{- $sts := lookup "apps/v1" "StatefulSet" .Release.Namespace (include "latchkey.cell.name" .) -}}
+{{- $sts := lookup "apps/v1" "StatefulSet" .ctx.Release.Namespace .c.name -}}
 {{- if $sts -}}
 {{- $was := index ($sts.metadata.annotations | default dict) "latchkey.io/voters" | default "" -}}
-{{- if and $was (ne $was (toString .Values.cell.replicas)) -}}
+{{- if and $was (ne $was (toString .c.replicas)) -}}
+{{- if .c.home -}}
 {{- fail (printf "cell.replicas is the cell's bootstrap voter count (%s at install) and cannot change: a resized StatefulSet does not change Raft membership. Keep cell.replicas=%s; to grow, raise cell.learners and promote the new member (etcdctl member promote); to shrink, etcdctl member remove first. See the README, Running on Kubernetes." $was $was) -}}
+{{- else -}}
+{{- fail (printf "the replicas of cell %s (cells, name %s) are its bootstrap voter count (%s at install) and cannot change: a resized StatefulSet does not change Raft membership. Keep replicas: %s for it; to grow, raise its learners and promote the new member (etcdctl member promote); to shrink, etcdctl member remove first. See the README, Running on Kubernetes." .c.cell .c.cell $was $was) -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}

@@ -227,13 +227,18 @@ async fn run(args: &LocksArgs, endpoints: &Endpoints) -> Result<Outcome, String>
     );
     if !endpoints.cell_pids.is_empty() && acquired.done() > 0 {
         let used = latchkey_testkit::process::cpu_seconds(&endpoints.cell_pids) - cpu_seconds;
-        let per_thousand = used * 1000.0 * 1000.0
-            / (2.0 * acquired.done() as f64)
-            / endpoints.cell_pids.len() as f64;
+        // Each operation is served by one cell: per member of that cell
+        // (the cluster's members over the cells the locks span).
+        let members_per_cell =
+            (endpoints.cell_pids.len() as f64 / args.spread_cells as f64).max(1.0);
+        let per_thousand =
+            used * 1000.0 * 1000.0 / (2.0 * acquired.done() as f64) / members_per_cell;
         o.figure(
             "cpu_ms_per_1000_ops_per_member",
             per_thousand,
-            format!("{per_thousand:.1} ms of CPU per 1 000 lock operations, per member"),
+            format!(
+                "{per_thousand:.1} ms of CPU per 1 000 lock operations, per member of its cell"
+            ),
         );
     }
     o.field("acquisitions", acquired.done());
