@@ -132,8 +132,9 @@ pub async fn move_prefix(
 ) -> Result<super::prefix_move::Moved, ApiError> {
     require_admin(state.upstream.home()).await?;
     let home = state.upstream.home();
-    let lock = ChangeLock::take(home, MOVE_TIMEOUT.as_secs() as i64 + 30).await?;
-    let result = tokio::time::timeout(MOVE_TIMEOUT, async {
+    // The lock outlives the move and its clean-up (each bounded).
+    let lock = ChangeLock::take(home, MOVE_TIMEOUT.as_secs() as i64 * 2 + 30).await?;
+    let result = async {
         let (current, seen) = crate::upstream::directory::read_with_revision(home)
             .await?
             .unwrap_or_default();
@@ -143,17 +144,10 @@ pub async fn move_prefix(
                 prefix.escape_ascii().to_string()
             )));
         };
-        let moved = super::prefix_move::run(state, prefix, &current, &next).await?;
-        commit(home, &lock, seen, &next).await?;
-        Ok(moved)
-    })
-    .await
-    .unwrap_or_else(|_| {
-        Err(ApiError::timeout().with_message(format!(
-            "the move took longer than {MOVE_TIMEOUT:?}; the cells' records may be half \
-             changed: run it again"
-        )))
-    });
+        let commit_it = || commit(home, &lock, seen, &next);
+        super::prefix_move::run(state, prefix, &current, &next, commit_it).await
+    }
+    .await;
     lock.release(home).await;
     if result.is_ok() {
         state.upstream.refresh().await?;

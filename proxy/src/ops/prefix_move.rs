@@ -18,10 +18,9 @@
 //! 5. **Raise.** The target's revision becomes at least `rf`: every
 //!    revision it issues from now on, and so every fencing token, is above
 //!    those the source issued.
-//! 6. **Switch.** Every cell but the target gets its record from the new
-//!    directory (the source's drops the prefix's keys), then the target
-//!    (owning the prefix outright), then the directory commits; the pause
-//!    ends. Proxies learn it within `--directory-interval`, or at once when
+//! 6. **Switch.** The source's record stops owning the prefix, then the
+//!    target's owns it outright, then the directory commits; the pause
+//!    ends. Only then is the source told to drop the prefix's keys. Proxies learn it within `--directory-interval`, or at once when
 //!    the source refuses a request; a proxy holds a refused request and
 //!    sends it again until its timeout, so a short pause is a slow answer,
 //!    not an error.
@@ -31,11 +30,15 @@
 //! elections and sessions on the prefix keep their keys and leases; a
 //! holder's token stays what it was, the next holder's is above it. A
 //! watch of the prefix on the source is cancelled when the source stops
-//! owning it (its client watches again, through the target). A move that
-//! fails before the switch gives the source its record back and tells
-//! the target it owns nothing there; the keys it copied stay in the target
-//! until the next move into it fails on them (remove them by moving the
-//! prefix in and out, or by hand).
+//! owning it: its client reads the prefix again (at the latest revision)
+//! and watches from that read's revision. Revisions are the target's from
+//! the switch on: a watch resumed from a revision seen on the source may
+//! miss changes (a floor that refuses such revisions is not built yet).
+//!
+//! A move that fails or times out before the directory commits is undone:
+//! the source owns the prefix again with its keys (never dropped before the
+//! commit), and the target drops what it copied. The source drops the
+//! prefix's keys only after the commit.
 
 use super::directory::{cell_of, count_keys, write_ownership};
 use crate::state::ProxyState;
@@ -80,39 +83,84 @@ pub struct Moved {
 
 /// Moves `prefix` from its cell to `to` (see the module doc); `current`
 /// and `next` are the directory before and after, read under the change
-/// lock.
-pub async fn run(
+/// lock, and `commit` writes `next`.
+///
+/// The source keeps its keys until the directory has committed: a move
+/// that fails or times out before that gives the source back what it owned,
+/// its keys intact, and drops the target's copies (the target never owned
+/// them). Only once the commit is known is the source told to drop the
+/// prefix's keys. A commit whose outcome is unknown is read back; if that
+/// fails too, nothing is undone (the source stays fenced, the target owns
+/// the prefix) and the error says so.
+pub async fn run<C, F>(
     state: &ProxyState,
     prefix: &[u8],
     current: &Directory,
     next: &Directory,
-) -> Result<Moved, ApiError> {
+    commit: C,
+) -> Result<Moved, ApiError>
+where
+    C: Fn() -> F,
+    F: std::future::Future<Output = Result<(), ApiError>>,
+{
     let from = current.owner_of(prefix).to_string();
     let to = next.owner_of(prefix).to_string();
     let source = cell_of(state, next, &from)?;
     let target = cell_of(state, next, &to)?;
     let range = KeyRange::prefix(prefix);
-
-    // 1. Arriving: the target owns it for the move only.
-    let arriving = next.ownership_of(&to).with_arriving(vec![prefix.to_vec()]);
-    write_ownership(&target, arriving, &to).await?;
-    let (stale, _) = count_keys(&target, prefix).await?;
-    if stale > 0 {
-        write_ownership(&target, current.ownership_of(&to), &to).await?;
-        return Err(ApiError::precondition_failed(format!(
-            "cell {to} already holds {stale} keys under {:?} (left by a move that failed?); \
-             nothing was moved",
-            prefix.escape_ascii().to_string()
-        )));
+    let switched = tokio::time::timeout(MOVE_TIMEOUT, async {
+        // 1. Arriving: the target owns it for the move only.
+        let arriving = next.ownership_of(&to).with_arriving(vec![prefix.to_vec()]);
+        write_ownership(&target, arriving, &to).await?;
+        let (stale, _) = count_keys(&target, prefix).await?;
+        if stale > 0 {
+            return Err(ApiError::precondition_failed(format!(
+                "cell {to} held {stale} keys under {:?} it did not own (left by a move that \
+                 failed?); they are dropped now: run the move again",
+                prefix.escape_ascii().to_string()
+            )));
+        }
+        let moved =
+            copy_follow_switch(state, prefix, &range, current, next, &source, &target).await?;
+        commit().await?;
+        Ok(moved)
+    })
+    .await
+    .unwrap_or_else(|_| {
+        Err(ApiError::timeout().with_message(format!(
+            "the move took longer than {MOVE_TIMEOUT:?}; it was undone"
+        )))
+    });
+    let (copied, followed, pause) = match switched {
+        Ok(moved) => moved,
+        Err(e) => {
+            match committed(state, next).await {
+                Some(true) => {
+                    // The commit took effect after all.
+                    tracing::warn!(error = %e, "a move's last step answered an error but committed");
+                }
+                Some(false) => {
+                    undo(prefix, current, &from, &to, &source, &target).await;
+                    return Err(e);
+                }
+                None => {
+                    return Err(e.with_message(
+                        "the move's commit has an unknown outcome and the directory cannot be \
+                         read: nothing was undone (the source is fenced, the target owns the \
+                         prefix); read the directory and run the move again or back",
+                    ))
+                }
+            }
+            (0, 0, Duration::ZERO)
+        }
+    };
+    // Committed: the source drops what it gave away (best effort: left
+    // over, its keys are unreachable, and a move back drops them first).
+    let mut dropping = next.ownership_of(&from);
+    dropping.dropped = vec![prefix.to_vec()];
+    if let Err(e) = write_ownership(&source, dropping, &from).await {
+        tracing::warn!(error = %e, cell = %from, "dropping a moved prefix's keys in its old cell");
     }
-    let moved = copy_follow_switch(state, prefix, &range, current, next, &source, &target).await;
-    if moved.is_err() {
-        // Back as it was: the source takes writes again, the target
-        // answers nothing under the prefix.
-        let _ = write_ownership(&source, current.ownership_of(&from), &from).await;
-        let _ = write_ownership(&target, current.ownership_of(&to), &to).await;
-    }
-    let (copied, followed, pause) = moved?;
     Ok(Moved {
         directory: next.clone(),
         from,
@@ -122,7 +170,41 @@ pub async fn run(
     })
 }
 
-/// Steps 2 to 6; the directory is committed by the caller right after.
+/// How long a move may take before its clean-up.
+const MOVE_TIMEOUT: Duration = super::directory::MOVE_TIMEOUT;
+
+/// Whether the directory in home is `next` now (`None`: it cannot be read).
+async fn committed(state: &ProxyState, next: &Directory) -> Option<bool> {
+    for _ in 0..3 {
+        if let Ok(now) = crate::upstream::directory::read(state.upstream.home()).await {
+            return Some(now.is_some_and(|d| d.version == next.version && d == *next));
+        }
+    }
+    None
+}
+
+/// Back as before the move: the source owns the prefix again with its keys
+/// (never dropped before a commit); the target answers nothing under it and
+/// drops what it copied.
+async fn undo(
+    prefix: &[u8],
+    current: &Directory,
+    from: &str,
+    to: &str,
+    source: &Cell,
+    target: &Cell,
+) {
+    if let Err(e) = write_ownership(source, current.ownership_of(from), from).await {
+        tracing::warn!(error = %e, cell = %from, "giving a prefix back to its cell after a failed move; the next change rewrites it");
+    }
+    let mut cleared = current.ownership_of(to);
+    cleared.dropped = vec![prefix.to_vec()];
+    if let Err(e) = write_ownership(target, cleared, to).await {
+        tracing::warn!(error = %e, cell = %to, "dropping a failed move's copies");
+    }
+}
+
+/// Steps 2 to 6; the directory is committed right after.
 async fn copy_follow_switch(
     state: &ProxyState,
     prefix: &[u8],
@@ -181,18 +263,10 @@ async fn copy_follow_switch(
         )
         .await?;
 
-    // 6. Every cell but the target, the source dropping the prefix's keys;
-    // then the target owns it outright.
-    for name in std::iter::once(latchkey_shared::directory::HOME)
-        .chain(next.cells.keys().map(String::as_str))
-        .filter(|n| *n != to)
-    {
-        let mut record = next.ownership_of(name);
-        if name == from {
-            record.dropped = vec![prefix.to_vec()];
-        }
-        write_ownership(&cell_of(state, next, name)?, record, name).await?;
-    }
+    // 6. The source stops owning the prefix (its keys stay until the
+    // commit), then the target owns it outright. Other cells' records do
+    // not change.
+    write_ownership(source, next.ownership_of(from), from).await?;
     write_ownership(target, next.ownership_of(to), to).await?;
     Ok((copied, followed, fenced.elapsed()))
 }

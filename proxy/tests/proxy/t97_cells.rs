@@ -71,7 +71,7 @@ async fn revision_of(cluster: &Cluster) -> i64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_go_to_the_cell_that_owns_their_prefix() {
     let home = Cluster::start(cell_binary(), 3, &[]).await;
-    let other = Cluster::start(cell_binary(), 3, &[]).await;
+    let mut other = Cluster::start(cell_binary(), 3, &[]).await;
     let p1 = ProxyProcess::start(proxy_bin(), &member_addrs(&home), &[]).await;
     // Reads the directory only when a cell refuses a request's keys.
     let p2 = ProxyProcess::start(
@@ -336,6 +336,27 @@ async fn requests_go_to_the_cell_that_owns_their_prefix() {
     c2.put("jobs/6", "b still owns it", None)
         .await
         .expect("a refused change gives the keys back");
+
+    // A move that fails (its target is down) is undone: home keeps the
+    // prefix and every key of it.
+    for id in other.running() {
+        other.kill(id);
+    }
+    let resp = http
+        .post(format!("http://{}/v1/admin/directory/moves", p1.http))
+        .json(&json!({"prefix": "config/", "cell": "b"}))
+        .send()
+        .await
+        .expect("move");
+    assert_ne!(resp.status().as_u16(), 200, "the target is down");
+    let got = c1
+        .get("config/", Some(GetOptions::new().with_prefix()))
+        .await
+        .expect("home still serves config/");
+    assert_eq!(got.kvs().len(), 4, "config/a, b, c and d kept");
+    c1.put("config/e", "after", None)
+        .await
+        .expect("and takes writes");
 }
 
 /// The live keys of `key` through the proxy at `grpc`, with their leases.
