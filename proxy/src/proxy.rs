@@ -111,6 +111,12 @@ impl Proxy {
             tenant_limits: Arc::new(crate::tenant_limits::TenantLimits::new(cfg.rate_share)),
             token_checks: crate::ops::rates::token_checks(),
         });
+        let (extensions, upstream, coalescer) = (
+            state.extensions.clone(),
+            state.upstream.clone(),
+            state.coalescers.home().clone(),
+        );
+        lifecycle.spawn_owned(|token| extensions.follow(upstream, coalescer, token));
         let follower = state.upstream.clone();
         let every = cfg.directory_interval;
         lifecycle.spawn_owned(|token| crate::upstream::directory::follow(follower, every, token));

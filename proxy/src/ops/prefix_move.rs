@@ -272,7 +272,10 @@ async fn copy_follow_switch(
 }
 
 /// Every live key of `range` at one revision, page by page, with it.
-async fn read_all(cell: &Cell, range: &KeyRange) -> Result<(Vec<PbKeyValue>, i64), ApiError> {
+pub(crate) async fn read_all(
+    cell: &Cell,
+    range: &KeyRange,
+) -> Result<(Vec<PbKeyValue>, i64), ApiError> {
     let mut kvs = Vec::new();
     let mut start = range.start.clone();
     let mut at = 0;

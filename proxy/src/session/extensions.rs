@@ -19,16 +19,22 @@
 //!
 //! Each extension is recorded in the home cell
 //! ([`latchkey_shared::directory::session_cell_key`]), bound to the
-//! session's lease: a proxy that takes a session over (its client moved,
-//! or the proxy restarted) reads where it is extended when the session is
-//! first confirmed there ([`LeaseExtensions::adopt`]), and a revoke through
-//! any proxy reaches every cell.
+//! session's lease, and every proxy follows those records
+//! ([`LeaseExtensions::follow`]: one read, then a watch): whichever proxy a
+//! session's keep-alives reach refreshes it in every cell it was extended
+//! to, whichever proxy extended it, and forgets it when the records go with
+//! the session. A proxy that takes a session over also reads its records
+//! when the session is first confirmed to it, and a revoke through any
+//! proxy reads them first ([`LeaseExtensions::adopt`]).
 //!
 //! [`KeepAliveBatcher`]: super::KeepAliveBatcher
 
 use crate::upstream::{Cell, Kind, Route, Upstream};
+use crate::watch::coalescer::Coalescer;
+use crate::watch::{Cancel, Item, WatchKey};
 use dashmap::DashMap;
-use latchkey_shared::directory::{session_cell_key, session_cells_of};
+use latchkey_shared::directory::{session_cell_key, session_cells_of, SESSION_CELLS_PREFIX};
+use latchkey_shared::etcd_enums::EventType;
 use latchkey_shared::etcd_methods::kv::{PUT, RANGE};
 use latchkey_shared::etcd_methods::lease::{GRANT, REVOKE, TIME_TO_LIVE};
 use latchkey_shared::etcdpb::{
@@ -36,8 +42,20 @@ use latchkey_shared::etcdpb::{
     PbLeaseTimeToLiveRequest, PbLeaseTimeToLiveResponse, PbPutRequest, PbPutResponse,
     PbRangeRequest, PbRangeResponse,
 };
+use latchkey_shared::KeyRange;
 use latchkey_shared::{ApiError, ErrorCode, LeaseId};
 use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+
+/// The session and cell a session-cells record names.
+fn parse_record(key: &[u8]) -> Option<(LeaseId, String)> {
+    let rest = key.strip_prefix(SESSION_CELLS_PREFIX)?;
+    let slash = rest.iter().position(|b| *b == b'/')?;
+    let id = std::str::from_utf8(&rest[..slash]).ok()?;
+    let id = u64::from_str_radix(id, 16).ok()? as i64;
+    let name = std::str::from_utf8(&rest[slash + 1..]).ok()?;
+    Some((LeaseId::from(id), name.to_string()))
+}
 
 #[derive(Default)]
 pub struct LeaseExtensions {
@@ -129,7 +147,7 @@ impl LeaseExtensions {
     /// (a session this proxy takes over).
     pub async fn adopt(&self, upstream: &Upstream, id: LeaseId) -> Result<(), ApiError> {
         let prefix = session_cells_of(id.get());
-        let range = latchkey_shared::KeyRange::prefix(&prefix);
+        let range = KeyRange::prefix(&prefix);
         let resp: PbRangeResponse = upstream
             .home()
             .call(
@@ -203,9 +221,90 @@ impl LeaseExtensions {
         failed.map_or(Ok(()), Err)
     }
 
-    /// Forgets session `id` (it is gone at home; its extensions, no longer
-    /// refreshed, expire within their TTL).
-    pub fn forget(&self, id: LeaseId) {
-        self.cells.remove(&id);
+    /// Follows every session's extensions from the home cell's records
+    /// until `shutdown`: a full read, then a watch from its revision; read
+    /// again after a compaction or a failure, a second later.
+    pub async fn follow(
+        self: Arc<Self>,
+        upstream: Arc<Upstream>,
+        coalescer: Arc<Coalescer>,
+        shutdown: CancellationToken,
+    ) {
+        loop {
+            let ended = shutdown
+                .run_until_cancelled(self.follow_once(&upstream, &coalescer))
+                .await;
+            match ended {
+                None => return,
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "following sessions' extensions; reading them again")
+                }
+                Some(Ok(())) => {}
+            }
+            let pause = tokio::time::sleep(std::time::Duration::from_secs(1));
+            if shutdown.run_until_cancelled(pause).await.is_none() {
+                return;
+            }
+        }
+    }
+
+    async fn follow_once(
+        &self,
+        upstream: &Upstream,
+        coalescer: &Arc<Coalescer>,
+    ) -> Result<(), ApiError> {
+        let range = KeyRange::prefix(SESSION_CELLS_PREFIX);
+        let (records, revision) =
+            crate::ops::prefix_move::read_all(upstream.home(), &range).await?;
+        for kv in &records {
+            self.record(upstream, &kv.key, true).await;
+        }
+        let key = WatchKey::new(range.start.clone(), range.end.clone(), &[], false)?;
+        let mut changes = coalescer.subscribe(key, revision + 1).await?;
+        loop {
+            match changes.recv().await {
+                Some(Item::Events(revision)) => {
+                    for e in revision.events.iter() {
+                        if let Some(kv) = &e.kv {
+                            let put = e.r#type != EventType::Delete as i32;
+                            self.record(upstream, &kv.key, put).await;
+                        }
+                    }
+                }
+                Some(Item::Progress(_)) => {}
+                Some(Item::Cancelled(Cancel::Compacted { .. })) | None => return Ok(()),
+                Some(Item::Cancelled(Cancel::Ended { reason })) => {
+                    return Err(ApiError::unavailable(reason))
+                }
+                Some(Item::Cancelled(Cancel::Revoked(e))) => return Err(e),
+            }
+        }
+    }
+
+    /// A session-cells record `key` appeared (`put`) or went.
+    async fn record(&self, upstream: &Upstream, key: &[u8], put: bool) {
+        let Some((id, name)) = parse_record(key) else {
+            return;
+        };
+        if !put {
+            if let Some(mut cells) = self.cells.get_mut(&id) {
+                let routes = upstream.routes();
+                cells.retain(|c| routes.name_of(c) != name);
+            }
+            self.cells.remove_if(&id, |_, cells| cells.is_empty());
+            return;
+        }
+        let mut cell = upstream.routes().named(&name);
+        if cell.is_none() {
+            // Named by a directory newer than this proxy's.
+            let _ = upstream.refresh().await;
+            cell = upstream.routes().named(&name);
+        }
+        match cell {
+            Some(cell) => self.add(id, &cell),
+            None => {
+                tracing::warn!(lease_id = %id, cell = %name, "a session is extended to a cell the directory does not name")
+            }
+        }
     }
 }

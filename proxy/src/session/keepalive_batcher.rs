@@ -68,12 +68,14 @@ impl KeepAliveBatcher {
             }
             count += 1;
             let due = self.table.take_due();
-            self.hand_out_extended(&due, &mut cells, &shutdown);
             if !due.is_empty() {
-                tokio::select! {
+                let alive = tokio::select! {
                     _ = shutdown.cancelled() => return,
-                    _ = self.send(&due) => {}
-                }
+                    alive = self.send(&due) => alive,
+                };
+                // Only what home confirmed alive in this tick is refreshed
+                // elsewhere: a session never lives on in part.
+                self.hand_out_extended(&alive, &mut cells, &shutdown);
             }
             if count.is_multiple_of(SWEEP_EVERY) {
                 let grace = self.tick * 2;
@@ -145,7 +147,9 @@ impl KeepAliveBatcher {
     }
 
     /// One tick's batch (split only past the cell's batch limit).
-    async fn send(&mut self, due: &[LeaseId]) {
+    /// Returns the leases the cell answered alive.
+    async fn send(&mut self, due: &[LeaseId]) -> Vec<LeaseId> {
+        let mut alive = Vec::new();
         for chunk in due.chunks(MAX_REFRESH_BATCH) {
             let ids: Vec<i64> = chunk.iter().map(|id| id.get()).collect();
             let sent = Instant::now();
@@ -160,6 +164,9 @@ impl KeepAliveBatcher {
                         } else {
                             Answer::Alive(ttl)
                         };
+                        if matches!(answer, Answer::Alive(_)) {
+                            alive.push(*id);
+                        }
                         let adopted =
                             matches!(answer, Answer::Alive(_)) && !self.table.confirmed(*id);
                         self.table.answered(*id, answer, sent);
@@ -198,6 +205,7 @@ impl KeepAliveBatcher {
                 }
             }
         }
+        alive
     }
 }
 

@@ -392,8 +392,12 @@ async fn one_session_holds_locks_in_two_cells_through_leader_kills() {
     assert_eq!(status, 200, "{body}");
 
     let mut client = connect_anonymous(&format!("http://{}", p.grpc)).await;
-    let lease = client.lease_grant(5, None).await.expect("grant").id();
-    let keeping = keep_alive(client.clone(), lease);
+    // The session is granted and kept alive through q; its locks are taken
+    // through p, which extends it to b: q learns that from home's records
+    // and refreshes it in b too.
+    let mut through_q = connect_anonymous(&format!("http://{}", q.grpc)).await;
+    let lease = through_q.lease_grant(5, None).await.expect("grant").id();
+    let keeping = keep_alive(through_q.clone(), lease);
     let with_lease = || Some(etcd_client::LockOptions::new().with_lease(lease));
     let in_b = client
         .lock("jobs/lock", with_lease())
@@ -412,12 +416,6 @@ async fn one_session_holds_locks_in_two_cells_through_leader_kills() {
         Some(""),
         "the lock's key is in b"
     );
-
-    // The client's keep-alives move to the other proxy, which learns from
-    // home where the session is extended and refreshes it there too.
-    keeping.abort();
-    let mut through_q = connect_anonymous(&format!("http://{}", q.grpc)).await;
-    let keeping = keep_alive(through_q.clone(), lease);
 
     // Each cell's leader dies in turn; the session outlives both by more
     // than its TTL.
@@ -442,10 +440,11 @@ async fn one_session_holds_locks_in_two_cells_through_leader_kills() {
         );
     }
 
-    // A revoke (through the proxy that took the session over) releases
-    // both: another session takes each lock.
+    // A revoke through p (which does not keep the session) releases both:
+    // another session takes each lock.
     keeping.abort();
-    through_q.lease_revoke(lease).await.expect("revoke");
+    client.lease_revoke(lease).await.expect("revoke");
+    let _ = &mut through_q;
     assert!(
         leases_of(&mut client, &in_b).await.is_empty(),
         "released in b"
