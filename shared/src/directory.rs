@@ -121,6 +121,10 @@ impl Directory {
     /// The cell that owns `key`. Reserved keys are each cell's own; a
     /// client reads home's.
     pub fn owner_of(&self, key: &[u8]) -> &str {
+        if let Some(name) = key.strip_prefix(crate::lock::delay::RECORD_PREFIX) {
+            // A lock's delay record is kept with the lock.
+            return self.owner_of(name);
+        }
         if is_reserved(key) {
             return HOME;
         }
@@ -192,8 +196,17 @@ impl Directory {
         ranges: impl IntoIterator<Item = &'a KeyRange>,
     ) -> Result<&str, ApiError> {
         let mut cells = BTreeSet::new();
-        for range in ranges.into_iter().filter(|r| !is_reserved(&r.start)) {
-            cells.extend(self.cells_of(range));
+        for range in ranges {
+            if range.is_empty() {
+                continue;
+            }
+            if !is_reserved(&range.start) {
+                cells.extend(self.cells_of(range));
+            } else if range.end.is_empty()
+                && range.start.starts_with(crate::lock::delay::RECORD_PREFIX)
+            {
+                cells.insert(self.owner_of(&range.start));
+            }
         }
         match cells.len() {
             0 => Ok(HOME),
@@ -529,7 +542,20 @@ mod tests {
             "b",
             "records go with the keys"
         );
-        assert_eq!(d.route([&record]).unwrap(), HOME);
+        assert_eq!(
+            d.route([&record]).unwrap(),
+            "b",
+            "a lock's delay record is its cell's"
+        );
+        let audit = KeyRange::single(b"\0latchkey/audit/1".to_vec());
+        assert_eq!(d.route([&audit]).unwrap(), HOME);
+        let inverted = range("z", "a");
+        assert_eq!(
+            d.route([&KeyRange::single(b"jobs/x".to_vec()), &inverted])
+                .unwrap(),
+            "b",
+            "an empty range names no cell"
+        );
     }
 
     #[test]

@@ -13,6 +13,9 @@ use latchkey_shared::ApiError;
 use std::sync::Arc;
 use tonic::{Request as GrpcRequest, Response, Status};
 
+/// The highest revision a move may raise a cell to.
+const MAX_RAISE: i64 = 1 << 60;
+
 pub struct MovesService {
     pub node: Arc<CellNode>,
     pub gate: Arc<AuthGate>,
@@ -68,9 +71,11 @@ impl Moves for MovesService {
     ) -> Result<Response<RaiseRevisionResponse>, Status> {
         self.only_proxies(request.metadata())?;
         let above = request.into_inner().above;
-        if above < 0 {
+        // Far above any revision a cell reaches, and far below where the
+        // next revision would overflow.
+        if !(0..=MAX_RAISE).contains(&above) {
             return Err(
-                ApiError::invalid(format!("above must not be negative, not {above}")).into(),
+                ApiError::invalid(format!("above must be 0 to {MAX_RAISE}, not {above}")).into(),
             );
         }
         let resp = self.node.write(Request::RaiseRevision { above }).await?;

@@ -5,6 +5,7 @@
 //! ([`session`](crate::session)).
 
 use crate::ops::auth::call_for_client;
+use crate::session::extensions::LeaseExtensions;
 use crate::state::ProxyState;
 use crate::upstream::Kind;
 use latchkey_shared::etcd_methods::lease::{GRANT, REVOKE, TIME_TO_LIVE};
@@ -38,6 +39,9 @@ pub async fn revoke(state: &ProxyState, id: LeaseId) -> Result<PbLeaseRevokeResp
     if let Err(e) = state.extensions.adopt(&state.upstream, id).await {
         tracing::warn!(lease_id = %id, error = %e, "reading a session's cells before its revoke");
     }
+    // Taken before home's revoke: its records' deletion makes every
+    // proxy's follower forget them.
+    let extended = state.extensions.take(id);
     let request = PbLeaseRevokeRequest { id: id.get() };
     let result = call_for_client(state.upstream.home(), Kind::Write, REVOKE, request).await;
     match &result {
@@ -47,11 +51,18 @@ pub async fn revoke(state: &ProxyState, id: LeaseId) -> Result<PbLeaseRevokeResp
             ..
         }) => {
             state.sessions.revoked(id);
-            // Then in every other cell the session was extended to.
-            state.extensions.revoke(id).await?;
+            // Then in every other cell the session was extended to. The
+            // revoke is done (home's is the session's); an extension that
+            // could not be revoked expires within its TTL, unrefreshed.
+            if let Err(e) = LeaseExtensions::revoke_in(id, extended).await {
+                tracing::warn!(lease_id = %id, error = %e, "an extension of a revoked session expires on its own");
+            }
         }
-        Err(e) if e.retry() != latchkey_shared::Retry::Never => state.sessions.unsure(id),
-        Err(_) => {}
+        Err(e) if e.retry() != latchkey_shared::Retry::Never => {
+            state.sessions.unsure(id);
+            state.extensions.give_back(id, &extended);
+        }
+        Err(_) => state.extensions.give_back(id, &extended),
     }
     result
 }

@@ -220,7 +220,7 @@ async fn copy_follow_switch(
     // version (a lock queue keeps its order, a holder its token).
     let (kvs, r0) = read_all(source, range).await?;
     let copied = kvs.len();
-    import(state, target, kvs).await?;
+    import(state, source, target, kvs).await?;
 
     // 3. Follow from r0 + 1, in rounds, until a round has little left
     // to apply: then the fence's pause holds only that little.
@@ -235,7 +235,7 @@ async fn copy_follow_switch(
     for _ in 0..FOLLOW_ROUNDS {
         let now = count_keys(source, prefix).await?.1;
         let behind = now - follower.applied;
-        follower.follow(state, target, now).await?;
+        follower.follow(state, source, target, now).await?;
         if behind <= CLOSE_ENOUGH {
             break;
         }
@@ -249,7 +249,7 @@ async fn copy_follow_switch(
         .with_leaving(vec![prefix.to_vec()]);
     write_ownership(source, leaving, from).await?;
     let rf = count_keys(source, prefix).await?.1;
-    follower.follow(state, target, rf).await?;
+    follower.follow(state, source, target, rf).await?;
     let followed = follower.followed;
     drop(follower);
 
@@ -333,6 +333,7 @@ impl Follower {
     async fn follow(
         &mut self,
         state: &ProxyState,
+        source: &Cell,
         target: &Cell,
         through: i64,
     ) -> Result<(), ApiError> {
@@ -412,6 +413,7 @@ impl Follower {
             delete(target, deletes).await?;
             import(
                 state,
+                source,
                 target,
                 puts.into_iter().filter_map(|(_, kv)| kv).collect(),
             )
@@ -427,7 +429,12 @@ const IMPORT_BYTES: usize = 1 << 20;
 /// Writes `kvs` into `target` with their create revisions, versions and
 /// leases (each session extended there first), in imports of at most
 /// `MAX_TXN_OPS` keys and about `IMPORT_BYTES`.
-async fn import(state: &ProxyState, target: &Cell, kvs: Vec<PbKeyValue>) -> Result<(), ApiError> {
+async fn import(
+    state: &ProxyState,
+    source: &Cell,
+    target: &Cell,
+    kvs: Vec<PbKeyValue>,
+) -> Result<(), ApiError> {
     let mut batch: Vec<PbKeyValue> = Vec::new();
     let mut bytes = 0;
     let mut kvs = kvs.into_iter().peekable();
@@ -443,10 +450,32 @@ async fn import(state: &ProxyState, target: &Cell, kvs: Vec<PbKeyValue>) -> Resu
                 .collect();
             leases.sort_unstable();
             leases.dedup();
-            state
-                .extensions
-                .ensure_all(&state.upstream, target, &leases)
-                .await?;
+            // A session that ended since its keys were read is not carried
+            // (the follower brings their deletion); a lease that is not a
+            // session of home (a client of the source's own) cannot be.
+            let mut ended = Vec::new();
+            for lease in leases {
+                match state
+                    .extensions
+                    .ensure(&state.upstream, target, lease)
+                    .await
+                {
+                    Ok(()) => {}
+                    Err(e) if e.code == latchkey_shared::ErrorCode::LeaseNotFound => {
+                        if lives_in(source, lease).await? {
+                            return Err(ApiError::precondition_failed(format!(
+                                "keys under the prefix are bound to lease {:x}, which is the \
+                                 source cell's own, not a session of the home cell: a move \
+                                 cannot carry them",
+                                lease
+                            )));
+                        }
+                        ended.push(lease);
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            batch.retain(|kv| !ended.contains(&kv.lease));
             let _: ImportResponse = target
                 .call(
                     Route::Leader,
@@ -461,6 +490,19 @@ async fn import(state: &ProxyState, target: &Cell, kvs: Vec<PbKeyValue>) -> Resu
         }
     }
     Ok(())
+}
+
+/// Whether lease `id` lives in `cell`.
+async fn lives_in(cell: &Cell, id: i64) -> Result<bool, ApiError> {
+    let resp: latchkey_shared::etcdpb::PbLeaseTimeToLiveResponse = cell
+        .call(
+            Route::Leader,
+            Kind::Read,
+            latchkey_shared::etcd_methods::lease::TIME_TO_LIVE,
+            latchkey_shared::etcdpb::PbLeaseTimeToLiveRequest { id, keys: false },
+        )
+        .await?;
+    Ok(resp.ttl > 0)
 }
 
 /// Deletes in `target`, as the proxy, in txns of at most `MAX_TXN_OPS`.

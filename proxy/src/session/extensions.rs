@@ -118,7 +118,13 @@ impl LeaseExtensions {
         }
         // Then the record, bound to the session at home: written after the
         // grant, so a record always names a lease that was granted.
-        let name = upstream.routes().name_of(cell).to_string();
+        let name = upstream
+            .routes()
+            .name_of(cell)
+            .map(str::to_string)
+            .ok_or_else(|| {
+                ApiError::unavailable("the directory changed under a request; send it again")
+            })?;
         let _: PbPutResponse = upstream
             .home()
             .call(
@@ -196,9 +202,27 @@ impl LeaseExtensions {
     /// Revokes session `id` in every cell it was extended to and forgets
     /// it. A cell that does not have it (expired there) is fine.
     pub async fn revoke(&self, id: LeaseId) -> Result<(), ApiError> {
-        let Some((_, cells)) = self.cells.remove(&id) else {
-            return Ok(());
-        };
+        let cells = self.take(id);
+        Self::revoke_in(id, cells).await
+    }
+
+    /// The cells session `id` is extended to, forgotten here (taken before
+    /// its revoke at home, whose deleted records make every proxy forget
+    /// them as well).
+    pub fn take(&self, id: LeaseId) -> Vec<Cell> {
+        self.cells.remove(&id).map(|(_, c)| c).unwrap_or_default()
+    }
+
+    /// Gives back what [`take`](Self::take) took (the revoke at home
+    /// failed).
+    pub fn give_back(&self, id: LeaseId, cells: &[Cell]) {
+        for cell in cells {
+            self.add(id, cell);
+        }
+    }
+
+    /// Revokes session `id` in `cells`.
+    pub async fn revoke_in(id: LeaseId, cells: Vec<Cell>) -> Result<(), ApiError> {
         let mut failed = None;
         for cell in cells {
             let done: Result<PbLeaseRevokeResponse, ApiError> = cell
@@ -289,7 +313,7 @@ impl LeaseExtensions {
         if !put {
             if let Some(mut cells) = self.cells.get_mut(&id) {
                 let routes = upstream.routes();
-                cells.retain(|c| routes.name_of(c) != name);
+                cells.retain(|c| routes.name_of(c) != Some(name.as_str()));
             }
             self.cells.remove_if(&id, |_, cells| cells.is_empty());
             return;

@@ -245,11 +245,11 @@ impl Routes {
         self.cells.get(name).cloned()
     }
 
-    /// The name the directory gives `cell`.
-    pub fn name_of(&self, cell: &Cell) -> &str {
+    /// The name the directory gives `cell`, if it names it.
+    pub fn name_of(&self, cell: &Cell) -> Option<&str> {
         self.cells
             .iter()
             .find(|(_, c)| Arc::ptr_eq(c, cell))
-            .map_or(HOME, |(name, _)| name.as_str())
+            .map(|(name, _)| name.as_str())
     }
 }

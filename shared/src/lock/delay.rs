@@ -25,6 +25,9 @@ use std::time::Duration;
 
 /// What a contender's queue key holds for a delay.
 const PREFIX: &[u8] = b"lock-delay-ms=";
+/// Where a lock's delay record is: this, then the lock's name. It lives in
+/// the cell that owns the name (the directory routes it by the name).
+pub const RECORD_PREFIX: &[u8] = b"\0latchkey/lock-delay/";
 
 /// The longest delay a holder may ask for.
 pub const MAX_LOCK_DELAY: Duration = Duration::from_secs(60);
@@ -49,7 +52,7 @@ pub fn decode(value: &[u8]) -> Duration {
 
 /// The key of the lock `name`'s delay record.
 pub fn record(name: &[u8]) -> Vec<u8> {
-    [b"\0latchkey/lock-delay/".as_slice(), name].concat()
+    [RECORD_PREFIX, name].concat()
 }
 
 /// A delay record's value: the holder's key, a newline, the delay in ms.
