@@ -37,6 +37,15 @@ use latchkey_shared::{ApiError, ErrorCode};
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 
+/// Counts a directory read as done when dropped (however it ended).
+struct ReadDone<'a>(&'a std::sync::atomic::AtomicU64);
+
+impl Drop for ReadDone<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Release);
+    }
+}
+
 /// How long a request refused by a cell that the directory still names
 /// waits before it is sent again.
 const REROUTE_PAUSE: std::time::Duration = std::time::Duration::from_millis(20);
@@ -57,6 +66,8 @@ pub struct Upstream {
     maker: Option<CellMaker>,
     /// One directory read at a time.
     refreshing: tokio::sync::Mutex<()>,
+    /// Directory reads finished (or failed).
+    reads: std::sync::atomic::AtomicU64,
     /// Clients of the other cells, by their endpoints.
     made: std::sync::Mutex<BTreeMap<Vec<String>, Cell>>,
 }
@@ -74,6 +85,7 @@ impl Upstream {
             })),
             maker,
             refreshing: tokio::sync::Mutex::new(()),
+            reads: Default::default(),
             made: Default::default(),
         }
     }
@@ -188,7 +200,15 @@ impl Upstream {
     /// the one routed by, routes by it from now on (making clients for the
     /// cells it adds). Returns the version routed by.
     pub async fn refresh(&self) -> Result<u64, ApiError> {
+        let asked = self.reads.load(std::sync::atomic::Ordering::Acquire);
         let _one = self.refreshing.lock().await;
+        if self.reads.load(std::sync::atomic::Ordering::Acquire) != asked {
+            // A read finished while this call waited: the requests held by
+            // a move's pause share it instead of each reading home (one
+            // that read too early is refused again and reads again).
+            return Ok(self.routes().directory.version);
+        }
+        let _counted = ReadDone(&self.reads);
         let Some(directory) = directory::read(&self.home).await? else {
             return Ok(self.routes().directory.version);
         };
