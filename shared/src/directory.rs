@@ -75,6 +75,19 @@ pub struct Directory {
     /// Assigned prefixes, sorted, none a prefix of another. A key under
     /// none of them is home's.
     pub prefixes: Vec<Assignment>,
+    /// Where moved prefixes' revisions start in the cells they moved to.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub floors: Vec<Floor>,
+}
+
+/// A prefix moved into `cell` when its revision was raised above
+/// `revision`: revisions up to it are the old cell's, so a read or watch of
+/// the prefix there at one of them is refused as compacted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Floor {
+    pub prefix: Vec<u8>,
+    pub cell: String,
+    pub revision: i64,
 }
 
 /// What one cell owns, as stored in that cell.
@@ -98,6 +111,9 @@ pub struct Ownership {
     /// them (what is left of a prefix moved out), telling no watcher.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub dropped: Vec<Vec<u8>>,
+    /// Its moved-in prefixes' floors ([`Floor`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub floors: Vec<(Vec<u8>, i64)>,
 }
 
 fn show(bytes: &[u8]) -> String {
@@ -229,6 +245,12 @@ impl Directory {
             leaving: Vec::new(),
             arriving: Vec::new(),
             dropped: Vec::new(),
+            floors: self
+                .floors
+                .iter()
+                .filter(|f| f.cell == cell)
+                .map(|f| (f.prefix.clone(), f.revision))
+                .collect(),
             prefixes: self
                 .prefixes
                 .iter()
@@ -236,6 +258,17 @@ impl Directory {
                 .map(|a| a.prefix.clone())
                 .collect(),
         }
+    }
+
+    /// The directory with `prefix` moved into `cell` above `revision`.
+    pub fn with_floor(mut self, prefix: &[u8], cell: &str, revision: i64) -> Directory {
+        self.floors.retain(|f| f.prefix != prefix);
+        self.floors.push(Floor {
+            prefix: prefix.to_vec(),
+            cell: cell.to_string(),
+            revision,
+        });
+        self
     }
 
     /// The directory with cell `name` added, at `endpoints`. Adding a cell
@@ -337,6 +370,7 @@ impl Ownership {
             leaving: Vec::new(),
             arriving: Vec::new(),
             dropped: Vec::new(),
+            floors: Vec::new(),
         }
     }
 
@@ -389,6 +423,16 @@ impl Ownership {
             return Ok(());
         }
         Err(self.wrong(range))
+    }
+
+    /// The highest floor of a moved-in prefix `range` touches (0: none).
+    pub fn floor(&self, range: &KeyRange) -> i64 {
+        self.floors
+            .iter()
+            .filter(|(p, _)| range.overlaps(&KeyRange::prefix(p)))
+            .map(|(_, r)| *r)
+            .max()
+            .unwrap_or(0)
     }
 
     /// Refuses `range` to a client (not a proxy) while a move brings keys
@@ -604,6 +648,25 @@ mod tests {
             .is_ok());
         let round = Ownership::decode(&fenced.encode()).unwrap();
         assert_eq!(round, fenced);
+        let moved = d.clone().with_floor(b"jobs/", "b", 500);
+        assert_eq!(
+            moved.ownership_of("b").floor(&KeyRange::prefix(b"jobs/a")),
+            500
+        );
+        assert_eq!(
+            moved.ownership_of("b").floor(&KeyRange::prefix(b"queue/")),
+            0
+        );
+        assert_eq!(
+            moved.ownership_of(HOME).floor(&KeyRange::prefix(b"jobs/")),
+            0
+        );
+        let again = moved.with_floor(b"jobs/", "b", 900);
+        assert_eq!(
+            again.floors.len(),
+            1,
+            "a later move of the prefix replaces it"
+        );
     }
 
     #[test]

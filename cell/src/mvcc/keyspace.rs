@@ -166,6 +166,22 @@ impl KeySpace {
         }
     }
 
+    /// The compact revision a read or watch of `key`..`end` meets: the
+    /// keyspace's, or above it where a moved-in prefix's revisions begin
+    /// (the ones below are its old cell's).
+    pub fn compacted_for(&self, key: &[u8], end: &[u8]) -> i64 {
+        let floor = self
+            .ownership
+            .as_ref()
+            .filter(|o| !o.floors.is_empty())
+            .map_or(0, |o| o.floor(&KeyRange::new(key.to_vec(), end.to_vec())));
+        if floor > 0 {
+            self.compact_revision.max(floor + 1)
+        } else {
+            self.compact_revision
+        }
+    }
+
     /// [`check_owned`](Self::check_owned) for writing: also refused for a
     /// prefix the cell is losing.
     pub fn check_owned_write(&self, key: &[u8], end: &[u8]) -> Result<(), ApiError> {

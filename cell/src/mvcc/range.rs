@@ -38,6 +38,12 @@ pub(crate) fn check_range(keys: &KeySpace, req: &PbRangeRequest) -> Result<i64, 
     }
     Selection::<KvRef>::new(req)?;
     keys.check_owned(&req.key, &req.range_end)?;
+    if req.revision > 0 {
+        let compacted = keys.compacted_for(&req.key, &req.range_end);
+        if req.revision < compacted {
+            return Err(ApiError::compacted(compacted));
+        }
+    }
     keys.check_readable(req.revision)
 }
 

@@ -961,6 +961,7 @@ pub(crate) mod tests {
             leaving: vec![b"queue/".to_vec()],
             arriving: vec![],
             dropped: vec![],
+            floors: vec![(b"jobs/".to_vec(), 1)],
         };
         let record_key = String::from_utf8(OWNERSHIP_KEY.to_vec()).unwrap();
         put(
@@ -1020,6 +1021,14 @@ pub(crate) mod tests {
             ..Default::default()
         };
         crate::mvcc::range::range(kv.keys, &leaving).expect("a leaving prefix is read");
+        let before_the_move = PbRangeRequest {
+            key: b"jobs/".to_vec(),
+            range_end: b"jobs0".to_vec(),
+            revision: 1,
+            ..Default::default()
+        };
+        let e = crate::mvcc::range::range(kv.keys, &before_the_move).unwrap_err();
+        assert_eq!(e.code, ErrorCode::Compacted, "a revision of the old cell");
         assert_eq!(kv.keys.revision(), revision, "nothing was applied");
         assert!(kv.keys.get(b"config").is_none());
         delete_range(
@@ -1058,6 +1067,7 @@ pub(crate) mod tests {
             leaving: vec![],
             arriving: vec![],
             dropped: vec![b"jobs/".to_vec()],
+            floors: vec![],
         };
         let record_key = String::from_utf8(OWNERSHIP_KEY.to_vec()).unwrap();
         put(

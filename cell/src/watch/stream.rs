@@ -313,10 +313,12 @@ impl WatchStream {
         if requested_id == 0 {
             self.next_id += 1;
         }
-        let (current, compacted) = self
-            .node
-            .state
-            .read(|s| (s.keys.revision(), s.keys.compact_revision()));
+        let (current, compacted) = self.node.state.read(|s| {
+            (
+                s.keys.revision(),
+                s.keys.compacted_for(&watch.range.start, &watch.range.end),
+            )
+        });
         if watch.next_rev == 0 {
             watch.next_rev = current + 1;
         }

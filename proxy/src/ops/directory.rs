@@ -144,7 +144,8 @@ pub async fn move_prefix(
                 prefix.escape_ascii().to_string()
             )));
         };
-        let commit_it = || commit(home, &lock, seen, &next);
+        let lock = &lock;
+        let commit_it = |d: Directory| async move { commit(home, lock, seen, &d).await };
         super::prefix_move::run(state, prefix, &current, &next, commit_it).await
     }
     .await;

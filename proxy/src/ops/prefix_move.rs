@@ -30,10 +30,12 @@
 //! elections and sessions on the prefix keep their keys and leases; a
 //! holder's token stays what it was, the next holder's is above it. A
 //! watch of the prefix on the source is cancelled when the source stops
-//! owning it: its client reads the prefix again (at the latest revision)
-//! and watches from that read's revision. Revisions are the target's from
-//! the switch on: a watch resumed from a revision seen on the source may
-//! miss changes (a floor that refuses such revisions is not built yet).
+//! owning it: its client reads the prefix again and watches from that
+//! read's revision. Revisions of the prefix up to the fence's are the
+//! source's: the directory keeps a floor for the prefix in the target
+//! ([`latchkey_shared::directory::Floor`]), and the target refuses a read or
+//! watch of it at such a revision as compacted, which etcd clients answer by
+//! reading again.
 //!
 //! A move that fails or times out before the directory commits is undone:
 //! the source owns the prefix again with its keys (never dropped before the
@@ -100,7 +102,7 @@ pub async fn run<C, F>(
     commit: C,
 ) -> Result<Moved, ApiError>
 where
-    C: Fn() -> F,
+    C: Fn(Directory) -> F,
     F: std::future::Future<Output = Result<(), ApiError>>,
 {
     let from = current.owner_of(prefix).to_string();
@@ -122,7 +124,7 @@ where
         }
         let moved =
             copy_follow_switch(state, prefix, &range, current, next, &source, &target).await?;
-        commit().await?;
+        commit(moved.3.clone()).await?;
         Ok(moved)
     })
     .await
@@ -131,15 +133,16 @@ where
             "the move took longer than {MOVE_TIMEOUT:?}; it was undone"
         )))
     });
-    let (copied, followed, pause) = match switched {
+    let (copied, followed, pause, next) = match switched {
         Ok(moved) => moved,
         Err(e) => {
-            match committed(state, next).await {
-                Some(true) => {
+            match committed(state, next.version, prefix, &to).await {
+                Some(Some(now)) => {
                     // The commit took effect after all.
                     tracing::warn!(error = %e, "a move's last step answered an error but committed");
+                    (0, 0, Duration::ZERO, now)
                 }
-                Some(false) => {
+                Some(None) => {
                     undo(prefix, current, &from, &to, &source, &target).await;
                     return Err(e);
                 }
@@ -151,7 +154,6 @@ where
                     ))
                 }
             }
-            (0, 0, Duration::ZERO)
         }
     };
     // Committed: the source drops what it gave away (best effort: left
@@ -173,11 +175,18 @@ where
 /// How long a move may take before its clean-up.
 const MOVE_TIMEOUT: Duration = super::directory::MOVE_TIMEOUT;
 
-/// Whether the directory in home is `next` now (`None`: it cannot be read).
-async fn committed(state: &ProxyState, next: &Directory) -> Option<bool> {
+/// The directory in home if the move committed it (version `version`,
+/// `prefix` owned by `to`); `Some(None)` if it did not; `None` if it
+/// cannot be read.
+async fn committed(
+    state: &ProxyState,
+    version: u64,
+    prefix: &[u8],
+    to: &str,
+) -> Option<Option<Directory>> {
     for _ in 0..3 {
         if let Ok(now) = crate::upstream::directory::read(state.upstream.home()).await {
-            return Some(now.is_some_and(|d| d.version == next.version && d == *next));
+            return Some(now.filter(|d| d.version == version && d.owner_of(prefix) == to));
         }
     }
     None
@@ -213,7 +222,7 @@ async fn copy_follow_switch(
     next: &Directory,
     source: &Cell,
     target: &Cell,
-) -> Result<(usize, usize, Duration), ApiError> {
+) -> Result<(usize, usize, Duration, Directory), ApiError> {
     let from = current.owner_of(prefix);
     let to = next.owner_of(prefix);
     // 2. Copy at one revision, each key with its create revision and
@@ -266,9 +275,12 @@ async fn copy_follow_switch(
     // 6. The source stops owning the prefix (its keys stay until the
     // commit), then the target owns it outright. Other cells' records do
     // not change.
+    // Revisions of the prefix up to rf are the source's: refused as
+    // compacted in the target from now on.
+    let next = next.clone().with_floor(prefix, to, rf);
     write_ownership(source, next.ownership_of(from), from).await?;
     write_ownership(target, next.ownership_of(to), to).await?;
-    Ok((copied, followed, fenced.elapsed()))
+    Ok((copied, followed, fenced.elapsed(), next))
 }
 
 /// Every live key of `range` at one revision, page by page, with it.

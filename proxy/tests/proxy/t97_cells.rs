@@ -671,6 +671,38 @@ async fn a_prefix_moves_under_load_losing_nothing() {
         "its token kept"
     );
     assert!(!waiter.is_finished(), "the waiter still waits");
+    // A read or a watch of the prefix at a revision of home's (from before
+    // the move) is refused as compacted: it would miss b's changes.
+    let e = reader
+        .get(
+            "jobs/",
+            Some(GetOptions::new().with_prefix().with_revision(holder_token)),
+        )
+        .await
+        .expect_err("a read at home's revision");
+    assert_eq!(code(&e), Code::OutOfRange, "{e}");
+    let mut old = reader
+        .watch(
+            "jobs/",
+            Some(
+                WatchOptions::new()
+                    .with_prefix()
+                    .with_start_revision(holder_token),
+            ),
+        )
+        .await
+        .expect("watch stream");
+    let mut compacted = 0;
+    while let Ok(Some(resp)) = old.message().await {
+        if resp.canceled() {
+            compacted = resp.compact_revision();
+            break;
+        }
+    }
+    assert!(
+        compacted > holder_token,
+        "cancelled as compacted: {compacted}"
+    );
     reader.unlock(holder_key).await.expect("unlock");
     let next_key = tokio::time::timeout(std::time::Duration::from_secs(10), waiter)
         .await
