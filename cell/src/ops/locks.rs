@@ -100,7 +100,14 @@ impl LockBackend for LocalLocks {
             if access == Access::ReadWrite {
                 caller.require(Need::Write, range)?;
             }
-            caller.require(Need::Read, range)
+            caller.require(Need::Read, range)?;
+            // A move's arriving keys are the proxies' until it commits, as
+            // at the KV API: a lock taken here meanwhile would sit beside
+            // the holder the move copies in.
+            if !caller.writes_records() {
+                self.kv.refuse_arriving(std::slice::from_ref(range))?;
+            }
+            Ok(())
         })
     }
 

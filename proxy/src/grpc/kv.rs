@@ -51,7 +51,9 @@ impl PbKvService for KvService {
         &self,
         request: Request<PbRangeRequest>,
     ) -> Result<Response<Self::RangeStreamStream>, Status> {
-        let cell = self.state.upstream.cell_for(&request.get_ref().key).clone();
+        let req = request.get_ref();
+        let range = latchkey_shared::KeyRange::new(req.key.clone(), req.range_end.clone());
+        let cell = self.state.upstream.route([&range])?;
         let member = cell.pick(range_route(request.get_ref()), 0);
         let channel = cell.members[member].channel.clone();
         let answers = call::server_streaming::<PbRangeRequest, PbRangeStreamResponse>(

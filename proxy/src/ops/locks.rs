@@ -88,12 +88,12 @@ impl LockBackend for UpstreamLocks {
 
     fn range(&self, req: PbRangeRequest) -> BoxFuture<'_, Result<PbRangeResponse, ApiError>> {
         Box::pin(async move {
-            let cell = self.state.upstream.cell_for(&req.key);
             let req = PbRangeRequest {
                 serializable: false,
                 ..req
             };
-            cell.call(Route::Leader, Kind::Read, RANGE, req).await
+            self.routed(&req.key, &req.range_end, Kind::Read, RANGE, req.clone())
+                .await
         })
     }
 
@@ -104,8 +104,8 @@ impl LockBackend for UpstreamLocks {
         Box::pin(async move {
             // The leader has applied what it committed, short of a leader
             // change; a member that has not says so.
-            let cell = self.state.upstream.cell_for(&req.key);
-            cell.call(Route::Leader, Kind::Read, RANGE, req).await
+            self.routed(&req.key, &req.range_end, Kind::Read, RANGE, req.clone())
+                .await
         })
     }
 
@@ -120,9 +120,14 @@ impl LockBackend for UpstreamLocks {
 
     fn delete(&self, req: PbDeleteRequest) -> BoxFuture<'_, Result<PbDeleteResponse, ApiError>> {
         Box::pin(async move {
-            let cell = self.state.upstream.cell_for(&req.key);
-            cell.call(Route::Leader, Kind::Write, DELETE_RANGE, req)
-                .await
+            self.routed(
+                &req.key,
+                &req.range_end,
+                Kind::Write,
+                DELETE_RANGE,
+                req.clone(),
+            )
+            .await
         })
     }
 
@@ -174,6 +179,35 @@ impl LockBackend for UpstreamLocks {
 }
 
 impl UpstreamLocks {
+    /// `request` to the leader of the cell that owns `key`..`end`, held
+    /// through a move's pause as clients' requests are.
+    async fn routed<Req, Resp>(
+        &self,
+        key: &[u8],
+        end: &[u8],
+        kind: Kind,
+        path: &'static str,
+        request: Req,
+    ) -> Result<Resp, ApiError>
+    where
+        Req: prost::Message + Clone + Send + Sync + 'static,
+        Resp: prost::Message
+            + Default
+            + Send
+            + Sync
+            + crate::upstream::cell_client::HasHeader
+            + 'static,
+    {
+        let ranges = [KeyRange::new(key.to_vec(), end.to_vec())];
+        self.state
+            .upstream
+            .routed(&ranges, |cell| {
+                let request = request.clone();
+                async move { cell.call(Route::Leader, kind, path, request).await }
+            })
+            .await
+    }
+
     /// The first revision after `after` on the coalesced watch `watched`
     /// whose events `counts`; 0 when the watch was cut short (history gone,
     /// or it fell behind): the caller reads again and waits from there.
