@@ -213,8 +213,11 @@ impl Endpoints {
             cell_metrics: addrs(&members, "metrics"),
             proxy_metrics: addrs(&proxies, "metrics"),
             // Every cell's members (`cellgG-N` with `--cell-groups`); the
-            // addresses above are the home cell's.
-            cell_pids: of("cell").iter().map(|p| p.pid).collect(),
+            // addresses above are the home cell's. etcd's are its members.
+            cell_pids: match found {
+                Target::Latchkey => of("cell").iter().map(|p| p.pid).collect(),
+                Target::Etcd => members.iter().map(|p| p.pid).collect(),
+            },
             proxy_pids: proxies.iter().map(|p| p.pid).collect(),
         })
     }
