@@ -255,6 +255,15 @@ impl LeaseExtensions {
         shutdown: CancellationToken,
     ) {
         loop {
+            // Sessions extend only to cells a directory names: a proxy in
+            // front of one cell holds no watch for them.
+            if upstream.routes().directory.cells.is_empty() {
+                let wait = tokio::time::sleep(std::time::Duration::from_secs(1));
+                if shutdown.run_until_cancelled(wait).await.is_none() {
+                    return;
+                }
+                continue;
+            }
             let ended = shutdown
                 .run_until_cancelled(self.follow_once(&upstream, &coalescer))
                 .await;
