@@ -35,8 +35,9 @@ pub async fn range(
     client: Option<SocketAddr>,
     req: PbRangeRequest,
 ) -> Result<PbRangeResponse, ApiError> {
-    super::rates::charge(state, || super::rates::range(&req.key, &req.range_end)).await?;
+    // Named once: routed by them, and charged by them when tenants have rates.
     let ranges = super::rates::range(&req.key, &req.range_end);
+    super::rates::charge(state, || ranges.clone()).await?;
     state
         .upstream
         .routed(&ranges, |cell| range_in(state, client, cell, req.clone()))
@@ -105,8 +106,8 @@ pub async fn put(
     req: PbPutRequest,
 ) -> Result<PbPutResponse, ApiError> {
     reserved::check_put(&req)?;
-    super::rates::charge(state, || super::rates::key(&req.key)).await?;
     let ranges = super::rates::key(&req.key);
+    super::rates::charge(state, || ranges.clone()).await?;
     let leases = [req.lease];
     write(state, client, &ranges, &leases, PUT, req).await
 }
@@ -117,8 +118,9 @@ pub async fn delete_range(
     req: PbDeleteRequest,
 ) -> Result<PbDeleteResponse, ApiError> {
     reserved::check_delete(&req)?;
-    super::rates::charge(state, || super::rates::range(&req.key, &req.range_end)).await?;
+    // Named once: routed by them, and charged by them when tenants have rates.
     let ranges = super::rates::range(&req.key, &req.range_end);
+    super::rates::charge(state, || ranges.clone()).await?;
     write(state, client, &ranges, &[], DELETE_RANGE, req).await
 }
 
@@ -184,8 +186,8 @@ pub async fn txn(
     req: PbTxnRequest,
 ) -> Result<PbTxnResponse, ApiError> {
     reserved::check_txn(&req)?;
-    super::rates::charge(state, || super::rates::txn_ranges(&req)).await?;
     let ranges = super::rates::txn_ranges(&req);
+    super::rates::charge(state, || ranges.clone()).await?;
     let leases = txn_leases(&req);
     write(state, client, &ranges, &leases, TXN, req).await
 }

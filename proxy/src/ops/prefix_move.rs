@@ -49,7 +49,7 @@ use crate::watch::{Cancel, Item, WatchKey};
 use futures::FutureExt;
 use latchkey_shared::directory::Directory;
 use latchkey_shared::etcd_enums::EventType;
-use latchkey_shared::etcd_methods::kv::{RANGE, TXN};
+use latchkey_shared::etcd_methods::kv::TXN;
 use latchkey_shared::etcd_methods::moves::IMPORT;
 use latchkey_shared::etcd_methods::moves::RAISE_REVISION;
 use latchkey_shared::etcdpb::*;
@@ -64,8 +64,6 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// Keys read from the source per page of the copy.
-const COPY_PAGE: i64 = 1000;
 /// How long the fenced follower may take to reach the source's revision.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -227,7 +225,7 @@ async fn copy_follow_switch(
     let to = next.owner_of(prefix);
     // 2. Copy at one revision, each key with its create revision and
     // version (a lock queue keeps its order, a holder its token).
-    let (kvs, r0) = read_all(source, range).await?;
+    let (kvs, r0) = source.read_all(range).await?;
     let copied = kvs.len();
     import(state, source, target, kvs).await?;
 
@@ -281,43 +279,6 @@ async fn copy_follow_switch(
     write_ownership(source, next.ownership_of(from), from).await?;
     write_ownership(target, next.ownership_of(to), to).await?;
     Ok((copied, followed, fenced.elapsed(), next))
-}
-
-/// Every live key of `range` at one revision, page by page, with it.
-pub(crate) async fn read_all(
-    cell: &Cell,
-    range: &KeyRange,
-) -> Result<(Vec<PbKeyValue>, i64), ApiError> {
-    let mut kvs = Vec::new();
-    let mut start = range.start.clone();
-    let mut at = 0;
-    loop {
-        let page: PbRangeResponse = cell
-            .call(
-                Route::Leader,
-                Kind::Read,
-                RANGE,
-                PbRangeRequest {
-                    key: start.clone(),
-                    range_end: range.end.clone(),
-                    limit: COPY_PAGE,
-                    revision: at,
-                    ..Default::default()
-                },
-            )
-            .await?;
-        if at == 0 {
-            at = page.header.map_or(0, |h| h.revision);
-        }
-        let more = page.more;
-        if let Some(last) = page.kvs.last() {
-            start = [last.key.as_slice(), &[0]].concat();
-        }
-        kvs.extend(page.kvs);
-        if !more {
-            return Ok((kvs, at));
-        }
-    }
 }
 
 /// Rounds of following before the fence, at most.

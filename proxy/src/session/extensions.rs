@@ -35,12 +35,11 @@ use crate::watch::{Cancel, Item, WatchKey};
 use dashmap::DashMap;
 use latchkey_shared::directory::{session_cell_key, session_cells_of, SESSION_CELLS_PREFIX};
 use latchkey_shared::etcd_enums::EventType;
-use latchkey_shared::etcd_methods::kv::{PUT, RANGE};
+use latchkey_shared::etcd_methods::kv::PUT;
 use latchkey_shared::etcd_methods::lease::{GRANT, REVOKE, TIME_TO_LIVE};
 use latchkey_shared::etcdpb::{
     PbLeaseGrantRequest, PbLeaseGrantResponse, PbLeaseRevokeRequest, PbLeaseRevokeResponse,
     PbLeaseTimeToLiveRequest, PbLeaseTimeToLiveResponse, PbPutRequest, PbPutResponse,
-    PbRangeRequest, PbRangeResponse,
 };
 use latchkey_shared::KeyRange;
 use latchkey_shared::{ApiError, ErrorCode, LeaseId};
@@ -152,31 +151,10 @@ impl LeaseExtensions {
     /// Learns from the home cell's records where session `id` is extended
     /// (a session this proxy takes over).
     pub async fn adopt(&self, upstream: &Upstream, id: LeaseId) -> Result<(), ApiError> {
-        let prefix = session_cells_of(id.get());
-        let range = KeyRange::prefix(&prefix);
-        let resp: PbRangeResponse = upstream
-            .home()
-            .call(
-                Route::Leader,
-                Kind::Read,
-                RANGE,
-                PbRangeRequest {
-                    key: range.start,
-                    range_end: range.end,
-                    keys_only: true,
-                    ..Default::default()
-                },
-            )
-            .await?;
-        let routes = upstream.routes();
-        for kv in resp.kvs {
-            let name = String::from_utf8_lossy(&kv.key[prefix.len()..]).into_owned();
-            match routes.named(&name) {
-                Some(cell) => self.add(id, &cell),
-                None => {
-                    tracing::warn!(lease_id = %id, cell = %name, "a session is extended to a cell the directory does not name")
-                }
-            }
+        let range = KeyRange::prefix(&session_cells_of(id.get()));
+        let (records, _) = upstream.home().read_all(&range).await?;
+        for kv in records {
+            self.record(upstream, &kv.key, true).await;
         }
         Ok(())
     }
@@ -287,8 +265,7 @@ impl LeaseExtensions {
         coalescer: &Arc<Coalescer>,
     ) -> Result<(), ApiError> {
         let range = KeyRange::prefix(SESSION_CELLS_PREFIX);
-        let (records, revision) =
-            crate::ops::prefix_move::read_all(upstream.home(), &range).await?;
+        let (records, revision) = upstream.home().read_all(&range).await?;
         for kv in &records {
             self.record(upstream, &kv.key, true).await;
         }

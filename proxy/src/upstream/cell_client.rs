@@ -18,7 +18,7 @@ use latchkey_shared::client::{call, endpoint, OwnCredentials};
 use latchkey_shared::etcdpb::PbResponseHeader;
 use latchkey_shared::tls::client::lazy_channel;
 use latchkey_shared::tls::ClientTls;
-use latchkey_shared::{ApiError, ErrorCode, Retry};
+use latchkey_shared::{ApiError, ErrorCode, KeyRange, Retry};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -316,6 +316,41 @@ impl CellClient {
         self.call_as(Who::Proxy, route, kind, path, request).await
     }
 
+    /// Every live key of `range` at one revision (linearizable, as the
+    /// proxy), read [`READ_ALL_PAGE`] keys at a time, with that revision.
+    pub async fn read_all(&self, range: &KeyRange) -> Result<(Vec<PbKeyValue>, i64), ApiError> {
+        let mut kvs = Vec::new();
+        let mut start = range.start.clone();
+        let mut at = 0;
+        loop {
+            let page: PbRangeResponse = self
+                .call(
+                    Route::Leader,
+                    Kind::Read,
+                    latchkey_shared::etcd_methods::kv::RANGE,
+                    PbRangeRequest {
+                        key: start.clone(),
+                        range_end: range.end.clone(),
+                        limit: READ_ALL_PAGE,
+                        revision: at,
+                        ..Default::default()
+                    },
+                )
+                .await?;
+            if at == 0 {
+                at = page.header.map_or(0, |h| h.revision);
+            }
+            let more = page.more;
+            if let Some(last) = page.kvs.last() {
+                start = [last.key.as_slice(), &[0]].concat();
+            }
+            kvs.extend(page.kvs);
+            if !more {
+                return Ok((kvs, at));
+            }
+        }
+    }
+
     /// [`call`](Self::call) with `who`'s identity.
     pub async fn call_as<Req, Resp>(
         &self,
@@ -435,6 +470,9 @@ impl CellClient {
         }
     }
 }
+
+/// Keys per page of [`CellClient::read_all`].
+pub const READ_ALL_PAGE: i64 = 1000;
 
 /// An etcd response with a header (every one but a stream's later
 /// messages), so the proxy learns member ids, the cell id and revisions
