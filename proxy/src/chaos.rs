@@ -1,7 +1,7 @@
 //! Test-only defects for the fault-injection suite, compiled into debug
 //! builds only and off unless the proxy is started with
-//! `--unsafe-retry-ambiguous-writes` or `--unsafe-forget-write-floors`
-//! (see the cell's `chaos` module for why debug builds): [`broken`] is
+//! `--unsafe-retry-ambiguous-writes`, `--unsafe-forget-write-floors` or
+//! `--unsafe-unfenced-moves` (see the cell's `chaos` module for why debug builds): [`broken`] is
 //! `false` for every defect in every release build.
 
 /// A defect the safety suite must catch when it is switched on.
@@ -14,6 +14,10 @@ pub enum Defect {
     /// proxy review's P3): a serializable read right after a client's own
     /// write may then come from a cache or member behind it.
     ForgetWriteFloors,
+    /// (f) A prefix move switches cells without fencing the source first:
+    /// writes the source takes after the follower's last look are never
+    /// copied, so acknowledged writes are lost in the move.
+    UnfencedMoves,
 }
 
 impl Defect {
@@ -22,6 +26,7 @@ impl Defect {
         match self {
             Defect::RetryAmbiguousWrites => 1,
             Defect::ForgetWriteFloors => 2,
+            Defect::UnfencedMoves => 4,
         }
     }
 }

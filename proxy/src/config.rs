@@ -172,6 +172,14 @@ pub struct Config {
     #[cfg(debug_assertions)]
     #[arg(long)]
     pub unsafe_forget_write_floors: bool,
+
+    /// TEST-ONLY (debug builds; a release build has no such flag): a
+    /// prefix move switches cells without fencing the source, so writes
+    /// taken during the switch are lost: a defect for the safety suite to
+    /// catch.
+    #[cfg(debug_assertions)]
+    #[arg(long)]
+    pub unsafe_unfenced_moves: bool,
 }
 
 /// Shortest refresh tick: below it the batches are mostly empty, and the

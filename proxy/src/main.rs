@@ -36,6 +36,9 @@ async fn run(mut cfg: Config) -> anyhow::Result<()> {
         if cfg.unsafe_forget_write_floors {
             switch_on(Defect::ForgetWriteFloors);
         }
+        if cfg.unsafe_unfenced_moves {
+            switch_on(Defect::UnfencedMoves);
+        }
     }
     let prometheus = telemetry::install_prometheus().map_err(anyhow::Error::msg)?;
     let cell = if cfg.dev {

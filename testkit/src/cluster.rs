@@ -100,7 +100,27 @@ impl Cluster {
     /// peers from) its own loopback address `127.0.0.{id + 1}`, so a
     /// firewall rule can tell members apart ([`crate::PeerBlackhole`]).
     pub async fn start_apart(bin: impl Into<PathBuf>, n: usize, extra_args: &[&str]) -> Cluster {
-        Cluster::start_on(bin, n, extra_args, |id| format!("127.0.0.{}", id + 1), None).await
+        Cluster::start_apart_after(bin, n, extra_args, 1).await
+    }
+
+    /// [`start_apart`](Self::start_apart) with member `id` on
+    /// `127.0.0.{after + id}`: a second cell apart from the first (`after`
+    /// past the first's addresses), so a rule between one cell's members
+    /// touches no other cell's.
+    pub async fn start_apart_after(
+        bin: impl Into<PathBuf>,
+        n: usize,
+        extra_args: &[&str],
+        after: u64,
+    ) -> Cluster {
+        Cluster::start_on(
+            bin,
+            n,
+            extra_args,
+            move |id| format!("127.0.0.{}", id + after),
+            None,
+        )
+        .await
     }
 
     async fn start_on(

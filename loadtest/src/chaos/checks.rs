@@ -107,6 +107,70 @@ pub fn watch_history(watched: &[Seen], committed: &[Seen], entries: &[Entry]) ->
     violations
 }
 
+/// The watch through the proxy of a prefix that moved between cells,
+/// where no fresh watch after heal can see the whole history (each cell
+/// has its own stretch of it). Its events never go back in revision nor
+/// repeat one; and each stretch it watched without a break, from its
+/// start (`start`, or a read again after a move, [`Seen::reread`]) to its
+/// last event, holds every write a client was told succeeded at a
+/// revision in that stretch, at that revision (a gap in a watch resumed
+/// on the new cell is a lost event). A prefix's revisions rise across a
+/// move (the new cell continues above the old one's), so one order holds
+/// for the whole run.
+pub fn watch_across_moves(watched: &[Seen], start: i64, entries: &[Entry]) -> Vec<String> {
+    let mut violations = Vec::new();
+    let mut stretches: Vec<(i64, i64)> = Vec::new();
+    let mut from = start;
+    let mut last = start - 1;
+    // The lowest revision the next event may carry.
+    let mut lowest = start;
+    let mut at: HashMap<(i64, &str), &Seen> = HashMap::new();
+    for s in watched {
+        let back = if s.is_reread() {
+            s.revision < last
+        } else {
+            s.revision < lowest
+        };
+        if back {
+            violations.push(format!(
+                "the watch through the proxy went back from revision {last} to {} ({s:?})",
+                s.revision
+            ));
+        }
+        if s.is_reread() {
+            stretches.push((from, last));
+            from = s.revision + 1;
+            last = s.revision;
+            lowest = s.revision + 1;
+            continue;
+        }
+        if at.insert((s.revision, &s.key), s).is_some() {
+            violations.push(format!("the watch through the proxy repeated {s:?}"));
+        }
+        last = s.revision;
+        lowest = s.revision;
+    }
+    stretches.push((from, last));
+    for e in entries {
+        let (Some(rev), Some(value)) = (e.revision, written_value(e)) else {
+            continue;
+        };
+        if !stretches.iter().any(|(a, b)| (*a..=*b).contains(&rev)) {
+            continue;
+        }
+        match at.get(&(rev, e.op.key.as_str())) {
+            Some(s) if s.value == value && !s.delete => {}
+            other => violations.push(format!(
+                "acknowledged write {}={value} at revision {rev} is missing from the watch \
+                 through the proxy, which watched that revision without a break (there: \
+                 {other:?})",
+                e.op.key
+            )),
+        }
+    }
+    violations
+}
+
 /// Every client write puts a value no other write puts: one that appears
 /// twice in the committed history took effect twice (a write sent again
 /// after an ambiguous failure).
@@ -130,7 +194,7 @@ pub fn writes_at_most_once(committed: &[Seen]) -> Vec<String> {
 }
 
 /// The value an entry's acknowledged write put, if it wrote.
-fn written_value(e: &Entry) -> Option<&str> {
+pub fn written_value(e: &Entry) -> Option<&str> {
     match (&e.op.call, &e.op.answer) {
         (Call::Write(v), Answer::Done) => Some(v),
         (Call::Cas { to, .. }, Answer::Cas(true)) => Some(to),
@@ -228,6 +292,37 @@ mod tests {
         assert_eq!(watch_history(&committed[..1], &committed, &acked).len(), 1);
         let lost = [entry(1, 2, Call::Write("c".into()), Answer::Done, 8)];
         assert_eq!(watch_history(&committed, &committed, &lost).len(), 1);
+    }
+
+    fn seen_key(rev: i64, key: &str, value: &str) -> Seen {
+        Seen {
+            key: key.into(),
+            value: value.into(),
+            revision: rev,
+            delete: false,
+        }
+    }
+
+    #[test]
+    fn a_watch_across_moves_checks_each_unbroken_stretch_and_its_order() {
+        let acked = |v: &str, rev| entry(1, 2, Call::Write(v.into()), Answer::Done, rev);
+        // Watched 5..=6 in one cell, read again at 20 in the other, then
+        // 21..: the write at 9 fell between and is the re-read's to show.
+        let watched = [seen(5, "a"), seen(6, "b"), Seen::reread(20), seen(21, "c")];
+        let ok = [acked("a", 5), acked("b", 6), acked("z", 9), acked("c", 21)];
+        assert!(watch_across_moves(&watched, 5, &ok).is_empty());
+        // A write acknowledged inside a stretch but not seen is a gap.
+        let lost = [acked("y", 6)];
+        assert_eq!(watch_across_moves(&watched, 5, &lost).len(), 1);
+        let gap = [seen(5, "a"), seen(7, "c")];
+        assert_eq!(watch_across_moves(&gap, 5, &[acked("b", 6)]).len(), 1);
+        // Going back, or the same event twice, is a violation.
+        let back = [seen(6, "b"), Seen::reread(20), seen(19, "c")];
+        assert_eq!(watch_across_moves(&back, 5, &[]).len(), 1);
+        let twice = [seen(6, "b"), seen(6, "b")];
+        assert_eq!(watch_across_moves(&twice, 5, &[]).len(), 1);
+        let two_keys = [seen_key(6, "k", "b"), seen_key(6, "j", "b")];
+        assert!(watch_across_moves(&two_keys, 5, &[]).is_empty());
     }
 
     #[test]

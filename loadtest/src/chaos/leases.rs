@@ -44,19 +44,20 @@ pub enum Seen {
 }
 
 pub struct Keeper {
-    pub id: usize,
     /// The member, or proxy, keep-alives go to.
     pub keep: String,
     pub via_proxy: bool,
     /// The member reads go to.
     pub read: String,
+    /// The key bound to the lease (in a cell that owns it).
+    pub key: String,
 }
 
 impl Keeper {
     pub async fn run(self, start: Instant, log: Arc<Mutex<Vec<Seen>>>, stop: Arc<AtomicBool>) {
         let now = || start.elapsed().as_micros() as u64;
         let record = |s: Seen| log.lock().unwrap_or_else(|p| p.into_inner()).push(s);
-        let key = format!("leases/{}", self.id);
+        let key = self.key.as_str();
         while !stop.load(Ordering::Relaxed) {
             let (Ok(mut keep), Ok(mut read)) = (
                 Client::connect([self.keep.as_str()], Some(client_options(CALL_TIMEOUT))).await,
@@ -73,7 +74,7 @@ impl Keeper {
             let lease = grant.id();
             let put = keep
                 .put(
-                    key.as_str(),
+                    key,
                     lease.to_string(),
                     Some(PutOptions::new().with_lease(lease)),
                 )
@@ -113,9 +114,7 @@ impl Keeper {
                     },
                 }
                 let invoke = now();
-                if let Ok(Ok(got)) =
-                    tokio::time::timeout(CALL_TIMEOUT, read.get(key.as_str(), None)).await
-                {
+                if let Ok(Ok(got)) = tokio::time::timeout(CALL_TIMEOUT, read.get(key, None)).await {
                     let present = got.kvs().first().is_some_and(|kv| kv.lease() == lease);
                     record(Seen::Read {
                         lease,

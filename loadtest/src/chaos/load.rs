@@ -25,18 +25,28 @@ pub(super) struct Load {
 }
 
 impl Load {
+    /// The load on `cells` (the first is home, the proxy's) and `proxy`:
+    /// workers straight to members spread over every cell's, lease keepers
+    /// on each member with their key under the cell's `key_prefixes` entry
+    /// (a prefix that cell owns), and the watch from `start_revision`.
     pub(super) fn start(
         args: &ChaosArgs,
-        cluster: &Cluster,
+        cells: &[&Cluster],
+        key_prefixes: &[&str],
         proxy: &ProxyProcess,
         start_revision: i64,
     ) -> Load {
         let rec = Arc::new(Recorder::new());
         let stop = Arc::new(AtomicBool::new(false));
+        let members: Vec<&latchkey_testkit::MemberSpec> =
+            cells.iter().flat_map(|c| c.members.iter()).collect();
         let mut endpoints: Vec<(String, String)> = (0..args.member_clients)
             .map(|i| {
-                let m = &cluster.members[i % cluster.members.len()];
-                (format!("member {}", m.id), format!("http://{}", m.client))
+                let m = members[i % members.len()];
+                (
+                    format!("member {}", m.client),
+                    format!("http://{}", m.client),
+                )
             })
             .collect();
         for _ in 0..args.proxy_clients {
@@ -58,27 +68,41 @@ impl Load {
             .collect();
         let leases_seen = Arc::new(Mutex::new(Vec::new()));
         let started = std::time::Instant::now();
-        let n = cluster.members.len();
-        // One keeper per member, and two through the proxy (its session
-        // table answers their keep-alives), reading through members.
-        let via_members = cluster.members.iter().enumerate().map(|(i, m)| {
-            let next = &cluster.members[(i + 1) % n];
-            let read = format!("http://{}", next.client);
-            (format!("http://{}", m.client), read, false)
-        });
-        let via_proxy = (0..PROXY_KEEPERS).map(|i| {
-            let read = format!("http://{}", cluster.members[i % n].client);
-            (format!("http://{}", proxy.grpc), read, true)
-        });
-        let keepers = via_members
-            .chain(via_proxy)
+        // One keeper per member, reading through the next member of its
+        // cell; and two through the proxy (its session table answers
+        // their keep-alives), reading through home's members.
+        let mut keepers: Vec<(String, String, bool, &str)> = Vec::new();
+        for (cell, prefix) in cells.iter().zip(key_prefixes) {
+            let n = cell.members.len();
+            for (i, m) in cell.members.iter().enumerate() {
+                let next = &cell.members[(i + 1) % n];
+                keepers.push((
+                    format!("http://{}", m.client),
+                    format!("http://{}", next.client),
+                    false,
+                    prefix,
+                ));
+            }
+        }
+        let home = cells[0];
+        for i in 0..PROXY_KEEPERS {
+            let read = format!("http://{}", home.members[i % home.members.len()].client);
+            keepers.push((
+                format!("http://{}", proxy.grpc),
+                read,
+                true,
+                key_prefixes[0],
+            ));
+        }
+        let keepers = keepers
+            .into_iter()
             .enumerate()
-            .map(|(id, (keep, read, via_proxy))| {
+            .map(|(id, (keep, read, via_proxy, prefix))| {
                 let k = leases::Keeper {
-                    id,
                     keep,
                     read,
                     via_proxy,
+                    key: format!("{prefix}leases/{id}"),
                 };
                 tokio::spawn(k.run(started, leases_seen.clone(), stop.clone()))
             })
@@ -90,6 +114,7 @@ impl Load {
             start_revision,
             watched.clone(),
             watch_stop.clone(),
+            cells.len() > 1,
         ));
         Load {
             rec,
@@ -149,6 +174,32 @@ impl Watch {
     pub(super) async fn check(self, committed: &[Seen], entries: &[Entry]) -> Vec<String> {
         let mut violations = Vec::new();
         let last = committed.last().map_or(0, |s| s.revision);
+        let watched = self.finish(last, &mut violations).await;
+        violations.extend(checks::watch_history(&watched, committed, entries));
+        violations
+    }
+
+    /// [`check`](Self::check) for a prefix that moved between cells (see
+    /// [`checks::watch_across_moves`]): waits for the watch to pass the
+    /// last acknowledged write, stops it and checks what it saw; and that
+    /// no write took effect twice among what it saw.
+    pub(super) async fn check_across_moves(self, start: i64, entries: &[Entry]) -> Vec<String> {
+        let mut violations = Vec::new();
+        let last = entries
+            .iter()
+            .filter(|e| checks::written_value(e).is_some())
+            .filter_map(|e| e.revision)
+            .max()
+            .unwrap_or(0);
+        let watched = self.finish(last, &mut violations).await;
+        violations.extend(checks::watch_across_moves(&watched, start, entries));
+        let events: Vec<Seen> = watched.into_iter().filter(|s| !s.is_reread()).collect();
+        violations.extend(checks::writes_at_most_once(&events));
+        violations
+    }
+
+    /// Waits for the watch to reach `last`, stops it; what it saw.
+    async fn finish(self, last: i64, violations: &mut Vec<String>) -> Vec<Seen> {
         if !wait_watched(&self.watched, last).await {
             violations.push(format!(
                 "the watch through the proxy did not reach revision {last} within 10 s of heal"
@@ -165,8 +216,7 @@ impl Watch {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
-        violations.extend(checks::watch_history(&watched, committed, entries));
-        violations
+        watched
     }
 }
 

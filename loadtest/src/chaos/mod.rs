@@ -12,11 +12,16 @@
 //! - the nemesis ([`nemesis`]) doing the seeded plan ([`schedule`]) of
 //!   faults, each healed before the next.
 //!
+//! With `--cells 2` ([`cells`]) a second cell of three joins the first
+//! behind the proxy, the workload's prefix (with the lock) moves between
+//! them every `--move-every`, and the faults hit either cell.
+//!
 //! What runs under the faults, started and stopped together, is the
 //! [`load`]. After the last heal it checks ([`checks`], and the linearizability
 //! checker of the test kit) and prints a verdict; on a violation it writes
 //! the history and a picture of it ([`report`]).
 
+mod cells;
 mod checks;
 mod leases;
 mod load;
@@ -75,6 +80,17 @@ pub struct ChaosArgs {
     /// one far longer than the rest of its run is still a violation.
     #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
     max_outage: Duration,
+    /// Cells: 1, or 2 with the workload's prefix moving between them
+    /// (`--move-every`) and faults in both.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
+    cells: u8,
+    /// With two cells: the wait between one move's end and the next.
+    #[arg(long, default_value = "4s", value_parser = humantime::parse_duration)]
+    move_every: Duration,
+    /// With two cells: fewer moves that went through than this fails the
+    /// run (the moves were not checked).
+    #[arg(long, default_value_t = 2)]
+    min_moves: usize,
     /// Where a failing run writes its history and report.
     #[arg(long, default_value = "chaos-report")]
     out: PathBuf,
@@ -108,6 +124,10 @@ pub struct Findings {
     pub bad_key: Option<String>,
     /// How much the proxy invariants had to look at.
     pub coverage: Coverage,
+    /// With two cells: the moves of the workload's prefix.
+    pub moves: Vec<cells::MoveDone>,
+    /// Workload operations a cell refused as not its own (nothing applied).
+    pub refused: usize,
 }
 
 /// What the invariants about the proxy were checked on: a run where one
@@ -154,16 +174,29 @@ async fn run(
     proxy_bin: &std::path::Path,
     kinds: &[FaultKind],
 ) -> Result<(Findings, Vec<Entry>), String> {
-    let mut cluster = start_cell(args, cell_bin, kinds).await?;
-    let members: Vec<String> = cluster.members.iter().map(|m| m.client.clone()).collect();
+    let two = args.cells == 2;
+    let mut clusters = vec![start_cell(args, cell_bin, kinds, 1).await?];
+    if two {
+        clusters.push(start_cell(args, cell_bin, kinds, cells::SECOND_AFTER).await?);
+    }
+    let members: Vec<String> = clusters[0]
+        .members
+        .iter()
+        .map(|m| m.client.clone())
+        .collect();
     let mut proxy_args: Vec<&str> = vec!["--refresh-tick", "100ms"];
     proxy_args.extend(args.bins.proxy_arg.iter().map(String::as_str));
     let proxy = ProxyProcess::start(proxy_bin, &members, &proxy_args).await;
+    if two {
+        cells::set_up(&proxy, &clusters[1]).await?;
+    }
 
     let (fenced, fenced_addr) = FencedLog::serve().await;
-    let holders = Holders::start(3, &proxy.http, "fenced", fenced_addr);
+    let lock = if two { cells::LOCK } else { "fenced" };
+    let holders = Holders::start(3, &proxy.http, lock, fenced_addr);
     let start_revision = {
-        let mut c = cluster.client(cluster.leader_at_start()).await;
+        let home = &clusters[0];
+        let mut c = home.client(home.leader_at_start()).await;
         c.status()
             .await
             .map_err(|e| format!("status: {e}"))?
@@ -171,26 +204,53 @@ async fn run(
             .map_or(1, |h| h.revision())
             + 1
     };
-    let load = Load::start(args, &cluster, &proxy, start_revision);
+    let cell_refs: Vec<&Cluster> = clusters.iter().collect();
+    let load = Load::start(
+        args,
+        &cell_refs,
+        &["", cells::SECOND_PREFIX],
+        &proxy,
+        start_revision,
+    );
+    let mover = two.then(|| cells::Mover::start(&proxy, load.rec.clone(), args.move_every));
     let plan = schedule::plan(args.seed, args.duration, kinds);
-    let (done, skipped) = inject(args, &plan, &mut cluster, &holders, &load.rec).await;
+    let (done, skipped) = inject(args, &plan, &mut clusters, &holders, &load.rec).await;
+    let moves = match mover {
+        Some(m) => m.stop().await,
+        None => Vec::new(),
+    };
     let rec = load.rec.clone();
     let (watch, leases_seen, stuck) = load.stop().await;
     drop(holders);
     let end_us = rec.now_us();
 
-    // After heal: one leader, then the checks.
-    cluster.wait_leader(Duration::from_secs(20)).await;
+    // After heal: one leader in each cell, then the checks.
+    for c in &clusters {
+        c.wait_leader(Duration::from_secs(20)).await;
+    }
     let mut entries = rec.entries();
-    let final_reads = final_reads(&cluster, &entries, &rec).await?;
-    entries.extend(final_reads);
     let mut violations = stuck;
-    let committed = committed_history(&cluster, start_revision).await?;
-    violations.extend(watch.check(&committed, &entries).await);
-    violations.extend(checks::writes_at_most_once(&committed));
+    if two {
+        // The prefix's history is spread over both cells: the final reads
+        // go through the proxy to its owner, and the watch is checked
+        // stretch by stretch.
+        let final_reads = final_reads(&format!("http://{}", proxy.grpc), &entries, &rec).await?;
+        entries.extend(final_reads);
+        violations.extend(watch.check_across_moves(start_revision, &entries).await);
+    } else {
+        let home = &clusters[0];
+        let endpoint = format!("http://{}", home.member(home.running()[0]).client);
+        let final_reads = final_reads(&endpoint, &entries, &rec).await?;
+        entries.extend(final_reads);
+        let committed = committed_history(home, start_revision).await?;
+        violations.extend(watch.check(&committed, &entries).await);
+        violations.extend(checks::writes_at_most_once(&committed));
+    }
     violations.extend(leases::expired_while_confirmed(&leases_seen));
     violations.extend(checks::revisions_per_client(&entries));
-    violations.extend(hashes_agree(&cluster).await);
+    for c in &clusters {
+        violations.extend(hashes_agree(c).await);
+    }
     let (lock_grants, stale_refused) = match fenced.check() {
         Ok(s) => (s.grants, s.stale_refused),
         Err(e) => {
@@ -198,7 +258,14 @@ async fn run(
             (0, 0)
         }
     };
-    let (slow, partition_handoffs) = handoffs_while_a_follower_is_cut_off(&fenced, &done, &rec);
+    // Bounds on availability hold for a fault alone, not for one that
+    // overlaps a move (whose pause is bounded on its own).
+    let alone: Vec<Done> = done
+        .iter()
+        .filter(|d| !cells::during_a_move(&moves, d.at_us, d.healed_us))
+        .cloned()
+        .collect();
+    let (slow, partition_handoffs) = handoffs_while_a_follower_is_cut_off(&fenced, &alone, &rec);
     violations.extend(slow);
     let coverage = Coverage {
         serializable_reads: entries
@@ -221,7 +288,8 @@ async fn run(
         slowest_partition_handoff: partition_handoffs.iter().copied().max().unwrap_or_default(),
     };
     let (linearizable, operations, bad_key) = verdict(&entries, &mut violations).await?;
-    let outages = outages(args, &done, &rec, end_us, &mut violations);
+    let during_a_move = |d: &Done| cells::during_a_move(&moves, d.at_us, d.healed_us);
+    let outages = outages(args, &done, &rec, end_us, during_a_move, &mut violations);
     if operations < args.min_ops {
         violations.push(format!(
             "only {operations} operations checked (at least {})",
@@ -235,8 +303,18 @@ async fn run(
             args.min_faults
         ));
     }
+    let moved = cells::pauses(&moves).len();
+    if two && moved < args.min_moves {
+        violations.push(format!(
+            "only {moved} moves went through of {} asked for (at least {})",
+            moves.len(),
+            args.min_moves
+        ));
+    }
     if !violations.is_empty() || args.keep_history {
-        keep_member_logs(&cluster, &args.out);
+        for (i, c) in clusters.iter().enumerate() {
+            keep_member_logs(c, &args.out, if i == 0 { "" } else { cells::SECOND });
+        }
     }
     print_upstream_errors(&proxy).await;
     drop(proxy);
@@ -253,6 +331,8 @@ async fn run(
             linearizable,
             bad_key,
             coverage,
+            moves,
+            refused: rec.refused.load(Ordering::Relaxed),
         },
         entries,
     ))
@@ -264,6 +344,7 @@ async fn start_cell(
     args: &ChaosArgs,
     cell_bin: &std::path::Path,
     kinds: &[FaultKind],
+    after: u64,
 ) -> Result<Cluster, String> {
     // A short grace on leader change (default 5 s) lets leases expire
     // within a fault's hold, where the lease invariant can see it; it
@@ -285,7 +366,7 @@ async fn start_cell(
         cell_args.push("--unsafe-fail-points");
     }
     cell_args.extend(args.bins.cell_arg.iter().map(String::as_str));
-    let cluster = Cluster::start_apart(cell_bin, 3, &cell_args).await;
+    let cluster = Cluster::start_apart_after(cell_bin, 3, &cell_args, after).await;
     if needs_fail_points && !nemesis::has_fail_points(&cluster, 1).await {
         return Err(format!(
             "{} serves no fail points: pass a debug build with --cell-bin, or leave out \
@@ -296,26 +377,40 @@ async fn start_cell(
     Ok(cluster)
 }
 
-/// Does the plan: each fault injected, held (noting a new leader) and
-/// healed, then the rest of `--duration`. The faults done, and how many
-/// were skipped.
+/// Does the plan: each fault injected into one of the cells (the step's
+/// pick chooses), held (noting a new leader) and healed, then the rest of
+/// `--duration`. The faults done, and how many were skipped.
 async fn inject(
     args: &ChaosArgs,
     plan: &[schedule::Step],
-    cluster: &mut Cluster,
+    clusters: &mut [Cluster],
     holders: &Holders,
     rec: &Recorder,
 ) -> (Vec<Done>, usize) {
     let mut done = Vec::new();
     let mut skipped = 0;
-    let mut nemesis = Nemesis::new(cluster, holders);
+    let names: Vec<&str> = ["", cells::SECOND]
+        .into_iter()
+        .take(clusters.len())
+        .collect();
+    let mut nemeses: Vec<Nemesis> = clusters
+        .iter_mut()
+        .map(|c| Nemesis::new(c, holders))
+        .collect();
     for step in plan {
         tokio::time::sleep(step.at.saturating_sub(rec.elapsed())).await;
         let at_us = rec.now_us();
+        let which = (step.pick >> 32) as usize % nemeses.len();
+        let cell = if names[which].is_empty() {
+            String::new()
+        } else {
+            format!("cell {}: ", names[which])
+        };
+        let nemesis = &mut nemeses[which];
         match nemesis.inject(step).await {
             Ok(injected) => {
                 println!(
-                    "chaos: {:>6.1}s {} ({}) at {}",
+                    "chaos: {:>6.1}s {} ({cell}{}) at {}",
                     at_us as f64 / 1e6,
                     injected.kind.name(),
                     injected.detail,
@@ -325,7 +420,10 @@ async fn inject(
                 let healing = tokio::time::Instant::now() + step.hold;
                 while tokio::time::Instant::now() < healing {
                     if let Some(l) = nemesis.leader().await.filter(|l| Some(*l) != before) {
-                        println!("chaos: {:>6.1}s new leader {l}", rec.now_us() as f64 / 1e6);
+                        println!(
+                            "chaos: {:>6.1}s {cell}new leader {l}",
+                            rec.now_us() as f64 / 1e6
+                        );
                         break;
                     }
                     // Each look asks every member over a new connection:
@@ -336,14 +434,14 @@ async fn inject(
                 nemesis.heal().await;
                 done.push(Done {
                     kind: injected.kind,
-                    detail: injected.detail,
+                    detail: format!("{cell}{}", injected.detail),
                     at_us,
                     healed_us: rec.now_us(),
                 });
             }
             Err(why) => {
                 println!(
-                    "chaos: {:>6.1}s {} skipped: {why}",
+                    "chaos: {:>6.1}s {} skipped: {cell}{why}",
                     at_us as f64 / 1e6,
                     step.kind.name()
                 );
@@ -353,7 +451,9 @@ async fn inject(
         }
     }
     tokio::time::sleep(args.duration.saturating_sub(rec.elapsed())).await;
-    nemesis.heal().await;
+    for nemesis in &mut nemeses {
+        nemesis.heal().await;
+    }
     (done, skipped)
 }
 
@@ -419,36 +519,27 @@ async fn verdict(
 }
 
 /// Per fault kind: how many, and the longest write outage after one; a
-/// single-member fault's outage past the bound is a violation.
+/// single-member fault's outage past the bound is a violation, unless
+/// `exempt` (a fault that overlapped a move, whose pause has its own
+/// bound).
 fn outages(
     args: &ChaosArgs,
     done: &[Done],
     rec: &Recorder,
     end_us: u64,
+    exempt: impl Fn(&Done) -> bool,
     violations: &mut Vec<String>,
 ) -> Vec<(FaultKind, usize, Duration)> {
-    let writes = rec.write_completions();
-    let gaps: Vec<Duration> = done
-        .iter()
-        .map(|d| {
-            Duration::from_micros(checks::longest_outage(
-                &writes,
-                d.at_us,
-                d.healed_us,
-                end_us,
-            ))
-        })
-        .collect();
+    let gaps = write_gaps(done, rec, end_us);
     let election_gaps: Vec<Duration> = done
         .iter()
         .zip(&gaps)
-        .filter(|(d, _)| d.kind.deposes_leader())
+        .filter(|(d, _)| d.kind.deposes_leader() && !exempt(d))
         .map(|(_, gap)| *gap)
         .collect();
     let max_outage = outlier_bound(args.max_outage, &election_gaps);
-    let mut outages: Vec<(FaultKind, usize, Duration)> = Vec::new();
     for (d, &gap) in done.iter().zip(&gaps) {
-        if d.kind.single_member() && gap > max_outage {
+        if d.kind.single_member() && !exempt(d) && gap > max_outage {
             violations.push(format!(
                 "{} at {:.1}s: no write succeeded for {} ms (at most {} ms)",
                 d.kind.name(),
@@ -457,6 +548,29 @@ fn outages(
                 max_outage.as_millis()
             ));
         }
+    }
+    per_kind(done, &gaps)
+}
+
+/// The longest write outage after each fault.
+fn write_gaps(done: &[Done], rec: &Recorder, end_us: u64) -> Vec<Duration> {
+    let writes = rec.write_completions();
+    done.iter()
+        .map(|d| {
+            Duration::from_micros(checks::longest_outage(
+                &writes,
+                d.at_us,
+                d.healed_us,
+                end_us,
+            ))
+        })
+        .collect()
+}
+
+/// Per fault kind: how many, and the longest of their `gaps`.
+fn per_kind(done: &[Done], gaps: &[Duration]) -> Vec<(FaultKind, usize, Duration)> {
+    let mut outages: Vec<(FaultKind, usize, Duration)> = Vec::new();
+    for (d, &gap) in done.iter().zip(gaps) {
         match outages.iter_mut().find(|o| o.0 == d.kind) {
             Some(o) => {
                 o.1 += 1;
@@ -469,13 +583,14 @@ fn outages(
     outages
 }
 
-/// The members' own account of the run, beside the history.
-fn keep_member_logs(cluster: &Cluster, out: &std::path::Path) {
+/// The members' own account of the run, beside the history (a second
+/// cell's named after it).
+fn keep_member_logs(cluster: &Cluster, out: &std::path::Path, cell: &str) {
     let _ = std::fs::create_dir_all(out);
     for m in &cluster.members {
         let _ = std::fs::copy(
             cluster.log_path(m.id),
-            out.join(format!("member-{}.log", m.id)),
+            out.join(format!("member-{cell}{}.log", m.id)),
         );
     }
 }
@@ -497,17 +612,23 @@ async fn print_upstream_errors(proxy: &ProxyProcess) {
     );
 }
 
-/// A linearizable read of every key the workload touched, after heal:
-/// what every acknowledged write must have left behind.
+/// A linearizable read of every key the workload touched through
+/// `endpoint`, after heal: what every acknowledged write must have left
+/// behind.
 async fn final_reads(
-    cluster: &Cluster,
+    endpoint: &str,
     entries: &[Entry],
     rec: &Recorder,
 ) -> Result<Vec<Entry>, String> {
     let mut keys: Vec<&str> = entries.iter().map(|e| e.op.key.as_str()).collect();
     keys.sort_unstable();
     keys.dedup();
-    let mut client = cluster.client(cluster.running()[0]).await;
+    let mut client = Client::connect(
+        [endpoint],
+        Some(workload::client_options(Duration::from_secs(10))),
+    )
+    .await
+    .map_err(|e| format!("final reads through {endpoint}: {e}"))?;
     let mut reads = Vec::new();
     for key in keys {
         let invoke = rec.now_us();
@@ -563,6 +684,7 @@ async fn committed_history(cluster: &Cluster, start: i64) -> Result<Vec<Seen>, S
         start,
         seen.clone(),
         stop.clone(),
+        false,
     ));
     let reached = wait_watched(&seen, newest).await;
     stop.store(true, Ordering::Relaxed);

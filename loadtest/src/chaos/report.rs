@@ -49,6 +49,27 @@ pub fn finish(out: &Path, keep: bool, f: &Findings, entries: &[Entry]) -> ExitCo
         c.partition_handoffs,
         c.slowest_partition_handoff.as_millis()
     );
+    let pauses = super::cells::pauses(&f.moves);
+    let pause_at = |q: f64| -> u64 {
+        if pauses.is_empty() {
+            return 0;
+        }
+        let i = ((pauses.len() as f64 * q).ceil() as usize).clamp(1, pauses.len()) - 1;
+        pauses[i].as_millis() as u64
+    };
+    if !f.moves.is_empty() {
+        println!(
+            "chaos: {} moves of the prefix asked for, {} went through (the rest were undone); \
+             write pause ms p50 {} p99 {} max {}; {} operations refused by a cell that did not \
+             own their key",
+            f.moves.len(),
+            pauses.len(),
+            pause_at(0.5),
+            pause_at(0.99),
+            pause_at(1.0),
+            f.refused
+        );
+    }
     for v in &f.violations {
         println!("chaos: VIOLATION {v}");
     }
@@ -64,6 +85,10 @@ pub fn finish(out: &Path, keep: bool, f: &Findings, entries: &[Entry]) -> ExitCo
         "serializable_reads": c.serializable_reads,
         "proxy_keep_alives": c.proxy_keep_alives,
         "partition_handoffs": c.partition_handoffs,
+        "moves": f.moves.len(),
+        "moves_through": pauses.len(),
+        "move_pause_p99_ms": pause_at(0.99),
+        "refused_wrong_cell": f.refused,
         "slowest_partition_handoff_ms": c.slowest_partition_handoff.as_millis() as u64,
         "outages_ms": f.outages.iter()
             .map(|(k, n, g)| (k.name().to_string(), serde_json::json!({"count": n, "longest": g.as_millis() as u64})))

@@ -42,6 +42,8 @@ pub struct Entry {
 pub struct Recorder {
     start: Instant,
     entries: Mutex<Vec<Entry>>,
+    /// Operations a cell refused as not its own (`wrong_cell`).
+    pub refused: std::sync::atomic::AtomicUsize,
 }
 
 impl Recorder {
@@ -49,6 +51,7 @@ impl Recorder {
         Recorder {
             start: Instant::now(),
             entries: Mutex::new(Vec::new()),
+            refused: Default::default(),
         }
     }
 
@@ -183,6 +186,14 @@ impl Worker {
                 )
             };
             let complete = rec.now_us();
+            if result.as_ref().is_err_and(wrong_cell) {
+                // Refused whole by a cell that does not own the key (a
+                // client straight to a member after a move): nothing was
+                // applied, so it is no operation of the history.
+                rec.refused.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(rng.random_range(50..150))).await;
+                continue;
+            }
             let failed = result.is_err();
             let (answer, revision) = result.unwrap_or((Answer::Unknown, None));
             rec.record(Entry {
@@ -208,6 +219,18 @@ impl Worker {
     }
 }
 
+/// Whether a cell refused the request as not its own (`wrong_cell`: its
+/// keys are another cell's, and nothing was applied).
+pub fn wrong_cell(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::GRpcStatus(s) => s
+            .metadata()
+            .get("latchkey-error")
+            .is_some_and(|v| v.as_bytes() == b"wrong_cell"),
+        _ => false,
+    }
+}
+
 /// One watch event as a watcher saw it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Seen {
@@ -217,17 +240,41 @@ pub struct Seen {
     pub delete: bool,
 }
 
+impl Seen {
+    /// Where a watcher read the prefix again (see [`watch_all`]) and went
+    /// on watching after `revision`: not an event.
+    pub fn reread(revision: i64) -> Seen {
+        Seen {
+            key: String::new(),
+            value: String::new(),
+            revision,
+            delete: false,
+        }
+    }
+
+    pub fn is_reread(&self) -> bool {
+        self.key.is_empty()
+    }
+}
+
 /// How long the watcher's calls wait (the stream's messages have their
 /// own wait).
 const WATCH_CALL_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Watches `chaos/` from `start` through `endpoint` until `stop`, and on
 /// any break watches again from the revision after the last event seen.
+///
+/// A watch refused as compacted fails the watcher, unless `reread`: then
+/// it does what a client of a prefix that moved between cells does (the
+/// new cell refuses revisions from before the move as compacted), reads
+/// the prefix again, notes where ([`Seen::reread`]) and watches from
+/// after that read's revision.
 pub async fn watch_all(
     endpoint: String,
     start: i64,
     seen: Arc<Mutex<Vec<Seen>>>,
     stop: Arc<AtomicBool>,
+    reread: bool,
 ) -> Result<(), String> {
     let mut next = start;
     while !stop.load(Ordering::Relaxed) {
@@ -246,6 +293,21 @@ pub async fn watch_all(
                 Ok(Ok(Some(resp))) => resp,
                 Ok(_) => break,
             };
+            if resp.compact_revision() > 0 && reread {
+                let read = client
+                    .get(
+                        KEY_PREFIX,
+                        Some(GetOptions::new().with_prefix().with_keys_only()),
+                    )
+                    .await;
+                if let Some(revision) = read.ok().and_then(|r| r.header().map(|h| h.revision())) {
+                    seen.lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push(Seen::reread(revision));
+                    next = revision + 1;
+                }
+                break;
+            }
             if resp.compact_revision() > 0 {
                 return Err(format!(
                     "the watch from {next} was compacted at {}",

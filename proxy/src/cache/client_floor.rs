@@ -1,8 +1,10 @@
 //! [`ClientFloors`]: the highest revision each client has been answered
-//! by this proxy's serializable reads, so that no later answer to it
-//! reflects an older revision (a cached range behind the client, or a
-//! member that lags, is never the answer). A client is its connection's
-//! address: what the proxy can tell apart without asking the client.
+//! by this proxy in each cell (revisions are per cell), so that no later
+//! serializable answer to it from that cell reflects an older revision (a
+//! cached range behind the client, or a member that lags, is never the
+//! answer). A client is its connection's address: what the proxy can tell
+//! apart without asking the client. A cell is the proxy's client of it
+//! ([`CellKey`]).
 //!
 //! Floors of clients quiet for [`IDLE_FORGET`] are forgotten, so the map
 //! follows the clients that are connected, not every client ever seen.
@@ -15,24 +17,35 @@ use tokio::time::Instant;
 /// A floor nobody used for this long is dropped.
 pub const IDLE_FORGET: Duration = Duration::from_secs(600);
 
+/// Which cell a floor is in: the address of the proxy's client of the
+/// cell, which the proxy keeps as long as it runs (see
+/// `upstream::Upstream::client`), so it names one cell throughout.
+pub type CellKey = usize;
+
+/// The [`CellKey`] of the cell `client` calls.
+pub fn cell_key<T>(client: &std::sync::Arc<T>) -> CellKey {
+    std::sync::Arc::as_ptr(client) as *const () as usize
+}
+
 #[derive(Default)]
 pub struct ClientFloors {
-    floors: DashMap<SocketAddr, (i64, Instant)>,
+    floors: DashMap<(SocketAddr, CellKey), (i64, Instant)>,
 }
 
 impl ClientFloors {
-    /// The lowest revision `client` may be answered with (0: any).
-    pub fn floor(&self, client: Option<SocketAddr>) -> i64 {
+    /// The lowest revision `client` may be answered with in `cell` (0:
+    /// any).
+    pub fn floor(&self, client: Option<SocketAddr>, cell: CellKey) -> i64 {
         client
-            .and_then(|c| self.floors.get(&c).map(|f| f.0))
+            .and_then(|c| self.floors.get(&(c, cell)).map(|f| f.0))
             .unwrap_or(0)
     }
 
-    /// `client` was answered at `revision`.
-    pub fn raise(&self, client: Option<SocketAddr>, revision: i64) {
+    /// `client` was answered at `revision` in `cell`.
+    pub fn raise(&self, client: Option<SocketAddr>, cell: CellKey, revision: i64) {
         let Some(client) = client else { return };
         let now = Instant::now();
-        let mut floor = self.floors.entry(client).or_insert((revision, now));
+        let mut floor = self.floors.entry((client, cell)).or_insert((revision, now));
         floor.0 = floor.0.max(revision);
         floor.1 = now;
     }
@@ -58,20 +71,26 @@ mod tests {
     use super::*;
 
     #[tokio::test(start_paused = true)]
-    async fn a_floor_only_rises_and_is_forgotten_when_idle() {
+    async fn a_floor_only_rises_is_per_cell_and_is_forgotten_when_idle() {
         let floors = ClientFloors::default();
         let a: SocketAddr = "127.0.0.1:4000".parse().expect("addr");
         let b: SocketAddr = "127.0.0.1:4001".parse().expect("addr");
-        floors.raise(Some(a), 10);
-        floors.raise(Some(a), 7);
-        assert_eq!(floors.floor(Some(a)), 10);
-        assert_eq!(floors.floor(Some(b)), 0);
-        assert_eq!(floors.floor(None), 0);
+        let (home, other) = (std::sync::Arc::new(1), std::sync::Arc::new(2));
+        let (home, other) = (cell_key(&home), cell_key(&other));
+        floors.raise(Some(a), home, 10);
+        floors.raise(Some(a), home, 7);
+        assert_eq!(floors.floor(Some(a), home), 10);
+        assert_eq!(floors.floor(Some(a), other), 0, "another cell's revisions");
+        floors.raise(Some(a), other, 4);
+        assert_eq!(floors.floor(Some(a), other), 4);
+        assert_eq!(floors.floor(Some(a), home), 10);
+        assert_eq!(floors.floor(Some(b), home), 0);
+        assert_eq!(floors.floor(None, home), 0);
         tokio::time::advance(IDLE_FORGET / 2).await;
-        floors.raise(Some(b), 3);
+        floors.raise(Some(b), home, 3);
         tokio::time::advance(IDLE_FORGET / 2).await;
         floors.sweep();
-        assert_eq!(floors.floor(Some(a)), 0, "a was idle");
-        assert_eq!(floors.floor(Some(b)), 3);
+        assert_eq!(floors.floor(Some(a), home), 0, "a was idle");
+        assert_eq!(floors.floor(Some(b), home), 3);
     }
 }

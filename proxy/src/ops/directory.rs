@@ -279,20 +279,51 @@ pub(super) async fn write_ownership(
     record: Ownership,
     name: &str,
 ) -> Result<(), ApiError> {
-    let _: PbPutResponse = cell
-        .call(
+    let put = PbPutRequest {
+        key: OWNERSHIP_KEY.to_vec(),
+        value: record.encode(),
+        ..Default::default()
+    };
+    let _: PbPutResponse = resending(|| {
+        cell.call(
             Route::Leader,
             Kind::Write,
             latchkey_shared::etcd_methods::kv::PUT,
-            PbPutRequest {
-                key: OWNERSHIP_KEY.to_vec(),
-                value: record.encode(),
-                ..Default::default()
-            },
+            put.clone(),
         )
-        .await
-        .map_err(|e| unreachable_cell(name, e))?;
+    })
+    .await
+    .map_err(|e| unreachable_cell(name, e))?;
     Ok(())
+}
+
+/// How long [`resending`] goes on sending.
+const RESEND_WITHIN: Duration = Duration::from_secs(10);
+/// Its wait between sends.
+const RESEND_PAUSE: Duration = Duration::from_millis(100);
+
+/// `call` sent again while it fails without a verdict on the request
+/// (nothing happened, or the outcome is unknown: a leader change), for
+/// [`RESEND_WITHIN`]: only for a request that a second application leaves
+/// as one did (a whole ownership record, a revision raise, an import of
+/// the same keys), so that a move rides out an election in either cell.
+pub(super) async fn resending<T, F, Fut>(mut call: F) -> Result<T, ApiError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, ApiError>>,
+{
+    let deadline = tokio::time::Instant::now() + RESEND_WITHIN;
+    loop {
+        match call().await {
+            Err(e)
+                if e.retry() != latchkey_shared::error::Retry::Never
+                    && tokio::time::Instant::now() + RESEND_PAUSE < deadline =>
+            {
+                tokio::time::sleep(RESEND_PAUSE).await;
+            }
+            other => return other,
+        }
+    }
 }
 
 /// A cell that cannot be told what it owns stops the change, as a

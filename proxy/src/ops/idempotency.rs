@@ -130,9 +130,7 @@ pub async fn txn(
         Committed::Now(resp) => resp.header.as_ref().map_or(0, |h| h.revision),
         Committed::Before(_, header) => header.revision,
     };
-    if home {
-        super::kv::wrote(state, client, revision);
-    }
+    super::kv::wrote(state, client, cell, revision);
     Ok(committed)
 }
 

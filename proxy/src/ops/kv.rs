@@ -1,12 +1,13 @@
 //! etcd's KV operations through the proxy, for both faces: [`range`] is
 //! THE Range path (linearizable reads go to the leader; serializable ones
 //! are answered from the read cache when it holds the range at or above
-//! the client's floor and the leader's recent revision, and otherwise by any
-//! member, or by the leader, linearizably, when that member is behind
-//! either); writes go to the
+//! the client's floor in the cell and the leader's recent revision, and
+//! otherwise by any member, or by the leader, linearizably, when that
+//! member is behind either); writes go to the
 //! leader of the cell that holds the key, never resent once their outcome
 //! is unknown, and never to a reserved key ([`latchkey_shared::reserved`]).
 
+use crate::cache::client_floor::cell_key;
 use crate::chaos::{broken, Defect};
 use crate::metrics_catalog::{CACHE_HITS, CACHE_MISSES};
 use crate::ops::auth::client_token;
@@ -44,8 +45,10 @@ pub async fn range(
         .await
 }
 
-/// [`range`] in `cell`. The read cache and the clients' floors hold the
-/// home cell's revisions only: another cell's reads are forwarded.
+/// [`range`] in `cell`. A serializable answer is never below the
+/// client's floor in that cell, nor below the revision a prefix of the
+/// range moved into the cell above (its keys were still on their way in
+/// below it); the read cache holds the home cell's keys only.
 async fn range_in(
     state: &ProxyState,
     client: Option<SocketAddr>,
@@ -54,29 +57,34 @@ async fn range_in(
 ) -> Result<PbRangeResponse, ApiError> {
     let token = client_token();
     let who = Who::Client(token.as_deref());
-    let home = Arc::ptr_eq(&cell, state.upstream.home());
+    let key = cell_key(&cell);
+    if !req.serializable {
+        let resp: PbRangeResponse = cell
+            .call_as(who, Route::Leader, Kind::Read, RANGE, req)
+            .await?;
+        state.floors.raise(client, key, revision_of(&resp));
+        return Ok(resp);
+    }
+    let floor = state
+        .floors
+        .floor(client, key)
+        .max(
+            state
+                .upstream
+                .moved_in_above(&cell, &req.key, &req.range_end),
+        );
     // With authentication on, a read goes to the cell as the client, which
     // checks it: the cache holds what the proxy may read, not the client.
-    if !req.serializable || cell.auth_may_be_on() || !home {
-        let route = if req.serializable {
-            Route::Any
-        } else {
-            Route::Leader
-        };
-        let resp: PbRangeResponse = cell.call_as(who, route, Kind::Read, RANGE, req).await?;
-        if home {
-            state.floors.raise(client, revision_of(&resp));
+    let cached = Arc::ptr_eq(&cell, state.upstream.home()) && !cell.auth_may_be_on();
+    if cached {
+        if let Some(resp) = state.cache.answer(&req, floor) {
+            metrics::counter!(CACHE_HITS.name).increment(1);
+            state.floors.raise(client, key, revision_of(&resp));
+            return Ok(resp);
         }
-        return Ok(resp);
-    }
-    let floor = state.floors.floor(client);
-    if let Some(resp) = state.cache.answer(&req, floor) {
-        metrics::counter!(CACHE_HITS.name).increment(1);
-        state.floors.raise(client, revision_of(&resp));
-        return Ok(resp);
-    }
-    if req.revision == 0 {
-        metrics::counter!(CACHE_MISSES.name).increment(1);
+        if req.revision == 0 {
+            metrics::counter!(CACHE_MISSES.name).increment(1);
+        }
     }
     let mut resp: PbRangeResponse = cell
         .call_as(who, Route::Any, Kind::Read, RANGE, req.clone())
@@ -84,7 +92,12 @@ async fn range_in(
     // A member behind what this client has seen, or behind the cell (cut
     // off from its peers: review P2): ask the leader, whose linearizable
     // answer is at least as new as anything answered before.
-    if req.revision == 0 && revision_of(&resp) < floor.max(state.cache.vouched()) {
+    let behind = if cached {
+        floor.max(state.cache.vouched())
+    } else {
+        floor
+    };
+    if req.revision == 0 && revision_of(&resp) < behind {
         let linearizable = PbRangeRequest {
             serializable: false,
             ..req.clone()
@@ -93,8 +106,10 @@ async fn range_in(
             .call_as(who, Route::Leader, Kind::Read, RANGE, linearizable)
             .await?;
     }
-    state.cache.missed(&req, &resp);
-    state.floors.raise(client, revision_of(&resp));
+    if cached {
+        state.cache.missed(&req, &resp);
+    }
+    state.floors.raise(client, key, revision_of(&resp));
     Ok(resp)
 }
 
@@ -127,7 +142,7 @@ pub async fn delete_range(
 /// A client's write of `ranges` to the leader of the one cell that owns
 /// them (`cross_cell` when they span cells), as the client, once the
 /// sessions it binds keys to (`leases`) exist in that cell; a home-cell
-/// answer's revision becomes the client's floor (read-your-writes).
+/// answer's revision becomes the client's floor there (read-your-writes).
 async fn write<Req, Resp>(
     state: &ProxyState,
     client: Option<SocketAddr>,
@@ -158,9 +173,12 @@ where
             }
         })
         .await?;
-    if Arc::ptr_eq(&cell, state.upstream.home()) {
-        wrote(state, client, resp.header().map_or(0, |h| h.revision));
-    }
+    wrote(
+        state,
+        client,
+        &cell,
+        resp.header().map_or(0, |h| h.revision),
+    );
     Ok(resp)
 }
 
@@ -192,13 +210,13 @@ pub async fn txn(
     write(state, client, &ranges, &leases, TXN, req).await
 }
 
-/// `client` was answered a write (or a txn) at `revision`: its later
-/// serializable reads are answered at that revision or later.
-pub fn wrote(state: &ProxyState, client: Option<SocketAddr>, revision: i64) {
+/// `client` was answered a write (or a txn) at `revision` in `cell`: its
+/// later serializable reads there are answered at that revision or later.
+pub fn wrote(state: &ProxyState, client: Option<SocketAddr>, cell: &Cell, revision: i64) {
     if broken(Defect::ForgetWriteFloors) {
         return;
     }
-    state.floors.raise(client, revision);
+    state.floors.raise(client, cell_key(cell), revision);
 }
 
 pub async fn compact(

@@ -19,11 +19,13 @@
 //!    revision it issues from now on, and so every fencing token, is above
 //!    those the source issued.
 //! 6. **Switch.** The source's record stops owning the prefix, then the
-//!    target's owns it outright, then the directory commits; the pause
-//!    ends. Only then is the source told to drop the prefix's keys. Proxies learn it within `--directory-interval`, or at once when
-//!    the source refuses a request; a proxy holds a refused request and
-//!    sends it again until its timeout, so a short pause is a slow answer,
-//!    not an error.
+//!    target's owns it (for proxies only), then the directory commits; the
+//!    pause ends. Only then does the target serve every client and is the
+//!    source told to drop the prefix's keys. Proxies learn it within
+//!    `--directory-interval`, or at once when the source refuses a request;
+//!    a proxy holds a refused request and sends it again until its timeout,
+//!    so a short pause is a slow answer, not an error. Steps 4 to 6 and the
+//!    commit must end within [`PAUSE_TIMEOUT`], or the move is undone.
 //!
 //! What clients see: writes under the prefix wait during the pause (the
 //! move reports how long it was); other prefixes never pause. Locks,
@@ -42,7 +44,8 @@
 //! commit), and the target drops what it copied. The source drops the
 //! prefix's keys only after the commit.
 
-use super::directory::{cell_of, count_keys, write_ownership};
+use super::directory::{cell_of, count_keys, resending, write_ownership};
+use crate::chaos::{broken, Defect};
 use crate::state::ProxyState;
 use crate::upstream::{Cell, Kind, Route};
 use crate::watch::{Cancel, Item, WatchKey};
@@ -120,10 +123,24 @@ where
                 prefix.escape_ascii().to_string()
             )));
         }
-        let moved =
-            copy_follow_switch(state, prefix, &range, current, next, &source, &target).await?;
-        commit(moved.3.clone()).await?;
-        Ok(moved)
+        let (follower, copied) = copy_and_follow(state, prefix, &range, &source, &target).await?;
+        // 4-6 and the commit: the pause, bounded on its own.
+        let fenced = Instant::now();
+        let switch = async {
+            let (followed, next) =
+                fence_and_switch(state, prefix, current, next, follower, &source, &target).await?;
+            commit(next.clone()).await?;
+            Ok((followed, next))
+        };
+        let (followed, next) = tokio::time::timeout(PAUSE_TIMEOUT, switch)
+            .await
+            .unwrap_or_else(|_| {
+                Err(ApiError::timeout().with_message(format!(
+                    "the move's fenced step (fence, drain, raise, switch, commit) took longer \
+                     than {PAUSE_TIMEOUT:?}; it was undone"
+                )))
+            })?;
+        Ok((copied, followed, fenced.elapsed(), next))
     })
     .await
     .unwrap_or_else(|_| {
@@ -147,13 +164,20 @@ where
                 None => {
                     return Err(e.with_message(
                         "the move's commit has an unknown outcome and the directory cannot be \
-                         read: nothing was undone (the source is fenced, the target owns the \
-                         prefix); read the directory and run the move again or back",
+                         read: nothing was undone (the source is fenced, the target serves the \
+                         prefix to proxies only); read the directory and run the move again or \
+                         back",
                     ))
                 }
             }
         }
     };
+    // Committed: the target serves the prefix to every client, not only
+    // to proxies (before the commit a client straight to a member could
+    // have written there what an undo would drop).
+    if let Err(e) = write_ownership(&target, next.ownership_of(&to), &to).await {
+        tracing::warn!(error = %e, cell = %to, "opening a moved prefix to every client of its new cell; until the next change only proxies are served");
+    }
     // Committed: the source drops what it gave away (best effort: left
     // over, its keys are unreachable, and a move back drops them first).
     let mut dropping = next.ownership_of(&from);
@@ -172,6 +196,12 @@ where
 
 /// How long a move may take before its clean-up.
 const MOVE_TIMEOUT: Duration = super::directory::MOVE_TIMEOUT;
+
+/// How long writes under the prefix may be fenced: from the fence to the
+/// directory's commit. Past it the move is undone and the source takes
+/// writes again, so a fault in either cell during the pause is a longer
+/// pause of one prefix, never an outage of it.
+pub const PAUSE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The directory in home if the move committed it (version `version`,
 /// `prefix` owned by `to`); `Some(None)` if it did not; `None` if it
@@ -211,18 +241,15 @@ async fn undo(
     }
 }
 
-/// Steps 2 to 6; the directory is committed right after.
-async fn copy_follow_switch(
+/// Steps 2 and 3: the copy and the follower, close behind the source.
+/// Returns the follower and how many keys were copied.
+async fn copy_and_follow(
     state: &ProxyState,
     prefix: &[u8],
     range: &KeyRange,
-    current: &Directory,
-    next: &Directory,
     source: &Cell,
     target: &Cell,
-) -> Result<(usize, usize, Duration, Directory), ApiError> {
-    let from = current.owner_of(prefix);
-    let to = next.owner_of(prefix);
+) -> Result<(Follower, usize), ApiError> {
     // 2. Copy at one revision, each key with its create revision and
     // version (a lock queue keeps its order, a holder its token).
     let (kvs, r0) = source.read_all(range).await?;
@@ -247,38 +274,61 @@ async fn copy_follow_switch(
             break;
         }
     }
+    Ok((follower, copied))
+}
 
-    // 4. Fence the source; the pause begins. Its revision then is the
-    // last any write of the prefix got there.
-    let fenced = Instant::now();
+/// Steps 4 to 6, the pause; the directory is committed right after.
+/// Returns the source revisions followed and the directory to commit.
+async fn fence_and_switch(
+    state: &ProxyState,
+    prefix: &[u8],
+    current: &Directory,
+    next: &Directory,
+    mut follower: Follower,
+    source: &Cell,
+    target: &Cell,
+) -> Result<(usize, Directory), ApiError> {
+    let from = current.owner_of(prefix);
+    let to = next.owner_of(prefix);
+    // 4. Fence the source. Its revision then is the last any write of the
+    // prefix got there.
     let leaving = current
         .ownership_of(from)
         .with_leaving(vec![prefix.to_vec()]);
-    write_ownership(source, leaving, from).await?;
+    if !broken(Defect::UnfencedMoves) {
+        write_ownership(source, leaving, from).await?;
+    }
     let rf = count_keys(source, prefix).await?.1;
     follower.follow(state, source, target, rf).await?;
+    if broken(Defect::UnfencedMoves) {
+        // The source goes on taking writes past rf for a moment.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let followed = follower.followed;
     drop(follower);
 
     // 5. The target's revisions continue above the source's.
-    let _: RaiseRevisionResponse = target
-        .call(
+    let _: RaiseRevisionResponse = resending(|| {
+        target.call(
             Route::Leader,
             Kind::Write,
             RAISE_REVISION,
             RaiseRevisionRequest { above: rf },
         )
-        .await?;
+    })
+    .await?;
 
     // 6. The source stops owning the prefix (its keys stay until the
-    // commit), then the target owns it outright. Other cells' records do
-    // not change.
+    // commit), then the target owns it, still for proxies only until the
+    // commit: proxies route by the directory, so none sends it a client's
+    // request before then, and an undo loses nothing a client was told.
     // Revisions of the prefix up to rf are the source's: refused as
     // compacted in the target from now on.
     let next = next.clone().with_floor(prefix, to, rf);
     write_ownership(source, next.ownership_of(from), from).await?;
-    write_ownership(target, next.ownership_of(to), to).await?;
-    Ok((copied, followed, fenced.elapsed(), next))
+    let owning = next.ownership_of(to).with_arriving(vec![prefix.to_vec()]);
+    write_ownership(target, owning, to).await?;
+    Ok((followed, next))
 }
 
 /// Rounds of following before the fence, at most.
@@ -449,16 +499,12 @@ async fn import(
                 }
             }
             batch.retain(|kv| !ended.contains(&kv.lease));
-            let _: ImportResponse = target
-                .call(
-                    Route::Leader,
-                    Kind::Write,
-                    IMPORT,
-                    ImportRequest {
-                        kvs: std::mem::take(&mut batch),
-                    },
-                )
-                .await?;
+            let import = ImportRequest {
+                kvs: std::mem::take(&mut batch),
+            };
+            let _: ImportResponse =
+                resending(|| target.call(Route::Leader, Kind::Write, IMPORT, import.clone()))
+                    .await?;
             bytes = 0;
         }
     }
@@ -486,7 +532,8 @@ async fn delete(target: &Cell, ops: Vec<PbTxnRequestOp>) -> Result<(), ApiError>
             success: chunk.to_vec(),
             failure: vec![],
         };
-        let _: PbTxnResponse = target.call(Route::Leader, Kind::Write, TXN, txn).await?;
+        let _: PbTxnResponse =
+            resending(|| target.call(Route::Leader, Kind::Write, TXN, txn.clone())).await?;
     }
     Ok(())
 }

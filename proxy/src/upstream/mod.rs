@@ -109,6 +109,29 @@ impl Upstream {
         routes.cell(routes.directory.owner_of(key))
     }
 
+    /// The revision above which a prefix touching the range `key` ..
+    /// `range_end` moved into `cell` (0: none moved in): below it the
+    /// prefix's keys were still on their way in, so no answer about the
+    /// range from a revision below it is the range's.
+    pub fn moved_in_above(&self, cell: &Cell, key: &[u8], range_end: &[u8]) -> i64 {
+        let routes = self.routes();
+        if routes.directory.floors.is_empty() {
+            return 0;
+        }
+        let Some(name) = routes.name_of(cell) else {
+            return 0;
+        };
+        let range = KeyRange::new(key.to_vec(), range_end.to_vec());
+        routes
+            .directory
+            .floors
+            .iter()
+            .filter(|f| f.cell == name && range.overlaps(&KeyRange::prefix(&f.prefix)))
+            .map(|f| f.revision)
+            .max()
+            .unwrap_or(0)
+    }
+
     /// The one cell that holds every key of `ranges`, or `cross_cell`.
     pub fn route<'a>(
         &self,
