@@ -8,7 +8,7 @@
 //! - `cluster up | down`: a local cell and proxies (or etcd) as processes
 //!   that outlive the command ([`cluster`]).
 //! - `kv`, `cas`, `lease-grants`, `sessions`, `watch-fanout`, `locks`,
-//!   `failover`, `slow-watcher`, `mass-expiry`: load scenarios against a
+//!   `move`, `failover`, `slow-watcher`, `mass-expiry`: load scenarios against a
 //!   running cluster ([`scenario`]), each with live progress, one JSON
 //!   result line and a table; exit status 1 when a safety counter (expired
 //!   sessions, missed events, lock violations) is not zero.
@@ -60,6 +60,10 @@ enum Command {
     /// Contenders on locks with a fenced resource: acquisitions/s,
     /// acquire latency, violations (must be 0).
     Locks(scenario::locks::LocksArgs),
+    /// Moves a prefix between two cells and back under writes, sessions
+    /// and locks on it: each move's write pause; lost writes, expired
+    /// sessions and lock violations (must be 0).
+    Move(scenario::moves::MoveArgs),
     /// Sessions and writes while the leader is killed and a follower is
     /// paused: time to a new leader, write unavailability, expired
     /// sessions (must be 0).
@@ -99,6 +103,7 @@ fn main() -> ExitCode {
         Command::Sessions(args) => runtime.block_on(scenario::sessions::main(args)),
         Command::WatchFanout(args) => runtime.block_on(scenario::watch_fanout::main(args)),
         Command::Locks(args) => runtime.block_on(scenario::locks::main(args)),
+        Command::Move(args) => runtime.block_on(scenario::moves::main(args)),
         Command::Failover(args) => runtime.block_on(scenario::failover::main(args)),
         Command::SlowWatcher(args) => runtime.block_on(scenario::slow_watcher::main(args)),
         Command::MassExpiry(args) => runtime.block_on(scenario::mass_expiry::main(args)),

@@ -48,6 +48,7 @@ pub mod cache;
 pub mod chaos;
 pub mod config;
 pub mod dev;
+pub mod directory_cli;
 pub mod grpc;
 pub mod http;
 pub mod metrics_catalog;

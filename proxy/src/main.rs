@@ -16,6 +16,11 @@ use std::process::ExitCode;
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 fn main() -> ExitCode {
+    // `latchkey-proxy directory ...`: the operators' command line for the
+    // directory of cells, a client of a running proxy.
+    if std::env::args_os().nth(1).is_some_and(|a| a == "directory") {
+        return latchkey_proxy::directory_cli::main(std::env::args_os().skip(1));
+    }
     match Config::parse().validate() {
         Ok(cfg) => lifecycle::run_main("latchkey-proxy", run(cfg)),
         Err(e) => {

@@ -36,6 +36,18 @@ pub const OWNERSHIP_KEY: &[u8] = b"\0latchkey/ownership";
 /// and the records go with the session.
 pub const SESSION_CELLS_PREFIX: &[u8] = b"\0latchkey/session-cells/";
 
+/// How a cell's refusal of keys it does not own ends, in an error's
+/// message and in the reason a watch of such keys is cancelled with (a
+/// watch cancel carries no error code): [`moved_away`] recognises it.
+pub const ROUTED_ELSEWHERE: &str = "the directory routes them to another cell; nothing was applied";
+
+/// Whether a watch's cancel `reason` says its cell stopped owning the keys
+/// (a move took them elsewhere): its watcher reads again, through the
+/// directory, and watches on in the keys' new cell.
+pub fn moved_away(reason: &str) -> bool {
+    reason.ends_with(ROUTED_ELSEWHERE)
+}
+
 /// The record that session `lease` was extended to cell `cell`.
 pub fn session_cell_key(lease: i64, cell: &str) -> Vec<u8> {
     [session_cells_of(lease).as_slice(), cell.as_bytes()].concat()
@@ -455,8 +467,7 @@ impl Ownership {
 
     fn wrong(&self, range: &KeyRange) -> ApiError {
         ApiError::wrong_cell(format!(
-            "keys from {:?} are not in this cell (its directory version {}): the \
-             directory routes them to another cell; nothing was applied",
+            "keys from {:?} are not in this cell (its directory version {}): {ROUTED_ELSEWHERE}",
             show(&range.start),
             self.version
         ))
@@ -527,6 +538,16 @@ mod tests {
 
     fn range(start: &str, end: &str) -> KeyRange {
         KeyRange::new(start.as_bytes().to_vec(), end.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn a_refusal_of_keys_moved_away_is_recognised_in_a_watch_cancel_reason() {
+        let b = Directory::default().ownership_of("b");
+        let refused = b
+            .check_read(&KeyRange::prefix(b"jobs/"))
+            .expect_err("b owns nothing");
+        assert!(moved_away(&refused.message), "{}", refused.message);
+        assert!(!moved_away("the watch was cancelled: too many watches"));
     }
 
     #[test]

@@ -44,8 +44,8 @@ pub struct LocksArgs {
 }
 
 /// Who holds what, as the contenders themselves see it, and what they
-/// saw go wrong.
-struct Referee {
+/// saw go wrong (the `move` scenario's contenders use it too).
+pub(super) struct Referee {
     holders: Mutex<HashMap<u64, u64>>,
     /// Per lock, the highest revision an unlock of it was answered at: a
     /// later grant saw the lock free at or after it.
@@ -56,6 +56,22 @@ struct Referee {
 }
 
 impl Referee {
+    pub(super) fn new() -> Referee {
+        Referee {
+            holders: Mutex::new(HashMap::new()),
+            released: Mutex::new(HashMap::new()),
+            fenced: FencedResource::new(),
+            violations: AtomicU64::new(0),
+            first: Mutex::new(None),
+        }
+    }
+
+    /// How many violations, and the first.
+    pub(super) fn found(&self) -> (u64, Option<String>) {
+        let first = self.first.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        (self.violations.load(Ordering::Relaxed), first)
+    }
+
     fn violation(&self, what: String) {
         self.violations.fetch_add(1, Ordering::Relaxed);
         let mut first = self.first.lock().unwrap_or_else(|p| p.into_inner());
@@ -63,7 +79,7 @@ impl Referee {
     }
 
     /// `contender` was granted `lock` with `token`.
-    fn granted(&self, lock: u64, contender: u64, token: i64) {
+    pub(super) fn granted(&self, lock: u64, contender: u64, token: i64) {
         let other = self
             .holders
             .lock()
@@ -87,14 +103,14 @@ impl Referee {
     }
 
     /// An unlock of `lock` was answered at `revision`.
-    fn released(&self, lock: u64, revision: i64) {
+    pub(super) fn released(&self, lock: u64, revision: i64) {
         let mut released = self.released.lock().unwrap_or_else(|p| p.into_inner());
         let at = released.entry(lock).or_insert(revision);
         *at = (*at).max(revision);
     }
 
     /// `contender` is about to unlock `lock`.
-    fn releasing(&self, lock: u64, contender: u64) {
+    pub(super) fn releasing(&self, lock: u64, contender: u64) {
         let mut holders = self.holders.lock().unwrap_or_else(|p| p.into_inner());
         if holders.get(&lock) == Some(&contender) {
             holders.remove(&lock);
@@ -121,13 +137,7 @@ async fn run(args: &LocksArgs, endpoints: &Endpoints) -> Result<Outcome, String>
         let lease = grant(&mut client, ttl, timeout).await?;
         contenders.push((client, lease));
     }
-    let referee = Arc::new(Referee {
-        holders: Mutex::new(HashMap::new()),
-        released: Mutex::new(HashMap::new()),
-        fenced: FencedResource::new(),
-        violations: AtomicU64::new(0),
-        first: Mutex::new(None),
-    });
+    let referee = Arc::new(Referee::new());
     let acquired = Arc::new(Recorder::new());
     let cpu = super::CpuMeter::start(&endpoints.cell_pids);
     let cpu_seconds = latchkey_testkit::process::cpu_seconds(&endpoints.cell_pids);
@@ -136,59 +146,28 @@ async fn run(args: &LocksArgs, endpoints: &Endpoints) -> Result<Outcome, String>
     let tasks: Vec<_> = contenders
         .into_iter()
         .enumerate()
-        .map(|(c, (mut client, mut lease))| {
+        .map(|(c, (client, lease))| {
             let (referee, acquired, common) =
                 (referee.clone(), acquired.clone(), args.common.clone());
-            let (locks, hold, run_id) = (args.locks, args.hold, run_id.clone());
-            let spread = args.spread_cells;
-            let c = c as u64;
-            tokio::spawn(async move {
-                let mut rng = fastrand::Rng::with_seed(c + 1);
-                while !over(&common, started, acquired.done()) {
-                    let lock = rng.u64(0..locks);
+            let (spread, run_id) = (args.spread_cells, run_id.clone());
+            let contender = Contender {
+                id: c as u64,
+                client,
+                lease,
+                ttl,
+                locks: args.locks,
+                hold: args.hold,
+                timeout,
+                referee,
+                acquired: acquired.clone(),
+            };
+            tokio::spawn(contender.run(
+                move |lock| {
                     let cell = lock % spread;
-                    let name = format!("loadtest/cell-{cell}/locks/{run_id}/{lock}");
-                    let t = Instant::now();
-                    let asked =
-                        client.lock(name.as_str(), Some(LockOptions::new().with_lease(lease)));
-                    let granted = match tokio::time::timeout(timeout, asked).await {
-                        Ok(Ok(resp)) => resp,
-                        failed => {
-                            acquired.error(match failed {
-                                Ok(Err(e)) => format!("lock: {e}"),
-                                _ => format!("lock: no grant within {timeout:?}"),
-                            });
-                            // A queue place (or a grant) the failed call
-                            // left behind would hold the lock with nobody
-                            // to unlock it: give the lease up.
-                            lease = match renew(&mut client, lease, ttl, timeout).await {
-                                Ok(l) => l,
-                                Err(e) => return acquired.error(e),
-                            };
-                            continue;
-                        }
-                    };
-                    acquired.ok(t.elapsed());
-                    let token = granted.header().map_or(0, |h| h.revision());
-                    referee.granted(lock, c, token);
-                    if !hold.is_zero() {
-                        tokio::time::sleep(hold).await;
-                    }
-                    referee.releasing(lock, c);
-                    let unlocked =
-                        tokio::time::timeout(timeout, client.unlock(granted.key())).await;
-                    if let Ok(Ok(answer)) = &unlocked {
-                        referee.released(lock, answer.header().map_or(0, |h| h.revision()));
-                    } else {
-                        acquired.error("unlock failed or timed out: the lease goes instead");
-                        lease = match renew(&mut client, lease, ttl, timeout).await {
-                            Ok(l) => l,
-                            Err(e) => return acquired.error(e),
-                        };
-                    }
-                }
-                let _ = tokio::time::timeout(timeout, client.lease_revoke(lease)).await;
-            })
+                    format!("loadtest/cell-{cell}/locks/{run_id}/{lock}")
+                },
+                move || over(&common, started, acquired.done()),
+            ))
         })
         .collect();
     for task in tasks {
@@ -243,31 +222,89 @@ async fn run(args: &LocksArgs, endpoints: &Endpoints) -> Result<Outcome, String>
     }
     o.field("acquisitions", acquired.done());
     o.latency("acquire", &acquired.latency());
-    o.safety("violations", referee.violations.load(Ordering::Relaxed));
-    let first = referee
-        .first
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .clone();
+    let (violations, first) = referee.found();
+    o.safety("violations", violations);
     o.field("first_violation", first);
     o.errors(acquired.errors(), acquired.first_error());
     o.series(acquired.series());
     Ok(o)
 }
 
-async fn grant(client: &mut Client, ttl: i64, timeout: Duration) -> Result<i64, String> {
-    let granted = within(timeout, "granting a lease", client.lease_grant(ttl, None)).await?;
-    Ok(granted.id())
+/// One contender with its connection and lease: takes a lock drawn at
+/// random from `locks` (named by `name`), tells the referee, holds it,
+/// unlocks it, until `done`; then revokes its lease.
+pub(super) struct Contender {
+    pub id: u64,
+    pub client: Client,
+    pub lease: i64,
+    /// Of the leases it grants itself after a failure.
+    pub ttl: i64,
+    pub locks: u64,
+    pub hold: Duration,
+    pub timeout: Duration,
+    pub referee: Arc<Referee>,
+    pub acquired: Arc<Recorder>,
 }
 
-/// Revokes `lease` (releasing whatever it holds or waits for) and grants
-/// a new one.
-async fn renew(
-    client: &mut Client,
-    lease: i64,
-    ttl: i64,
-    timeout: Duration,
-) -> Result<i64, String> {
-    let _ = tokio::time::timeout(timeout, client.lease_revoke(lease)).await;
-    grant(client, ttl, timeout).await
+impl Contender {
+    pub(super) async fn run(mut self, name: impl Fn(u64) -> String, done: impl Fn() -> bool) {
+        let (c, timeout, acquired) = (self.id, self.timeout, self.acquired.clone());
+        let mut rng = fastrand::Rng::with_seed(c + 1);
+        while !done() {
+            let lock = rng.u64(0..self.locks);
+            let name = name(lock);
+            let t = Instant::now();
+            let asked = self.client.lock(
+                name.as_str(),
+                Some(LockOptions::new().with_lease(self.lease)),
+            );
+            let granted = match tokio::time::timeout(timeout, asked).await {
+                Ok(Ok(resp)) => resp,
+                failed => {
+                    acquired.error(match failed {
+                        Ok(Err(e)) => format!("lock: {e}"),
+                        _ => format!("lock: no grant within {timeout:?}"),
+                    });
+                    // A queue place (or a grant) the failed call left
+                    // behind would hold the lock with nobody to unlock it:
+                    // give the lease up.
+                    if let Err(e) = self.renew().await {
+                        return acquired.error(e);
+                    }
+                    continue;
+                }
+            };
+            acquired.ok(t.elapsed());
+            let token = granted.header().map_or(0, |h| h.revision());
+            self.referee.granted(lock, c, token);
+            if !self.hold.is_zero() {
+                tokio::time::sleep(self.hold).await;
+            }
+            self.referee.releasing(lock, c);
+            let unlocked = tokio::time::timeout(timeout, self.client.unlock(granted.key())).await;
+            if let Ok(Ok(answer)) = &unlocked {
+                self.referee
+                    .released(lock, answer.header().map_or(0, |h| h.revision()));
+            } else {
+                acquired.error("unlock failed or timed out: the lease goes instead");
+                if let Err(e) = self.renew().await {
+                    return acquired.error(e);
+                }
+            }
+        }
+        let _ = tokio::time::timeout(timeout, self.client.lease_revoke(self.lease)).await;
+    }
+
+    /// Revokes its lease (releasing whatever it holds or waits for) and
+    /// grants a new one.
+    async fn renew(&mut self) -> Result<(), String> {
+        let _ = tokio::time::timeout(self.timeout, self.client.lease_revoke(self.lease)).await;
+        self.lease = grant(&mut self.client, self.ttl, self.timeout).await?;
+        Ok(())
+    }
+}
+
+pub(super) async fn grant(client: &mut Client, ttl: i64, timeout: Duration) -> Result<i64, String> {
+    let granted = within(timeout, "granting a lease", client.lease_grant(ttl, None)).await?;
+    Ok(granted.id())
 }

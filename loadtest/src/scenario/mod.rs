@@ -11,6 +11,7 @@ pub mod lease_grants;
 pub mod load;
 pub mod locks;
 pub mod mass_expiry;
+pub mod moves;
 pub mod recorder;
 pub mod sessions;
 pub mod slow_watcher;

@@ -67,23 +67,24 @@ fn down_leaves_nothing(state: &Path, dir: &Path) {
     );
 }
 
-#[tokio::test]
-async fn a_cell_behind_two_proxies_serves_until_down_leaves_nothing() {
+/// `cluster up` of three-member cells and two proxies, with `extra`
+/// flags, in a temporary directory: it, the state file and the summary.
+fn up(extra: &[&str]) -> (tempfile::TempDir, std::path::PathBuf, serde_json::Value) {
     let tmp = tempfile::tempdir().expect("temp dir");
     let state = tmp.path().join("cluster.json");
-    let state_arg = arg(&state);
-    let up = loadtest(&[
-        "cluster",
-        "up",
-        "--cells",
-        "3",
-        "--proxies",
-        "2",
-        "--state",
-        state_arg,
-    ]);
+    let mut args = vec!["cluster", "up", "--cells", "3", "--proxies", "2"];
+    args.extend(extra);
+    args.extend(["--state", arg(&state)]);
+    let up = loadtest(&args);
     assert!(up.status.success(), "{}", text(&up));
     let s = summary(&up);
+    (tmp, state, s)
+}
+
+#[tokio::test]
+async fn a_cell_behind_two_proxies_serves_until_down_leaves_nothing() {
+    let (_tmp, state, s) = up(&[]);
+    let state_arg = arg(&state);
     let (cells, http) = (strings(&s["cells"]), strings(&s["http"]));
     assert_eq!(
         (cells.len(), http.len(), strings(&s["grpc"]).len()),
@@ -182,4 +183,64 @@ fn bad_flags_get_a_clear_error_and_start_nothing() {
             text(&out)
         );
     }
+}
+
+#[tokio::test]
+async fn two_cells_come_up_and_a_prefix_moves_between_them_under_load() {
+    // Issue 33: `cluster up --cell-groups 2` starts two cells behind the
+    // proxies and names the second in the directory; the `move` scenario
+    // moves a prefix there and back while writers, sessions and lock
+    // contenders work under it.
+    let (_tmp, state, s) = up(&["--cell-groups", "2"]);
+    let state_arg = arg(&state);
+    let dir = Path::new(s["dir"].as_str().expect("dir")).to_path_buf();
+    let http = strings(&s["http"]);
+    let directory = http_get(&http[1], "/v1/admin/directory").await;
+    assert!(
+        directory
+            .as_deref()
+            .is_some_and(|d| d.contains(r#""name":"cell2""#)),
+        "{directory:?}"
+    );
+
+    let moved = loadtest(&[
+        "move",
+        "--state",
+        state_arg,
+        "--duration",
+        "12s",
+        "--moves",
+        "2",
+        "--writers",
+        "4",
+        "--sessions",
+        "8",
+        "--contenders",
+        "2",
+    ]);
+    let stdout = String::from_utf8_lossy(&moved.stdout);
+    let result: serde_json::Value = stdout
+        .lines()
+        .find(|l| l.starts_with('{'))
+        .and_then(|l| serde_json::from_str(l).ok())
+        .unwrap_or_else(|| panic!("no result line: {}", text(&moved)));
+    assert!(moved.status.success(), "{}", text(&moved));
+    assert_eq!(result["moves"], 2, "both moves went through: {result}");
+    for counter in ["lost_writes", "sessions_expired", "lock_violations"] {
+        assert_eq!(result[counter], 0, "{counter}: {result}");
+    }
+    assert!(
+        result["move_pause_max_ms"]
+            .as_f64()
+            .is_some_and(|p| p > 0.0),
+        "each move reported its pause: {result}"
+    );
+    for (what, least) in [("lock_grants", 1), ("keep_alives", 1), ("writers", 4)] {
+        assert!(
+            result[what].as_u64().is_some_and(|n| n >= least),
+            "{what}: {result}"
+        );
+    }
+
+    down_leaves_nothing(&state, &dir);
 }

@@ -210,7 +210,8 @@ impl UpstreamLocks {
 
     /// The first revision after `after` on the coalesced watch `watched`
     /// whose events `counts`; 0 when the watch was cut short (history gone,
-    /// or it fell behind): the caller reads again and waits from there.
+    /// it fell behind, or a move took the keys to another cell): the caller
+    /// reads again and waits from there.
     async fn first_change(
         &self,
         watched: WatchKey,
@@ -231,6 +232,14 @@ impl UpstreamLocks {
                 }
                 Some(Item::Progress(_)) => {}
                 Some(Item::Cancelled(Cancel::Compacted { .. })) | None => return Ok(0),
+                // A move took the queue to another cell: the read again
+                // goes there (held through the move's pause), and so does
+                // the next wait.
+                Some(Item::Cancelled(Cancel::Ended { reason }))
+                    if latchkey_shared::directory::moved_away(&reason) =>
+                {
+                    return Ok(0)
+                }
                 Some(Item::Cancelled(Cancel::Ended { reason })) => {
                     return Err(ApiError::unavailable(format!(
                         "the watch behind a lock or election wait ended: {reason}"

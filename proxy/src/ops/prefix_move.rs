@@ -261,8 +261,9 @@ async fn copy_and_follow(
     let coalescer = state.coalescers.of(&state.upstream, source);
     let key = WatchKey::new(range.start.clone(), range.end.clone(), &[], false)?.on_the_leader();
     let mut follower = Follower {
-        changes: coalescer.subscribe(key, r0 + 1).await?,
+        changes: coalescer.subscribe(key.clone(), r0 + 1).await?,
         coalescer,
+        key,
         applied: r0,
         followed: 0,
     };
@@ -341,6 +342,8 @@ const MERGE: usize = 512;
 /// The source's changes under the prefix, applied to the target.
 struct Follower {
     coalescer: std::sync::Arc<crate::watch::coalescer::Coalescer>,
+    /// The prefix, as the shared watch's key.
+    key: WatchKey,
     changes: crate::watch::coalescer::Subscription,
     /// Every source revision through this one is in the target.
     applied: i64,
@@ -381,6 +384,9 @@ impl Follower {
             let mut last: BTreeMap<Vec<u8>, Option<PbKeyValue>> = BTreeMap::new();
             let mut item = first;
             let mut merged = 0;
+            // The subscription closed without a cancel: it fell behind the
+            // shared watch's queue (under heavy writes, while it applied).
+            let mut closed = false;
             loop {
                 match item {
                     Some(Item::Events(revision)) => {
@@ -407,9 +413,8 @@ impl Follower {
                     }
                     Some(Item::Cancelled(Cancel::Revoked(e))) => return Err(e),
                     None => {
-                        return Err(ApiError::unavailable(
-                            "the move's watch of the source ended; nothing was switched",
-                        ))
+                        closed = true;
+                        break;
                     }
                 }
                 merged += 1;
@@ -441,6 +446,15 @@ impl Follower {
                 puts.into_iter().filter_map(|(_, kv)| kv).collect(),
             )
             .await?;
+            if closed {
+                // Everything through `applied` is in the target: go on
+                // from the next revision (caught up by a watch of its own
+                // if the shared one has moved past it).
+                self.changes = self
+                    .coalescer
+                    .subscribe(self.key.clone(), self.applied + 1)
+                    .await?;
+            }
         }
         Ok(())
     }

@@ -720,3 +720,71 @@ async fn a_prefix_moves_under_load_losing_nothing() {
         slowest.as_millis()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_directory_command_line_shows_and_changes_the_directory() {
+    let home = Cluster::start(cell_binary(), 1, &[]).await;
+    let other = Cluster::start(cell_binary(), 1, &[]).await;
+    let p = ProxyProcess::start(proxy_bin(), &member_addrs(&home), &[]).await;
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new(proxy_bin())
+            .arg("directory")
+            .args(args)
+            .args(["--proxy", p.http.as_str()])
+            .output()
+            .expect("run latchkey-proxy directory");
+        let answer: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        (out.status.code(), answer, stderr)
+    };
+
+    let endpoints = member_addrs(&other).join(",");
+    let (code, answer, err) = cli(&["add-cell", "b", &endpoints]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(answer["cells"][0]["name"], "b", "{answer}");
+    let (code, answer, err) = cli(&["assign", "jobs/", "b"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(
+        answer["prefixes"],
+        json!([{"prefix": "jobs/", "cell": "b"}])
+    );
+
+    // A prefix with a key moves with it.
+    let mut client = connect_anonymous(&format!("http://{}", p.grpc)).await;
+    client.put("mv/1", "here", None).await.expect("put");
+    let (code, answer, err) = cli(&["move", "mv/", "b"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(answer["from"], "home", "{answer}");
+    assert!(answer["pause_ms"].as_u64().is_some(), "{answer}");
+    assert_eq!(value_in(&other, "mv/1").await, Ok(Some("here".into())));
+    let got = client
+        .get("mv/1", None)
+        .await
+        .expect("read through the proxy");
+    assert_eq!(got.kvs()[0].value_str().expect("utf-8"), "here");
+
+    let (code, answer, err) = cli(&["show"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(answer["version"], 3, "{answer}");
+    assert_eq!(
+        answer["prefixes"],
+        json!([{"prefix": "jobs/", "cell": "b"}, {"prefix": "mv/", "cell": "b"}])
+    );
+
+    // Refused by the proxy: exit 1 with its reason, nothing changed.
+    let (code, _, err) = cli(&["move", "mv/", "nowhere"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("nowhere"), "{err}");
+    assert_eq!(cli(&["show"]).1["version"], 3);
+    // No proxy there, or a wrong command line: exit 2.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let nobody = closed.local_addr().expect("addr").to_string();
+    drop(closed);
+    let out = std::process::Command::new(proxy_bin())
+        .args(["directory", "show", "--proxy", nobody.as_str()])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no answer from the proxy"));
+    assert_eq!(cli(&["add-cell", "c"]).0, Some(2), "no endpoints");
+}
