@@ -57,7 +57,13 @@ impl PbLeaseService for LeaseService {
                     .map(|l| l.keys.iter().cloned().collect())
                     .unwrap_or_default()
             });
-            for key in keys {
+            // latchkey's own records on the lease (a proxy's record of the
+            // cells a session spans) go with it: they are the system's, not
+            // keys the caller must be allowed to write.
+            let own = keys
+                .into_iter()
+                .filter(|k| !latchkey_shared::key_range::is_reserved(k));
+            for key in own {
                 caller.require(Need::Write, &KeyRange::single(key))?;
             }
         }

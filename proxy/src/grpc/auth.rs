@@ -45,14 +45,18 @@ service! {
             let client = latchkey_shared::tls::RemotePeer::of(&request).map(|p| p.addr);
             let cell = self.state.upstream.home().clone();
             let token = crate::ops::auth::client_token();
+            let asked = request.into_inner();
             let forwarded = cell.call_as(
                 crate::upstream::Who::Client(token.as_deref()),
                 crate::upstream::Route::Leader,
                 crate::upstream::Kind::Read,
                 AUTHENTICATE,
-                request.into_inner(),
+                asked.clone(),
             );
-            let answer = crate::ops::auth::limited_authenticate(&self.state, client, forwarded).await;
+            let answer = match crate::ops::auth::limited_authenticate(&self.state, client, forwarded).await {
+                Ok(home) => Ok(crate::ops::auth::for_every_cell(&self.state, &asked, home).await),
+                Err(e) => Err(e),
+            };
             super::answer(answer)
         }
     }

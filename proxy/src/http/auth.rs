@@ -47,18 +47,20 @@ pub async fn token(
     Client(client): Client,
     Json(req): Json<TokenRequest>,
 ) -> Answer<TokenAnswer> {
+    let asked = AuthenticateRequest {
+        name: req.name,
+        password: req.password,
+    };
     let forwarded = state.upstream.home().call_as(
         Who::Client(None),
         Route::Leader,
         Kind::Read,
         AUTHENTICATE,
-        AuthenticateRequest {
-            name: req.name,
-            password: req.password,
-        },
+        asked.clone(),
     );
     let answered: AuthenticateResponse =
         crate::ops::auth::limited_authenticate(&state, client, forwarded).await?;
+    let answered = crate::ops::auth::for_every_cell(&state, &asked, answered).await;
     answer(TokenAnswer {
         token: answered.token,
         ttl_seconds: TOKEN_TTL.as_secs(),

@@ -110,6 +110,41 @@ pub async fn limited_authenticate<T>(
     answer
 }
 
+/// A user's `request` that home answered with `answer`, asked of every
+/// other cell the directory names too: the token answered carries a token
+/// of each cell that authenticated the user ([`crate::upstream::cell_tokens`]),
+/// so one token works wherever the directory routes the client's requests.
+/// A cell that does not (no such user there, or authentication off) is
+/// left out. With one cell the answer is home's as it is.
+pub async fn for_every_cell(
+    state: &crate::state::ProxyState,
+    request: &latchkey_shared::auth_pb::AuthenticateRequest,
+    mut answer: latchkey_shared::auth_pb::AuthenticateResponse,
+) -> latchkey_shared::auth_pb::AuthenticateResponse {
+    let cells = state.upstream.cells();
+    if cells.len() < 2 {
+        return answer;
+    }
+    let asked = cells.iter().skip(1).map(|cell| async move {
+        let got: Result<latchkey_shared::auth_pb::AuthenticateResponse, ApiError> = cell
+            .call_as(
+                Who::Client(None),
+                Route::Leader,
+                Kind::Read,
+                latchkey_shared::etcd_methods::auth::AUTHENTICATE,
+                request.clone(),
+            )
+            .await;
+        got.ok().zip(cell.cell_id()).map(|(a, id)| (id, a.token))
+    });
+    let others = futures::future::join_all(asked).await;
+    let home = state.upstream.home().cell_id().unwrap_or(0);
+    let mut parts = vec![(home, answer.token.clone())];
+    parts.extend(others.into_iter().flatten());
+    answer.token = crate::upstream::cell_tokens::join(&parts);
+    answer
+}
+
 /// A compare that never holds (no key has a negative version), on a key
 /// the client must be able to read anyway: a probe with it takes its
 /// empty failure branch and writes nothing, after the cell has checked
@@ -214,7 +249,15 @@ async fn probe_read(cell: &Cell, range: &KeyRange) -> Result<(), ApiError> {
 pub async fn read_permit(state: &ProxyState, range: &KeyRange) -> Result<ReadPermit, ApiError> {
     super::rates::charge(state, || vec![range.clone()]).await?;
     let tenant_watch = state.tenant_limits.hold_watch(range)?;
-    let permit = match probe(state, || probe_read(state.upstream.home(), range)).await? {
+    // Asked of the cell that holds the range; checked again later against
+    // home's auth records (every cell is to have the same users and roles).
+    let permit = match state
+        .upstream
+        .routed(std::slice::from_ref(range), |cell| async move {
+            probe(&cell, || probe_read(&cell, range)).await
+        })
+        .await?
+    {
         Probed::Skipped { known } => {
             state
                 .read_permits
@@ -231,7 +274,7 @@ pub async fn read_permit(state: &ProxyState, range: &KeyRange) -> Result<ReadPer
 /// read (the audit stream).
 pub async fn admin_permit(state: &ProxyState, range: &KeyRange) -> Result<ReadPermit, ApiError> {
     Ok(
-        match probe(state, || probe_admin(state.upstream.home())).await? {
+        match probe(state.upstream.home(), || probe_admin(state.upstream.home())).await? {
             Probed::Skipped { known } => {
                 state
                     .read_permits
@@ -253,12 +296,11 @@ enum Probed {
     Allowed,
 }
 
-/// Runs `probe` unless the cell has authentication off.
+/// Runs `probe` unless `cell` has authentication off.
 async fn probe<F: Future<Output = Result<(), ApiError>>>(
-    state: &ProxyState,
+    cell: &Cell,
     probe: impl FnOnce() -> F,
 ) -> Result<Probed, ApiError> {
-    let cell = state.upstream.home();
     // The version first: the status task stores "on" before the version,
     // so a version read before "off" is one under which it was off.
     let known = cell.auth_revision() as i64;

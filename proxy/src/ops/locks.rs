@@ -26,14 +26,19 @@ pub struct UpstreamLocks {
 
 /// Whether this task's client may have `access` to a lock's or an
 /// election's `range`, which the proxy then uses with its own identity:
-/// charged to the range's tenant, then asked of the cell.
+/// charged to the range's tenant, then asked of the range's cell.
 pub async fn permit(state: &ProxyState, access: Access, range: &KeyRange) -> Result<(), ApiError> {
     super::rates::charge(state, || vec![range.clone()]).await?;
-    let cell = state.upstream.home();
-    match access {
-        Access::Read => super::auth::require_read(cell, range).await,
-        Access::ReadWrite => super::auth::require_read_write(cell, range).await,
-    }
+    // Asked of the cell that holds the range (held through a move's pause).
+    state
+        .upstream
+        .routed(std::slice::from_ref(range), |cell| async move {
+            match access {
+                Access::Read => super::auth::require_read(&cell, range).await,
+                Access::ReadWrite => super::auth::require_read_write(&cell, range).await,
+            }
+        })
+        .await
 }
 
 impl LockBackend for UpstreamLocks {

@@ -62,6 +62,8 @@ async fn requester(state: &ProxyState, cell: &Cell) -> Result<Requester<Arc<str>
         }
         return Ok(Requester::Unverified);
     };
+    // Of a token joined for several cells, this cell's part.
+    let token: Arc<str> = crate::upstream::cell_tokens::for_cell(&token, cell.cell_id()).into();
     if let Some(user) = cell.accepted_tokens.user(&token) {
         return Ok(Requester::User(user));
     }

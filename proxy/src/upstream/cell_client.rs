@@ -116,7 +116,18 @@ pub struct CellClient {
     auth_revision: tokio::sync::watch::Sender<u64>,
     /// Client tokens the cell accepted while authentication was on.
     pub accepted_tokens: AcceptedTokens,
+    /// Whether the proxy's own identity here is settled: true unless a
+    /// `upstream::identity` task runs for the cell and has not yet learned
+    /// whether authentication is on (and, when it is and the proxy has a
+    /// user, authenticated). The proxy's own calls wait for it, within
+    /// [`IDENTITY_WAIT`], so a cell's client made for a directory change
+    /// does not send its first calls before it has a token.
+    identity_settled: tokio::sync::watch::Sender<bool>,
 }
+
+/// How long the proxy's own calls wait for its identity in a cell to be
+/// settled before they go without (and are refused if a token was due).
+const IDENTITY_WAIT: Duration = Duration::from_secs(2);
 
 const AUTH_UNKNOWN: u8 = 0;
 const AUTH_OFF: u8 = 1;
@@ -186,7 +197,28 @@ impl CellClient {
             auth: AtomicU8::new(AUTH_UNKNOWN),
             auth_revision: tokio::sync::watch::Sender::new(0),
             accepted_tokens: AcceptedTokens::default(),
+            identity_settled: tokio::sync::watch::Sender::new(true),
         })
+    }
+
+    /// An identity task starts for the cell: the proxy's own calls wait
+    /// for [`settle_identity`](Self::settle_identity).
+    pub fn unsettle_identity(&self) {
+        self.identity_settled.send_replace(false);
+    }
+
+    /// The identity task has learned whether authentication is on and, if
+    /// it is, tried to authenticate.
+    pub fn settle_identity(&self) {
+        self.identity_settled.send_replace(true);
+    }
+
+    /// Waits (within [`IDENTITY_WAIT`]) until the proxy's identity here is
+    /// settled.
+    async fn identity(&self) {
+        let mut settled = self.identity_settled.subscribe();
+        let wait = IDENTITY_WAIT.min(self.request_timeout);
+        let _ = tokio::time::timeout(wait, settled.wait_for(|s| *s)).await;
     }
 
     /// Whether the cell may have authentication on: it said so when last
@@ -365,6 +397,21 @@ impl CellClient {
         Resp: prost::Message + Default + Send + Sync + HasHeader + 'static,
     {
         let started = Instant::now();
+        // A client's token joined for several cells: this cell's part.
+        let who = match who {
+            Who::Client(Some(token)) => {
+                Who::Client(Some(super::cell_tokens::for_cell(token, self.cell_id())))
+            }
+            other => other,
+        };
+        let needs_identity = !matches!(
+            path,
+            latchkey_shared::etcd_methods::auth::AUTH_STATUS
+                | latchkey_shared::etcd_methods::auth::AUTHENTICATE
+        );
+        if matches!(who, Who::Proxy) && needs_identity {
+            self.identity().await;
+        }
         let result = self
             .retrying(route, kind, path, |member, deadline| {
                 let channel = self.members[member].channel.clone();

@@ -48,6 +48,7 @@ impl CellMaker {
     pub fn start(&self, cell: &Cell) {
         cell.own_credentials
             .set_proxy_key(self.proxy_key.as_deref());
+        cell.unsettle_identity();
         let tracker = LeaderTracker { cell: cell.clone() };
         self.lifecycle.spawn_owned(|token| tracker.run(token));
         let identity = CellIdentity {

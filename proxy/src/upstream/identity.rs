@@ -55,10 +55,12 @@ impl CellIdentity {
                 Err(_) => continue,
             };
             let Some(credentials) = &self.credentials else {
+                self.cell.settle_identity();
                 continue;
             };
             let stale = issued.is_none_or(|at| at.elapsed() >= TOKEN_TTL / 2);
             if !on || !stale {
+                self.cell.settle_identity();
                 continue;
             }
             let answer: Result<AuthenticateResponse, _> = self
@@ -76,9 +78,13 @@ impl CellIdentity {
             match answer {
                 Ok(a) => {
                     self.cell.own_credentials.set(Some(&a.token));
+                    self.cell.settle_identity();
                     issued = Some(Instant::now());
                 }
                 Err(e) => {
+                    // The proxy's own calls go on without a token (and are
+                    // refused) rather than wait for one that does not come.
+                    self.cell.settle_identity();
                     // Once a minute: a wrong password is an operator's
                     // mistake, not a flood of lines.
                     if warned.is_none_or(|at| at.elapsed() >= Duration::from_secs(60)) {

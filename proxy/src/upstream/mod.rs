@@ -7,6 +7,7 @@
 //!   member ids, the leader and which members are up.
 //! - [`identity`]: [`CellIdentity`], one task per cell that learns whether
 //!   it has authentication on and keeps the proxy's own token fresh.
+//! - [`cell_tokens`]: one client token with a part for each cell.
 //! - [`accepted_tokens`]: the client tokens a cell accepted, with their
 //!   users, for what the proxy does per user before it asks the cell.
 //! - [`directory`]: [`CellMaker`] and what a proxy does with the directory
@@ -21,6 +22,7 @@
 
 pub mod accepted_tokens;
 pub mod cell_client;
+pub mod cell_tokens;
 pub mod directory;
 pub mod identity;
 pub mod leader_tracker;

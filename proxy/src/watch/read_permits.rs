@@ -199,7 +199,13 @@ impl ReadPermits {
                     .map(|((reader, range, admin), _)| {
                         let (user, token, at_unix_ms) = match reader {
                             Reader::User(user) => (user.to_string(), String::new(), 0),
-                            Reader::Token(token, at) => (String::new(), token.to_string(), *at),
+                            Reader::Token(token, at) => {
+                                // Of a token joined for several cells,
+                                // this cell's part.
+                                let token =
+                                    crate::upstream::cell_tokens::for_cell(token, cell.cell_id());
+                                (String::new(), token.to_string(), *at)
+                            }
                         };
                         ReadCheck {
                             user,

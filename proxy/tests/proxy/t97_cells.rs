@@ -788,3 +788,175 @@ async fn the_directory_command_line_shows_and_changes_the_directory() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("no answer from the proxy"));
     assert_eq!(cli(&["add-cell", "c"]).0, Some(2), "no endpoints");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_cells_with_authentication_on_route_act_as_the_client_and_move() {
+    use latchkey_testkit::auth_matrix::{self, NOBODY, PROXY, READER, ROOT, WORKER};
+    // Each cell has the same users and roles and authentication on (set
+    // up in each: one set for every cell is not built); b's keys the
+    // matrix writes are removed, so b starts empty.
+    let home = Cluster::start(cell_binary(), 1, &[]).await;
+    let other = Cluster::start(cell_binary(), 1, &[]).await;
+    for cell in [&home, &other] {
+        auth_matrix::configure(&format!("http://{}", cell.members[0].client)).await;
+    }
+    let mut root_b =
+        auth_matrix::connect_as(&format!("http://{}", other.members[0].client), ROOT).await;
+    for prefix in ["jobs/", "config/"] {
+        root_b
+            .delete(
+                prefix,
+                Some(etcd_client::DeleteOptions::new().with_prefix()),
+            )
+            .await
+            .expect("empty b");
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let password = dir.path().join("cell-password");
+    std::fs::write(&password, format!("{}\n", PROXY.1)).expect("password file");
+    let p = ProxyProcess::start(
+        proxy_bin(),
+        &member_addrs(&home),
+        &[
+            "--cell-user",
+            PROXY.0,
+            "--cell-password-file",
+            password.to_str().expect("utf-8"),
+        ],
+    )
+    .await;
+    let grpc = format!("http://{}", p.grpc);
+    auth_matrix::wait_until_proxy_enforces(&grpc).await;
+
+    // The directory is root's: another user's token is refused, with the
+    // command line too.
+    let http = reqwest::Client::new();
+    let token = |who: (&'static str, &'static str)| {
+        let http = http.clone();
+        let url = format!("http://{}/v1/auth/token", p.http);
+        async move {
+            let resp = http
+                .post(url)
+                .json(&json!({"name": who.0, "password": who.1}))
+                .send()
+                .await
+                .expect("token");
+            let body: Value = resp.json().await.expect("json");
+            body["token"].as_str().expect("token").to_string()
+        }
+    };
+    let (root, worker) = (token(ROOT).await, token(WORKER).await);
+    let admin = |path: &str, body: Value, bearer: &str| {
+        let req = http
+            .request(
+                if path.ends_with("moves") {
+                    reqwest::Method::POST
+                } else {
+                    reqwest::Method::PUT
+                },
+                format!("http://{}/v1/admin/directory{path}", p.http),
+            )
+            .bearer_auth(bearer)
+            .json(&body);
+        async move {
+            let resp = req.send().await.expect("directory change");
+            let status = resp.status().as_u16();
+            (status, resp.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    };
+    let endpoints = json!({"endpoints": member_addrs(&other)});
+    let (status, body) = admin("/cells/b", endpoints.clone(), &worker).await;
+    assert_eq!(status, 403, "{body}");
+    let (status, body) = admin("/cells/b", endpoints, &root).await;
+    assert_eq!(status, 200, "{body}");
+    let cli = |bearer: Option<&str>| {
+        let mut cmd = std::process::Command::new(proxy_bin());
+        cmd.args(["directory", "show", "--proxy", p.http.as_str()]);
+        if let Some(t) = bearer {
+            cmd.args(["--token", t]);
+        }
+        cmd.output().expect("run").status.code()
+    };
+    assert_eq!(cli(Some(&root)), Some(0));
+    assert_eq!(cli(None), Some(1), "no token: refused");
+
+    // jobs/ moves to b with its key (written by root in home).
+    let (status, body) = admin("/moves", json!({"prefix": "jobs/", "cell": "b"}), &root).await;
+    assert_eq!(status, 200, "{body}");
+
+    // In b, each request runs as its client: the worker reads and writes
+    // jobs/ and takes a lock there on a session; the reader may not write
+    // it; nobody may not read it.
+    let mut w = auth_matrix::connect_as(&grpc, WORKER).await;
+    let moved = w
+        .get("jobs/a", None)
+        .await
+        .expect("worker reads jobs/ in b");
+    assert_eq!(moved.kvs()[0].value_str().expect("utf-8"), "root-job");
+    w.put("jobs/b", "by the worker", None)
+        .await
+        .expect("worker writes jobs/ in b");
+    assert_eq!(
+        eventually_in(&other, "jobs/b").await,
+        None,
+        "anonymous reads of b are refused with authentication on"
+    );
+    let in_b = root_b.get("jobs/b", None).await.expect("root reads b");
+    assert_eq!(in_b.kvs()[0].value_str().expect("utf-8"), "by the worker");
+    let lease = w.lease_grant(30, None).await.expect("grant").id();
+    let opts = etcd_client::LockOptions::new().with_lease(lease);
+    let held = w.lock("jobs/lock", Some(opts)).await.expect("lock in b");
+    assert!(held.key().starts_with(b"jobs/lock/"));
+    let mut r = auth_matrix::connect_as(&grpc, READER).await;
+    let refused = r.put("jobs/c", "no", None).await.expect_err("reader");
+    assert_eq!(code(&refused), Code::PermissionDenied, "{refused}");
+    let mut n = auth_matrix::connect_as(&grpc, NOBODY).await;
+    let refused = n.get("jobs/a", None).await.expect_err("nobody");
+    assert_eq!(code(&refused), Code::PermissionDenied, "{refused}");
+    // A watch of b's prefix is allowed as the client: the worker's sees
+    // its own write; nobody's is refused.
+    let mut watching = w
+        .watch("jobs/", Some(WatchOptions::new().with_prefix()))
+        .await
+        .expect("worker watches jobs/ in b");
+    let created = watching.message().await.expect("watch").expect("created");
+    assert!(!created.canceled(), "{created:?}");
+    w.put("jobs/watched", "seen", None).await.expect("put");
+    let seen = tokio::time::timeout(std::time::Duration::from_secs(10), watching.message())
+        .await
+        .expect("an event within 10 s")
+        .expect("watch")
+        .expect("event");
+    assert_eq!(seen.events()[0].kv().expect("kv").key(), b"jobs/watched");
+    let mut refused = n
+        .watch("jobs/", Some(WatchOptions::new().with_prefix()))
+        .await
+        .expect("watch stream");
+    let first = refused.message().await.expect("watch").expect("answer");
+    assert!(
+        first.canceled(),
+        "nobody's watch of jobs/ is refused: {first:?}"
+    );
+    // Home's keys are still home's, under the same rules.
+    let mut reader_home = r.clone();
+    let config = reader_home
+        .get("config/a", None)
+        .await
+        .expect("reader reads config/ in home");
+    assert_eq!(config.kvs()[0].value_str().expect("utf-8"), "root-config");
+    w.unlock(held.key()).await.expect("unlock");
+    // The worker may revoke its own session, which spans both cells
+    // (latchkey's record of that in home is not a key it must be allowed
+    // to write); it ends in b too.
+    w.lease_revoke(lease).await.expect("revoke");
+    let mut gone = false;
+    for _ in 0..50 {
+        let ttl = root_b.lease_time_to_live(lease, None).await.expect("ttl");
+        if ttl.ttl() < 0 {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(gone, "the session ended in b within 5 s of its revoke");
+}
