@@ -139,9 +139,9 @@ pub async fn put_kv(
         ..Default::default()
     };
     let compares = preconditions(key.as_bytes(), &params)?;
-    let cell = state
-        .upstream
-        .route(&[KeyRange::single(key.as_bytes().to_vec())])?;
+    let ranges = [KeyRange::single(key.as_bytes().to_vec())];
+    // Refused at once if the key is in no cell the directory names.
+    state.upstream.route(&ranges)?;
     let guard = idempotency::guard(&state, keyed.as_ref()).await?;
     if compares.is_empty() && guard.is_none() {
         let resp = ops::kv::put(&state, client, put)
@@ -164,10 +164,16 @@ pub async fn put_kv(
             })),
         }],
     };
-    let resp = match idempotency::txn(&state, client, &cell, guard.as_ref(), txn)
-        .await
-        .map_err(session_gone)?
-    {
+    // In the key's cell, held through a move's pause as every write is (a
+    // cell refuses what it does not own before it applies anything).
+    let committed = state
+        .upstream
+        .routed(&ranges, |cell| {
+            let (state, txn, guard) = (&state, txn.clone(), guard.as_ref());
+            async move { idempotency::txn(state, client, &cell, guard, txn).await }
+        })
+        .await;
+    let resp = match committed.map_err(session_gone)? {
         Committed::Now(resp) => resp,
         Committed::Before(record, header) if record.succeeded => {
             return answer(PutAnswer {

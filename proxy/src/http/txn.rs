@@ -282,14 +282,24 @@ pub async fn txn(
             .map(op_pb)
             .collect::<Result<_, _>>()?,
     };
-    let cell = state
-        .upstream
-        .route(&crate::ops::rates::txn_ranges(&request))?;
+    let ranges = crate::ops::rates::txn_ranges(&request);
+    // Refused at once if its keys span cells.
+    state.upstream.route(&ranges)?;
     let guard = idempotency::guard(&state, keyed.as_ref()).await?;
-    match idempotency::txn(&state, client, &cell, guard.as_ref(), request)
+    // In its keys' cell, held through a move's pause as every write is (a
+    // cell refuses what it does not own before it applies anything).
+    let (cell, committed) = state
+        .upstream
+        .routed(&ranges, |cell| {
+            let (state, request, guard) = (&state, request.clone(), guard.as_ref());
+            async move {
+                let committed = idempotency::txn(state, client, &cell, guard, request).await?;
+                Ok((cell, committed))
+            }
+        })
         .await
-        .map_err(session_gone)?
-    {
+        .map_err(session_gone)?;
+    match committed {
         Committed::Now(resp) => {
             let done = answer_of(resp);
             if let Some(guard) = &guard {

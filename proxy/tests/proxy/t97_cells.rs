@@ -489,6 +489,27 @@ async fn write_until(
     (n, acked)
 }
 
+/// [`write_until`] over HTTP with `?if_absent=true` (a txn in the proxy):
+/// how many keys were written (a 412 is a write whose earlier answer was
+/// lost, already there), and every other status answered.
+async fn http_write_until(
+    http: String,
+    prefix: String,
+    run: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> (u64, Vec<u16>) {
+    let client = reqwest::Client::new();
+    let (mut n, mut other) = (0u64, Vec::new());
+    while run.load(std::sync::atomic::Ordering::Relaxed) {
+        let url = format!("http://{http}/v1/kv/{prefix}/{:06}?if_absent=true", n + 1);
+        match client.put(url).body("v").send().await.map(|r| r.status()) {
+            Ok(s) if s == 200 || s == 412 => n += 1,
+            Ok(s) => other.push(s.as_u16()),
+            Err(_) => {}
+        }
+    }
+    (n, other)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prefix_moves_under_load_losing_nothing() {
     let home = Cluster::start(cell_binary(), 3, &[]).await;
@@ -564,6 +585,12 @@ async fn a_prefix_moves_under_load_losing_nothing() {
         )));
     }
     let elsewhere = tokio::spawn(write_until(c1.clone(), "config/w".into(), run.clone()));
+    // Conditional puts over HTTP (a txn in the proxy) on the prefix too.
+    let conditional = tokio::spawn(http_write_until(
+        p1.http.clone(),
+        "jobs/h".into(),
+        run.clone(),
+    ));
     tokio::time::sleep(std::time::Duration::from_millis(800)).await;
 
     let started = std::time::Instant::now();
@@ -641,6 +668,23 @@ async fn a_prefix_moves_under_load_losing_nothing() {
         .await
         .expect("count");
     assert_eq!(seeds.count(), 200);
+
+    // HTTP's conditional puts waited out the pause as the others did:
+    // none was refused as another cell's, none acknowledged was lost.
+    let (last, refused) = conditional.await.expect("http writer");
+    assert!(last > 0, "the HTTP writer wrote");
+    assert!(
+        refused.is_empty(),
+        "HTTP conditional puts answered other than 200 or 412: {refused:?}"
+    );
+    let got = reader
+        .get(
+            "jobs/h/",
+            Some(GetOptions::new().with_prefix().with_count_only()),
+        )
+        .await
+        .expect("count");
+    assert!(got.count() as u64 >= last, "{} of {last}", got.count());
 
     // The other prefix went on while this one paused.
     let (_, config_acks) = elsewhere.await.expect("writer");
