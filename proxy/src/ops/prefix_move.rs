@@ -252,9 +252,14 @@ async fn copy_and_follow(
 ) -> Result<(Follower, usize), ApiError> {
     // 2. Copy at one revision, each key with its create revision and
     // version (a lock queue keeps its order, a holder its token).
-    let (kvs, r0) = source.read_all(range).await?;
-    let copied = kvs.len();
-    import(state, source, target, kvs).await?;
+    // Page by page: a proxy holds one page of the prefix, not all of it.
+    let mut pages = source.pages(range);
+    let mut copied = 0;
+    while let Some(page) = pages.next().await? {
+        copied += page.len();
+        import(state, source, target, page).await?;
+    }
+    let r0 = pages.revision();
 
     // 3. Follow from r0 + 1, in rounds, until a round has little left
     // to apply: then the fence's pause holds only that little.

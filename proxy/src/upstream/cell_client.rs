@@ -351,35 +351,24 @@ impl CellClient {
     /// Every live key of `range` at one revision (linearizable, as the
     /// proxy), read [`READ_ALL_PAGE`] keys at a time, with that revision.
     pub async fn read_all(&self, range: &KeyRange) -> Result<(Vec<PbKeyValue>, i64), ApiError> {
+        let mut pages = self.pages(range);
         let mut kvs = Vec::new();
-        let mut start = range.start.clone();
-        let mut at = 0;
-        loop {
-            let page: PbRangeResponse = self
-                .call(
-                    Route::Leader,
-                    Kind::Read,
-                    latchkey_shared::etcd_methods::kv::RANGE,
-                    PbRangeRequest {
-                        key: start.clone(),
-                        range_end: range.end.clone(),
-                        limit: READ_ALL_PAGE,
-                        revision: at,
-                        ..Default::default()
-                    },
-                )
-                .await?;
-            if at == 0 {
-                at = page.header.map_or(0, |h| h.revision);
-            }
-            let more = page.more;
-            if let Some(last) = page.kvs.last() {
-                start = [last.key.as_slice(), &[0]].concat();
-            }
-            kvs.extend(page.kvs);
-            if !more {
-                return Ok((kvs, at));
-            }
+        while let Some(page) = pages.next().await? {
+            kvs.extend(page);
+        }
+        Ok((kvs, pages.revision()))
+    }
+
+    /// The live keys of `range` at one revision, [`READ_ALL_PAGE`] at a
+    /// time: what a caller that handles each page before the next holds
+    /// in memory is one page.
+    pub fn pages<'a>(&'a self, range: &KeyRange) -> Pages<'a> {
+        Pages {
+            cell: self,
+            start: range.start.clone(),
+            end: range.end.clone(),
+            at: 0,
+            done: false,
         }
     }
 
@@ -520,6 +509,54 @@ impl CellClient {
 
 /// Keys per page of [`CellClient::read_all`].
 pub const READ_ALL_PAGE: i64 = 1000;
+
+/// [`CellClient::pages`]: the pages of a range at the revision of the
+/// first (linearizable, as the proxy).
+pub struct Pages<'a> {
+    cell: &'a CellClient,
+    start: Vec<u8>,
+    end: Vec<u8>,
+    /// The revision every page is read at (0 until the first).
+    at: i64,
+    done: bool,
+}
+
+impl Pages<'_> {
+    /// The next page, or `None` after the last.
+    pub async fn next(&mut self) -> Result<Option<Vec<PbKeyValue>>, ApiError> {
+        if self.done {
+            return Ok(None);
+        }
+        let page: PbRangeResponse = self
+            .cell
+            .call(
+                Route::Leader,
+                Kind::Read,
+                latchkey_shared::etcd_methods::kv::RANGE,
+                PbRangeRequest {
+                    key: self.start.clone(),
+                    range_end: self.end.clone(),
+                    limit: READ_ALL_PAGE,
+                    revision: self.at,
+                    ..Default::default()
+                },
+            )
+            .await?;
+        if self.at == 0 {
+            self.at = page.header.map_or(0, |h| h.revision);
+        }
+        self.done = !page.more;
+        if let Some(last) = page.kvs.last() {
+            self.start = [last.key.as_slice(), &[0]].concat();
+        }
+        Ok(Some(page.kvs))
+    }
+
+    /// The revision the pages are read at (0 before the first).
+    pub fn revision(&self) -> i64 {
+        self.at
+    }
+}
 
 /// An etcd response with a header (every one but a stream's later
 /// messages), so the proxy learns member ids, the cell id and revisions
