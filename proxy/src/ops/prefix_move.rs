@@ -312,6 +312,7 @@ async fn fence_and_switch(
     }
     let followed = follower.followed;
     drop(follower);
+    move_lock_delays(state, prefix, source, target).await?;
 
     // 5. The target's revisions continue above the source's.
     let _: RaiseRevisionResponse = resending(|| {
@@ -335,6 +336,34 @@ async fn fence_and_switch(
     let owning = next.ownership_of(to).with_arriving(vec![prefix.to_vec()]);
     write_ownership(target, owning, to).await?;
     Ok((followed, next))
+}
+
+/// The lock-delay records of the prefix's locks
+/// ([`latchkey_shared::lock::delay`]) go with them, read after the fence:
+/// a record is written and deleted in txns that name its holder's key,
+/// which the fence holds. The target's records under the prefix (left
+/// from an earlier stay there) are replaced. A record the source deletes
+/// after this (a new holder clearing the one it honoured) stays in the
+/// target: a newcomer may then wait one delay it did not owe, slower, never
+/// unsafe.
+async fn move_lock_delays(
+    state: &ProxyState,
+    prefix: &[u8],
+    source: &Cell,
+    target: &Cell,
+) -> Result<(), ApiError> {
+    let records = KeyRange::prefix(&latchkey_shared::lock::delay::record(prefix));
+    let clear = op(PbTxnOpRequest::RequestDeleteRange(PbDeleteRequest {
+        key: records.start.clone(),
+        range_end: records.end.clone(),
+        ..Default::default()
+    }));
+    delete(target, vec![clear]).await?;
+    let mut pages = source.pages(&records);
+    while let Some(page) = pages.next().await? {
+        import(state, source, target, page).await?;
+    }
+    Ok(())
 }
 
 /// Rounds of following before the fence, at most.

@@ -793,11 +793,47 @@ async fn the_directory_command_line_shows_and_changes_the_directory() {
         json!([{"prefix": "jobs/", "cell": "b"}])
     );
 
-    // A prefix with a key moves with it.
+    // A prefix with a key moves with it; and a lock-delay owed under it.
     let mut client = connect_anonymous(&format!("http://{}", p.grpc)).await;
     client.put("mv/1", "here", None).await.expect("put");
+    let http = reqwest::Client::new();
+    let api = format!("http://{}/v1", p.http);
+    let session = || async {
+        let resp = http
+            .post(format!("{api}/sessions"))
+            .json(&json!({"ttl": 30}))
+            .send()
+            .await
+            .expect("session");
+        let body: Value = resp.json().await.expect("json");
+        body["id"].as_str().expect("id").to_string()
+    };
+    let (holder, newcomer) = (session().await, session().await);
+    let delay = std::time::Duration::from_millis(3000);
+    let acquire = |s: String| {
+        let req = http
+            .post(format!("{api}/locks/mv%2Flk/acquire"))
+            .json(&json!({"session_id": s, "lock_delay_ms": delay.as_millis() as u64, "timeout_ms": 20000}));
+        async move { req.send().await.expect("acquire").status().as_u16() }
+    };
+    assert_eq!(acquire(holder.clone()).await, 200);
+    // The holder's session ends without a release: the delay is owed.
+    let ended = http
+        .delete(format!("{api}/sessions/{holder}"))
+        .send()
+        .await
+        .expect("revoke");
+    assert_eq!(ended.status().as_u16(), 200);
+    let expired = std::time::Instant::now();
     let (code, answer, err) = cli(&["move", "mv/", "b"]);
     assert_eq!(code, Some(0), "{err}");
+    // In b, the lock is not granted before the delay has passed.
+    assert_eq!(acquire(newcomer).await, 200);
+    let waited = expired.elapsed();
+    assert!(
+        waited >= delay,
+        "granted in b {waited:?} after the holder's expiry, inside its {delay:?} lock-delay"
+    );
     assert_eq!(answer["from"], "home", "{answer}");
     assert!(answer["pause_ms"].as_u64().is_some(), "{answer}");
     assert_eq!(value_in(&other, "mv/1").await, Ok(Some("here".into())));
