@@ -57,12 +57,13 @@ impl PbLeaseService for LeaseService {
                     .map(|l| l.keys.iter().cloned().collect())
                     .unwrap_or_default()
             });
-            // latchkey's own records on the lease (a proxy's record of the
-            // cells a session spans) go with it: they are the system's, not
-            // keys the caller must be allowed to write.
-            let own = keys
-                .into_iter()
-                .filter(|k| !latchkey_shared::key_range::is_reserved(k));
+            // A proxy's records of the cells this session spans go with it:
+            // they are the system's, not keys the caller must be allowed to
+            // write. Any other reserved key (a change lock's, an idempotency
+            // record's) still needs the permission, which only an admin or
+            // a proxy has.
+            let spans = latchkey_shared::directory::session_cells_of(id);
+            let own = keys.into_iter().filter(|k| !k.starts_with(&spans));
             for key in own {
                 caller.require(Need::Write, &KeyRange::single(key))?;
             }

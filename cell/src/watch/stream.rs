@@ -30,6 +30,7 @@ use crate::node::CellNode;
 use crate::ops::auth_gate::AuthGate;
 use crate::state_machine::watch_hub::{Changes, Notice};
 use latchkey_shared::auth::{Caller, Need};
+use latchkey_shared::directory::Ownership;
 use latchkey_shared::etcd_enums::{EventType, FilterType};
 use latchkey_shared::etcdpb::{PbEvent, PbWatchRequest, PbWatchRequestUnion, PbWatchResponse};
 use latchkey_shared::ApiError;
@@ -195,34 +196,36 @@ impl WatchStream {
                 // is cancelled as a revoked one is: its client re-reads
                 // through the cell that owns it now.
                 let ownership = self.node.state.read(|s| s.keys.ownership().cloned());
-                let revoked: Vec<(i64, String)> = self
-                    .watches
-                    .iter()
-                    .filter_map(|(id, w)| {
-                        let refused = self
-                            .caller
-                            .require(Need::Read, &w.range)
-                            .and_then(|()| {
-                                ownership
-                                    .as_ref()
-                                    .map_or(Ok(()), |o| o.check_read(&w.range))
-                            })
-                            .err()?;
-                        Some((id, refused.grpc_message().to_string()))
-                    })
-                    .collect();
-                for (id, reason) in revoked {
-                    if self.watches.remove(id).is_some() {
-                        metrics::gauge!(WATCHERS.name).decrement(1.0);
-                    }
-                    let mut resp = self.response(id, self.seen);
-                    resp.canceled = true;
-                    resp.cancel_reason = reason;
-                    self.send(resp).await?;
-                }
-                Ok(())
+                self.cancel_refused(ownership.as_ref()).await
             }
         }
+    }
+
+    /// Cancels every watch whose range the caller may no longer read or
+    /// the cell no longer owns by `ownership`, saying why.
+    async fn cancel_refused(&mut self, ownership: Option<&Ownership>) -> Result<(), Gone> {
+        let revoked: Vec<(i64, String)> = self
+            .watches
+            .iter()
+            .filter_map(|(id, w)| {
+                let refused = self
+                    .caller
+                    .require(Need::Read, &w.range)
+                    .and_then(|()| ownership.map_or(Ok(()), |o| o.check_read(&w.range)))
+                    .err()?;
+                Some((id, refused.grpc_message().to_string()))
+            })
+            .collect();
+        for (id, reason) in revoked {
+            if self.watches.remove(id).is_some() {
+                metrics::gauge!(WATCHERS.name).decrement(1.0);
+            }
+            let mut resp = self.response(id, self.seen);
+            resp.canceled = true;
+            resp.cancel_reason = reason;
+            self.send(resp).await?;
+        }
+        Ok(())
     }
 
     async fn send(&self, response: PbWatchResponse) -> Result<(), Gone> {
@@ -460,8 +463,25 @@ impl WatchStream {
         Ok(())
     }
 
-    /// Sends live revisions to the watches that want them.
+    /// Sends live revisions to the watches that want them. A revision that
+    /// changes the cell's ownership record ends, right after it, every
+    /// watch of a range the new record does not own: nothing the cell
+    /// applies later under that range (a later move's copy coming in, on a
+    /// member that was behind when the watch was made) reaches it.
     async fn deliver(&mut self, changes: &[&Changes]) -> Result<(), Gone> {
+        let mut from = 0;
+        for (i, c) in changes.iter().enumerate() {
+            if let Some(ownership) = new_ownership(c) {
+                self.deliver_run(&changes[from..=i]).await?;
+                self.cancel_refused(Some(&ownership)).await?;
+                from = i + 1;
+            }
+        }
+        self.deliver_run(&changes[from..]).await
+    }
+
+    /// [`deliver`](Self::deliver) of revisions that change no ownership.
+    async fn deliver_run(&mut self, changes: &[&Changes]) -> Result<(), Gone> {
         let Some(last) = changes.last().map(|c| c.revision) else {
             return Ok(());
         };
@@ -613,4 +633,13 @@ impl Drop for WatchStream {
         metrics::gauge!(WATCHERS.name).decrement(self.watches.len() as f64);
         metrics::gauge!(WATCH_STREAMS.name).decrement(1.0);
     }
+}
+
+/// The ownership record `changes` writes, if it writes one (a delete owns
+/// everything again, as a cell with no record does: `None` then too).
+fn new_ownership(changes: &Changes) -> Option<Ownership> {
+    let record = changes.events.iter().rev().find(|e| {
+        e.kv.key == latchkey_shared::directory::OWNERSHIP_KEY && matches!(e.kind, EventKind::Put)
+    })?;
+    Some(Ownership::decode(&record.kv.value).unwrap_or_else(|_| Ownership::nothing()))
 }

@@ -146,7 +146,7 @@ pub async fn move_prefix(
         };
         let lock = &lock;
         let commit_it = |d: Directory| async move { commit(home, lock, seen, &d).await };
-        super::prefix_move::run(state, prefix, &current, &next, commit_it).await
+        super::prefix_move::run(state, prefix, &current, &next, seen, commit_it).await
     }
     .await;
     lock.release(home).await;
@@ -302,11 +302,13 @@ const RESEND_WITHIN: Duration = Duration::from_secs(10);
 /// Its wait between sends.
 const RESEND_PAUSE: Duration = Duration::from_millis(100);
 
-/// `call` sent again while it fails without a verdict on the request
-/// (nothing happened, or the outcome is unknown: a leader change), for
-/// [`RESEND_WITHIN`]: only for a request that a second application leaves
-/// as one did (a whole ownership record, a revision raise, an import of
-/// the same keys), so that a move rides out an election in either cell.
+/// `call` sent again while it fails saying nothing happened (no leader
+/// yet, a member that could not take it), for [`RESEND_WITHIN`], so that a
+/// move rides out an election in either cell. Never after an unknown
+/// outcome: a first attempt that lands late could then land after the
+/// steps that followed (an old import over a newer one, an ownership record
+/// over the undo's); the move fails instead and is undone, and a late
+/// write then meets a cell that no longer takes it.
 pub(super) async fn resending<T, F, Fut>(mut call: F) -> Result<T, ApiError>
 where
     F: FnMut() -> Fut,
@@ -316,7 +318,7 @@ where
     loop {
         match call().await {
             Err(e)
-                if e.retry() != latchkey_shared::error::Retry::Never
+                if e.retry() == latchkey_shared::error::Retry::Safe
                     && tokio::time::Instant::now() + RESEND_PAUSE < deadline =>
             {
                 tokio::time::sleep(RESEND_PAUSE).await;

@@ -100,6 +100,7 @@ pub async fn run<C, F>(
     prefix: &[u8],
     current: &Directory,
     next: &Directory,
+    seen: i64,
     commit: C,
 ) -> Result<Moved, ApiError>
 where
@@ -151,7 +152,7 @@ where
     let (copied, followed, pause, next) = match switched {
         Ok(moved) => moved,
         Err(e) => {
-            match committed(state, next.version, prefix, &to).await {
+            match settle_commit(state, current, seen, next.version, prefix, &to).await {
                 Some(Some(now)) => {
                     // The commit took effect after all.
                     tracing::warn!(error = %e, "a move's last step answered an error but committed");
@@ -203,21 +204,49 @@ const MOVE_TIMEOUT: Duration = super::directory::MOVE_TIMEOUT;
 /// pause of one prefix, never an outage of it.
 pub const PAUSE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The directory in home if the move committed it (version `version`,
-/// `prefix` owned by `to`); `Some(None)` if it did not; `None` if it
-/// cannot be read.
-async fn committed(
+/// Whether the move's commit took effect, made final first: a commit
+/// still on its way (its answer was lost, or it timed out while a member
+/// held it) must not land after an undo. The directory is put again as it
+/// was read (`current`), if it is still at revision `seen`; the commit
+/// compares that revision, so once this succeeds it can never succeed.
+/// `Some(None)`: not committed, and it never will be; `Some(Some(d))`:
+/// committed (`d`, version `version`, `prefix` owned by `to`); `None`: not
+/// known (home did not answer).
+async fn settle_commit(
     state: &ProxyState,
+    current: &Directory,
+    seen: i64,
     version: u64,
     prefix: &[u8],
     to: &str,
 ) -> Option<Option<Directory>> {
-    for _ in 0..3 {
-        if let Ok(now) = crate::upstream::directory::read(state.upstream.home()).await {
-            return Some(now.filter(|d| d.version == version && d.owner_of(prefix) == to));
-        }
+    let home = state.upstream.home();
+    let again = PbTxnRequest {
+        compare: vec![PbCompare {
+            result: latchkey_shared::etcd_enums::CompareResult::Equal as i32,
+            target: latchkey_shared::etcd_enums::CompareTarget::Mod as i32,
+            key: latchkey_shared::directory::DIRECTORY_KEY.to_vec(),
+            range_end: Vec::new(),
+            target_union: Some(PbTargetUnion::ModRevision(seen)),
+        }],
+        success: vec![op(PbTxnOpRequest::RequestPut(PbPutRequest {
+            key: latchkey_shared::directory::DIRECTORY_KEY.to_vec(),
+            value: current.encode(),
+            ..Default::default()
+        }))],
+        failure: vec![],
+    };
+    let settled: PbTxnResponse =
+        resending(|| home.call(Route::Leader, Kind::Write, TXN, again.clone()))
+            .await
+            .ok()?;
+    if settled.succeeded {
+        return Some(None);
     }
-    None
+    // The directory moved on from `seen`: under the change lock, only by
+    // this move's commit.
+    let now = crate::upstream::directory::read(home).await.ok()??;
+    (now.version == version && now.owner_of(prefix) == to).then_some(Some(now))
 }
 
 /// Back as before the move: the source owns the prefix again with its keys
@@ -315,7 +344,7 @@ async fn fence_and_switch(
     move_lock_delays(state, prefix, source, target).await?;
 
     // 5. The target's revisions continue above the source's.
-    let _: RaiseRevisionResponse = resending(|| {
+    let raised: RaiseRevisionResponse = resending(|| {
         target.call(
             Route::Leader,
             Kind::Write,
@@ -324,14 +353,18 @@ async fn fence_and_switch(
         )
     })
     .await?;
+    // Every revision of the target up to here is the source's history or
+    // the copy's (imports at the target's own revisions): a read or watch
+    // of the prefix below it would see the copy half made.
+    let floor = raised.header.map_or(rf, |h| h.revision).max(rf);
 
     // 6. The source stops owning the prefix (its keys stay until the
     // commit), then the target owns it, still for proxies only until the
     // commit: proxies route by the directory, so none sends it a client's
     // request before then, and an undo loses nothing a client was told.
-    // Revisions of the prefix up to rf are the source's: refused as
-    // compacted in the target from now on.
-    let next = next.clone().with_floor(prefix, to, rf);
+    // Revisions of the prefix up to the floor are the source's or the
+    // copy's: refused as compacted in the target from now on.
+    let next = next.clone().with_floor(prefix, to, floor);
     write_ownership(source, next.ownership_of(from), from).await?;
     let owning = next.ownership_of(to).with_arriving(vec![prefix.to_vec()]);
     write_ownership(target, owning, to).await?;

@@ -1040,3 +1040,45 @@ async fn two_cells_with_authentication_on_route_act_as_the_client_and_move() {
     }
     assert!(gone, "the session ended in b within 5 s of its revoke");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_on_a_member_ends_at_the_revision_its_cell_stops_owning_the_range() {
+    // A watch straight to a member of home, then jobs/ to b and straight
+    // back (well within the cell's one-second recheck), then a write under
+    // jobs/ in home: the watch ended when home stopped owning jobs/, in
+    // order with the changes, and saw nothing of the later write.
+    let home = Cluster::start(cell_binary(), 1, &[]).await;
+    let other = Cluster::start(cell_binary(), 1, &[]).await;
+    let p = ProxyProcess::start(proxy_bin(), &member_addrs(&home), &[]).await;
+    let (status, body) = change(&p, "/cells/b", json!({"endpoints": member_addrs(&other)})).await;
+    assert_eq!(status, 200, "{body}");
+    let mut direct = connect_anonymous(&format!("http://{}", home.members[0].client)).await;
+    let mut stream = direct
+        .watch("jobs/", Some(WatchOptions::new().with_prefix()))
+        .await
+        .expect("watch");
+    let created = stream.message().await.expect("watch").expect("created");
+    assert!(created.created() && !created.canceled(), "{created:?}");
+    for cell in ["b", "home"] {
+        let (status, body) =
+            change(&p, "/prefixes", json!({"prefix": "jobs/", "cell": cell})).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let mut client = connect_anonymous(&format!("http://{}", p.grpc)).await;
+    client
+        .put("jobs/after", "x", None)
+        .await
+        .expect("put in home");
+    let answer = tokio::time::timeout(std::time::Duration::from_secs(5), stream.message())
+        .await
+        .expect("an answer within 5 s")
+        .expect("watch")
+        .expect("answer");
+    assert!(answer.events().is_empty(), "{answer:?}");
+    assert!(answer.canceled(), "{answer:?}");
+    assert!(
+        latchkey_shared::directory::moved_away(answer.cancel_reason()),
+        "{}",
+        answer.cancel_reason()
+    );
+}
