@@ -424,14 +424,25 @@ impl Ownership {
     }
 
     /// `wrong_cell` for a write of `range` unless every key of it is this
-    /// cell's and none is leaving it.
+    /// cell's and none is leaving it or still arriving (a move's own
+    /// writes come as imports: [`check_import`](Self::check_import)).
     pub fn check_write(&self, range: &KeyRange) -> Result<(), ApiError> {
-        let leaving = !is_reserved(&range.start)
+        let moving = !is_reserved(&range.start)
             && self
                 .leaving
                 .iter()
+                .chain(&self.arriving)
                 .any(|p| range.overlaps(&KeyRange::prefix(p)));
-        if self.owns(range) && !leaving {
+        if self.owns(range) && !moving {
+            return Ok(());
+        }
+        Err(self.wrong(range))
+    }
+
+    /// `wrong_cell` for a move's import of `range` (keys, or their
+    /// deletion) unless every key of it is this cell's, arriving or not.
+    pub fn check_import(&self, range: &KeyRange) -> Result<(), ApiError> {
+        if self.owns(range) {
             return Ok(());
         }
         Err(self.wrong(range))

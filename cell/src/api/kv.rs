@@ -44,7 +44,10 @@ impl PbKvService for KvService {
         caller.check_range(request.get_ref())?;
         let r = request.get_ref();
         self.refuse_arriving(&caller, &[range_of(&r.key, &r.range_end)])?;
-        Ok(GrpcResponse::new(self.kv.range(request.get_ref()).await?))
+        let arriving_ok = caller.writes_records();
+        Ok(GrpcResponse::new(
+            self.kv.range(request.get_ref(), arriving_ok).await?,
+        ))
     }
 
     type RangeStreamStream =
@@ -58,7 +61,10 @@ impl PbKvService for KvService {
         caller.check_range(request.get_ref())?;
         let r = request.get_ref();
         self.refuse_arriving(&caller, &[range_of(&r.key, &r.range_end)])?;
-        let resp = self.kv.range(request.get_ref()).await?;
+        let resp = self
+            .kv
+            .range(request.get_ref(), caller.writes_records())
+            .await?;
         let header = resp.header;
         let (count, more) = (resp.count, resp.more);
         let mut chunks: Vec<PbRangeStreamResponse> = resp
@@ -118,7 +124,10 @@ impl PbKvService for KvService {
         let caller = self.gate.caller(request.metadata())?;
         caller.check_txn(request.get_ref())?;
         self.refuse_arriving(&caller, &latchkey_shared::txn_op::ranges(request.get_ref()))?;
-        Ok(GrpcResponse::new(self.kv.txn(request.into_inner()).await?))
+        let arriving_ok = caller.writes_records();
+        Ok(GrpcResponse::new(
+            self.kv.txn(request.into_inner(), arriving_ok).await?,
+        ))
     }
 
     async fn compact(

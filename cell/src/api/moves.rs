@@ -40,8 +40,16 @@ impl Moves for MovesService {
         request: GrpcRequest<ImportRequest>,
     ) -> Result<Response<ImportResponse>, Status> {
         self.only_proxies(request.metadata())?;
+        let request = request.into_inner();
+        let deletes = request.deletes.into_iter().map(|key| Imported {
+            key,
+            value: Vec::new(),
+            lease: 0,
+            create_revision: 0,
+            version: 0,
+            deleted: true,
+        });
         let keys: Vec<Imported> = request
-            .into_inner()
             .kvs
             .into_iter()
             .map(|kv| Imported {
@@ -50,7 +58,9 @@ impl Moves for MovesService {
                 lease: kv.lease,
                 create_revision: kv.create_revision,
                 version: kv.version,
+                deleted: false,
             })
+            .chain(deletes)
             .collect();
         if keys.len() > latchkey_shared::limits::MAX_TXN_OPS {
             return Err(ApiError::too_many_txn_ops().into());

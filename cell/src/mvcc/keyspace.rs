@@ -191,6 +191,15 @@ impl KeySpace {
         }
     }
 
+    /// `wrong_cell` unless this cell owns `key` for a move's import
+    /// (arriving keys included).
+    pub fn check_owned_import(&self, key: &[u8]) -> Result<(), ApiError> {
+        match &self.ownership {
+            None => Ok(()),
+            Some(o) => o.check_import(&KeyRange::new(key.to_vec(), Vec::new())),
+        }
+    }
+
     /// Reads the ownership record again. One that does not decode owns
     /// nothing: a cell refuses what it cannot tell it owns.
     fn reload_ownership(&mut self) {

@@ -137,21 +137,27 @@ fn do_delete(kv: &mut Kv<'_>, rev: i64, req: &PbDeleteRequest) -> PbDeleteRespon
 }
 
 /// Writes keys a move brings in (`Request::Import`) at one new revision,
-/// each with the create revision and version it had in its cell: refused
-/// whole if one is not this cell's to write or names a lease it does not
-/// have.
+/// each with the create revision and version it had in its cell, or
+/// deletes those it says were deleted there: refused whole if one is not
+/// this cell's (arriving keys are) or names a lease it does not have.
 pub fn import(kv: &mut Kv<'_>, keys: &[Imported]) -> Result<(), ApiError> {
     for k in keys {
         if k.key.is_empty() {
             return Err(ApiError::key_not_provided());
         }
-        kv.keys.check_owned_write(&k.key, &[])?;
-        if k.lease != 0 && !kv.leases.contains(k.lease) {
+        kv.keys.check_owned_import(&k.key)?;
+        if !k.deleted && k.lease != 0 && !kv.leases.contains(k.lease) {
             return Err(ApiError::lease_not_found(LeaseId(k.lease)));
         }
     }
     let rev = kv.keys.next_revision();
     for k in keys {
+        if k.deleted {
+            if let Some(gone) = kv.keys.delete(rev, &k.key).filter(|g| g.lease != 0) {
+                kv.leases.detach(gone.lease, &k.key);
+            }
+            continue;
+        }
         let prev = kv.keys.import(
             rev,
             &k.key,
@@ -1040,6 +1046,61 @@ pub(crate) mod tests {
         )
         .expect("delete the record");
         put(&mut kv, &put_req("config", "x")).expect("every key is owned again");
+    }
+
+    /// A move's target: while the prefix is arriving, the cell takes writes
+    /// under it as imports only (keys with their origin, and deletions);
+    /// any other write is refused where it is applied, whoever sent it.
+    #[test]
+    fn an_arriving_prefix_takes_imports_and_no_other_write() {
+        use crate::raft::command::Imported;
+        use latchkey_shared::directory::{Ownership, OWNERSHIP_KEY};
+        use latchkey_shared::ErrorCode;
+        let (mut keys, mut leases) = (KeySpace::default(), LeaseTable::default());
+        let mut kv = Kv {
+            keys: &mut keys,
+            leases: &mut leases,
+        };
+        let record = Ownership {
+            version: 4,
+            rest: false,
+            prefixes: vec![b"jobs/".to_vec()],
+            leaving: vec![],
+            arriving: vec![b"jobs/".to_vec()],
+            dropped: vec![],
+            floors: vec![],
+        };
+        let record_key = String::from_utf8(OWNERSHIP_KEY.to_vec()).unwrap();
+        put(
+            &mut kv,
+            &put_req(&record_key, std::str::from_utf8(&record.encode()).unwrap()),
+        )
+        .expect("the record");
+        let e = put(&mut kv, &put_req("jobs/1", "x")).unwrap_err();
+        assert_eq!(
+            e.code,
+            ErrorCode::WrongCell,
+            "a put under an arriving prefix"
+        );
+        let imported = |key: &str, deleted: bool| Imported {
+            key: key.as_bytes().to_vec(),
+            value: b"copied".to_vec(),
+            lease: 0,
+            create_revision: 1,
+            version: 3,
+            deleted,
+        };
+        import(
+            &mut kv,
+            &[imported("jobs/1", false), imported("jobs/2", false)],
+        )
+        .expect("imports are taken");
+        let got = kv.keys.get(b"jobs/1").expect("imported");
+        assert_eq!((got.create_revision, got.version), (1, 3));
+        import(&mut kv, &[imported("jobs/2", true)]).expect("a deletion imported");
+        assert!(kv.keys.get(b"jobs/2").is_none());
+        let e = import(&mut kv, &[imported("config", false)]).unwrap_err();
+        assert_eq!(e.code, ErrorCode::WrongCell, "an import of a key not owned");
     }
 
     /// A move's source: the record that gives a prefix away deletes its

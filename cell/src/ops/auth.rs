@@ -190,7 +190,7 @@ impl AuthOps {
                 success,
                 failure: Vec::new(),
             };
-            let reply = self.kv.txn(txn).await?;
+            let reply = self.kv.txn(txn, true).await?;
             if reply.succeeded {
                 tracing::info!(
                     action,

@@ -26,7 +26,15 @@ impl Kv {
     }
 
     /// A range, linearizable unless the client asked for serializable.
-    pub async fn range(&self, req: &PbRangeRequest) -> Result<PbRangeResponse, ApiError> {
+    /// A range read. Unless `arriving_ok` (a proxy's), refused if a move
+    /// is still bringing keys of the range in, as of the state it is read
+    /// at: checked when the request arrived, a member behind could let it
+    /// through to a half-made copy.
+    pub async fn range(
+        &self,
+        req: &PbRangeRequest,
+        arriving_ok: bool,
+    ) -> Result<PbRangeResponse, ApiError> {
         if !req.serializable {
             self.node.linearizable_barrier().await?;
         }
@@ -34,6 +42,9 @@ impl Kv {
         // runs outside it, so a large range never holds up apply (cell
         // review P1).
         let keys = self.node.state.read(|s| s.keys.clone());
+        if !arriving_ok {
+            refuse_arriving_in(&keys, &[range_of(&req.key, &req.range_end)])?;
+        }
         let mut resp = range::range(&keys, req)?;
         resp.header = Some(self.node.header(keys.revision()));
         Ok(resp)
@@ -56,7 +67,15 @@ impl Kv {
         Ok(reply)
     }
 
-    pub async fn txn(&self, req: PbTxnRequest) -> Result<PbTxnResponse, ApiError> {
+    /// A txn; with `arriving_ok` false (not a proxy's), one answered
+    /// without a write is refused, as of the state it is read at, if a move
+    /// is still bringing keys of it in (a writing one is refused where it
+    /// is applied).
+    pub async fn txn(
+        &self,
+        req: PbTxnRequest,
+        arriving_ok: bool,
+    ) -> Result<PbTxnResponse, ApiError> {
         check_request_size(&self.node, req.encoded_len())?;
         check_value(&self.node, txn::txn_max_value(&req))?;
         // A txn that cannot write needs no log entry: it is evaluated after
@@ -67,7 +86,7 @@ impl Kv {
         // now write, it goes through the log as any txn.
         if !txn::txn_writes(&req) || !self.takes_writing_path(&req) {
             self.node.linearizable_barrier().await?;
-            if let Some(reply) = self.read_only_txn(&req)? {
+            if let Some(reply) = self.read_only_txn(&req, arriving_ok)? {
                 return Ok(reply);
             }
         }
@@ -108,10 +127,17 @@ impl Kv {
 
     /// `req` evaluated on this member's applied state, writing nothing;
     /// `None` if the branches it takes there would write.
-    fn read_only_txn(&self, req: &PbTxnRequest) -> Result<Option<PbTxnResponse>, ApiError> {
+    fn read_only_txn(
+        &self,
+        req: &PbTxnRequest,
+        arriving_ok: bool,
+    ) -> Result<Option<PbTxnResponse>, ApiError> {
         // O(1) clones (persistent maps) under the lock; evaluated outside
         // it, and the clones are dropped.
         let (mut keys, mut leases) = self.node.state.read(|s| (s.keys.clone(), s.leases.clone()));
+        if !arriving_ok {
+            refuse_arriving_in(&keys, &latchkey_shared::txn_op::ranges(req))?;
+        }
         let revision = keys.revision();
         let mut kv = txn::Kv {
             keys: &mut keys,
@@ -122,6 +148,29 @@ impl Kv {
         };
         fill_txn_headers(&self.node, &mut reply, revision);
         Ok(Some(reply))
+    }
+}
+
+/// `wrong_cell` if a move is still bringing keys of `ranges` into `keys`.
+fn refuse_arriving_in(
+    keys: &crate::mvcc::keyspace::KeySpace,
+    ranges: &[latchkey_shared::KeyRange],
+) -> Result<(), ApiError> {
+    match keys.ownership() {
+        Some(o) if !o.arriving.is_empty() => {
+            ranges.iter().try_for_each(|r| o.check_not_arriving(r))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// A request's key and range end as a range ("\0" for an empty key, as
+/// etcd reads it).
+fn range_of(key: &[u8], end: &[u8]) -> latchkey_shared::KeyRange {
+    if key.is_empty() {
+        latchkey_shared::KeyRange::new(vec![0], end.to_vec())
+    } else {
+        latchkey_shared::KeyRange::new(key.to_vec(), end.to_vec())
     }
 }
 

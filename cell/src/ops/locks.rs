@@ -112,7 +112,7 @@ impl LockBackend for LocalLocks {
     }
 
     fn txn(&self, req: PbTxnRequest) -> BoxFuture<'_, Result<PbTxnResponse, ApiError>> {
-        Box::pin(self.kv.txn(req))
+        Box::pin(self.kv.txn(req, false))
     }
 
     fn range(&self, req: PbRangeRequest) -> BoxFuture<'_, Result<PbRangeResponse, ApiError>> {
@@ -121,7 +121,7 @@ impl LockBackend for LocalLocks {
                 serializable: false,
                 ..req
             };
-            self.kv.range(&req).await
+            self.kv.range(&req, false).await
         })
     }
 
@@ -131,7 +131,7 @@ impl LockBackend for LocalLocks {
     ) -> BoxFuture<'_, Result<PbRangeResponse, ApiError>> {
         // Waits here are woken from this member's own history, so it has
         // applied the revisions they read at.
-        Box::pin(async move { self.kv.range(&req).await })
+        Box::pin(async move { self.kv.range(&req, false).await })
     }
 
     fn guard(&self, key: String, request: Vec<Vec<u8>>) -> BoxFuture<'_, Result<Guard, ApiError>> {

@@ -143,7 +143,7 @@ impl TenantOps {
                 ],
                 failure: Vec::new(),
             };
-            let reply = self.kv.txn(txn).await?;
+            let reply = self.kv.txn(txn, true).await?;
             if reply.succeeded {
                 tracing::info!(action, tenant = name, actor, "tenant change");
                 return Ok(reply.header.unwrap_or_else(|| self.node.header_now()));

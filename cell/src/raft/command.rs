@@ -61,8 +61,9 @@ pub enum Request {
     RaiseRevision {
         above: i64,
     },
-    /// Keys a move copies in from another cell, written at one revision
-    /// with the create revision and version they had there.
+    /// Keys a move copies in from another cell, written (or deleted) at one
+    /// revision with the create revision and version they had there; the
+    /// only writes a cell takes under a prefix still arriving.
     Import(Vec<Imported>),
 }
 
@@ -75,6 +76,10 @@ pub struct Imported {
     pub lease: i64,
     pub create_revision: i64,
     pub version: i64,
+    /// The key is deleted instead (a move's follower bringing over a
+    /// deletion in the source).
+    #[serde(default)]
+    pub deleted: bool,
 }
 
 impl Request {

@@ -372,22 +372,38 @@ impl WatchStream {
                 self.cancel_compacted(*id, keys.compact_revision()).await?;
                 continue;
             }
+            // History past the cell's giving the range away is not the
+            // range's (the old copy dropped, a later move's copy coming in):
+            // the watch gets what comes before and is then cancelled, as a
+            // live one is at that revision.
+            let unowned = first_unowned(&keys, &watch.range, watch.next_rev, upto);
+            let until = unowned.as_ref().map_or(upto, |(at, _)| *at);
             let mut history =
-                History::new(&keys, &watch.range, watch.next_rev, upto, watch.prev_kv);
+                History::new(&keys, &watch.range, watch.next_rev, until, watch.prev_kv);
             while !history.is_done() {
                 let batch = history.next_batch(self.options.max_response_bytes);
                 let Some(watch) = self.watches.get_mut(*id) else {
                     break;
                 };
                 let last = match history.is_done() {
-                    true => upto,
-                    false => batch.last().map_or(upto, Event::revision),
+                    true => until,
+                    false => batch.last().map_or(until, Event::revision),
                 };
                 let events: Vec<Event> = batch.into_iter().filter(|e| watch.wants(e)).collect();
                 self.send_events(*id, &events, last).await?;
                 if let Some(watch) = self.watches.get_mut(*id) {
                     watch.next_rev = last + 1;
                 }
+            }
+            if let Some((_, reason)) = unowned {
+                if self.watches.remove(*id).is_some() {
+                    metrics::gauge!(WATCHERS.name).decrement(1.0);
+                }
+                let mut resp = self.response(*id, until);
+                resp.canceled = true;
+                resp.cancel_reason = reason;
+                self.send(resp).await?;
+                continue;
             }
             if let Some(watch) = self.watches.get_mut(*id) {
                 watch.next_rev = upto + 1;
@@ -633,6 +649,31 @@ impl Drop for WatchStream {
         metrics::gauge!(WATCHERS.name).decrement(self.watches.len() as f64);
         metrics::gauge!(WATCH_STREAMS.name).decrement(1.0);
     }
+}
+
+/// The first revision from `from` to `upto` at which the cell's ownership
+/// record stopped owning `range` (it is written at that revision), with
+/// the refusal it gives: nothing after it in history is the range's.
+fn first_unowned(
+    keys: &crate::mvcc::keyspace::KeySpace,
+    range: &KeyRange,
+    from: i64,
+    upto: i64,
+) -> Option<(i64, String)> {
+    let record = KeyRange::single(latchkey_shared::directory::OWNERSHIP_KEY.to_vec());
+    let mut records = History::new(keys, &record, from, upto, false);
+    while !records.is_done() {
+        for e in records.next_batch(usize::MAX) {
+            if !matches!(e.kind, EventKind::Put) {
+                continue;
+            }
+            let ownership = Ownership::decode(&e.kv.value).unwrap_or_else(|_| Ownership::nothing());
+            if let Err(refused) = ownership.check_read(range) {
+                return Some((e.revision(), refused.grpc_message().to_string()));
+            }
+        }
+    }
+    None
 }
 
 /// The ownership record `changes` writes, if it writes one (a delete owns

@@ -496,16 +496,18 @@ impl Follower {
             }
             let (deletes, puts): (Vec<_>, Vec<_>) =
                 last.into_iter().partition(|(_, kv)| kv.is_none());
-            let deletes = deletes
-                .into_iter()
-                .map(|(key, _)| {
-                    op(PbTxnOpRequest::RequestDeleteRange(PbDeleteRequest {
-                        key,
-                        ..Default::default()
-                    }))
-                })
-                .collect();
-            delete(target, deletes).await?;
+            // Deletions go as imports too: the only writes a cell takes
+            // under a prefix still arriving.
+            let deletes: Vec<Vec<u8>> = deletes.into_iter().map(|(key, _)| key).collect();
+            for chunk in deletes.chunks(MAX_TXN_OPS) {
+                let import = ImportRequest {
+                    kvs: Vec::new(),
+                    deletes: chunk.to_vec(),
+                };
+                let _: ImportResponse =
+                    resending(|| target.call(Route::Leader, Kind::Write, IMPORT, import.clone()))
+                        .await?;
+            }
             import(
                 state,
                 source,
@@ -582,6 +584,7 @@ async fn import(
             batch.retain(|kv| !ended.contains(&kv.lease));
             let import = ImportRequest {
                 kvs: std::mem::take(&mut batch),
+                deletes: Vec::new(),
             };
             let _: ImportResponse =
                 resending(|| target.call(Route::Leader, Kind::Write, IMPORT, import.clone()))
