@@ -948,6 +948,17 @@ pub(crate) mod tests {
         put(&mut kv, &put_req("a/4", "x")).expect("no quota now");
     }
 
+    /// Puts `record` as the cell's ownership record.
+    fn write_record(kv: &mut Kv<'_>, record: &latchkey_shared::directory::Ownership) {
+        use latchkey_shared::directory::OWNERSHIP_KEY;
+        let record_key = String::from_utf8(OWNERSHIP_KEY.to_vec()).unwrap();
+        put(
+            kv,
+            &put_req(&record_key, std::str::from_utf8(&record.encode()).unwrap()),
+        )
+        .expect("the record");
+    }
+
     /// A cell with an ownership record refuses every write, read and txn
     /// that names a key it does not own, whole and before any revision is
     /// taken, and owns everything again once the record is deleted.
@@ -969,12 +980,7 @@ pub(crate) mod tests {
             dropped: vec![],
             floors: vec![(b"jobs/".to_vec(), 1)],
         };
-        let record_key = String::from_utf8(OWNERSHIP_KEY.to_vec()).unwrap();
-        put(
-            &mut kv,
-            &put_req(&record_key, std::str::from_utf8(&record.encode()).unwrap()),
-        )
-        .expect("the record");
+        write_record(&mut kv, &record);
         put(&mut kv, &put_req("jobs/1", "x")).expect("an owned key");
         let revision = kv.keys.revision();
         let wrong = |r: Result<(), ApiError>, what: &str| {
@@ -1054,7 +1060,7 @@ pub(crate) mod tests {
     #[test]
     fn an_arriving_prefix_takes_imports_and_no_other_write() {
         use crate::raft::command::Imported;
-        use latchkey_shared::directory::{Ownership, OWNERSHIP_KEY};
+        use latchkey_shared::directory::Ownership;
         use latchkey_shared::ErrorCode;
         let (mut keys, mut leases) = (KeySpace::default(), LeaseTable::default());
         let mut kv = Kv {
@@ -1070,12 +1076,7 @@ pub(crate) mod tests {
             dropped: vec![],
             floors: vec![],
         };
-        let record_key = String::from_utf8(OWNERSHIP_KEY.to_vec()).unwrap();
-        put(
-            &mut kv,
-            &put_req(&record_key, std::str::from_utf8(&record.encode()).unwrap()),
-        )
-        .expect("the record");
+        write_record(&mut kv, &record);
         let e = put(&mut kv, &put_req("jobs/1", "x")).unwrap_err();
         assert_eq!(
             e.code,
@@ -1108,7 +1109,7 @@ pub(crate) mod tests {
     /// raised revision makes the next write's higher than any before.
     #[test]
     fn a_record_that_drops_a_prefix_deletes_its_keys_telling_no_watcher() {
-        use latchkey_shared::directory::{Ownership, OWNERSHIP_KEY};
+        use latchkey_shared::directory::Ownership;
         let (mut keys, mut leases) = (KeySpace::default(), LeaseTable::default());
         leases.insert(7, 60);
         let mut kv = Kv {
@@ -1130,12 +1131,7 @@ pub(crate) mod tests {
             dropped: vec![b"jobs/".to_vec()],
             floors: vec![],
         };
-        let record_key = String::from_utf8(OWNERSHIP_KEY.to_vec()).unwrap();
-        put(
-            &mut kv,
-            &put_req(&record_key, std::str::from_utf8(&record.encode()).unwrap()),
-        )
-        .expect("the record");
+        write_record(&mut kv, &record);
         let changes = kv.keys.take_changes();
         assert_eq!(changes.len(), 1, "the record alone: {changes:?}");
         assert!(kv.keys.get(b"jobs/1").is_none() && kv.keys.get(b"jobs/2").is_none());
