@@ -29,9 +29,10 @@ struct Run {
 }
 
 fn chaos(seed: u64, duration: &str, extra: &[&str]) -> Run {
+    let broken = extra.iter().any(|a| a.contains("unsafe"));
     let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
         "chaos-seed-{seed}{}",
-        if extra.is_empty() { "" } else { "-broken" }
+        if broken { "-broken" } else { "" }
     ));
     let _ = std::fs::remove_dir_all(&out);
     let cell = target_bin("latchkey-cell");

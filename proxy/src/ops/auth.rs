@@ -110,6 +110,11 @@ pub async fn limited_authenticate<T>(
     answer
 }
 
+/// How long a login waits for each other cell: one that is down or slow
+/// is left out of the token (the client's requests there are refused as
+/// unauthenticated, and it logs in again), not a wait for every login.
+const OTHER_CELL_LOGIN: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// A user's `request` that home answered with `answer`, asked of every
 /// other cell the directory names too: the token answered carries a token
 /// of each cell that authenticated the user ([`crate::upstream::cell_tokens`]),
@@ -126,16 +131,21 @@ pub async fn for_every_cell(
         return answer;
     }
     let asked = cells.iter().skip(1).map(|cell| async move {
-        let got: Result<latchkey_shared::auth_pb::AuthenticateResponse, ApiError> = cell
-            .call_as(
+        let got = tokio::time::timeout(
+            OTHER_CELL_LOGIN,
+            cell.call_as::<_, latchkey_shared::auth_pb::AuthenticateResponse>(
                 Who::Client(None),
                 Route::Leader,
                 Kind::Read,
                 latchkey_shared::etcd_methods::auth::AUTHENTICATE,
                 request.clone(),
-            )
-            .await;
-        got.ok().zip(cell.cell_id()).map(|(a, id)| (id, a.token))
+            ),
+        )
+        .await;
+        got.ok()?
+            .ok()
+            .zip(cell.cell_id())
+            .map(|(a, id)| (id, a.token))
     });
     let others = futures::future::join_all(asked).await;
     let home = state.upstream.home().cell_id().unwrap_or(0);
