@@ -43,7 +43,13 @@ impl Kv {
         // review P1).
         let keys = self.node.state.read(|s| s.keys.clone());
         if !arriving_ok {
-            refuse_arriving_in(&keys, &[range_of(&req.key, &req.range_end)])?;
+            refuse_arriving_in(
+                &keys,
+                &[latchkey_shared::auth::view::range_of(
+                    &req.key,
+                    &req.range_end,
+                )],
+            )?;
         }
         let mut resp = range::range(&keys, req)?;
         resp.header = Some(self.node.header(keys.revision()));
@@ -111,12 +117,9 @@ impl Kv {
     /// Refuses a client (not a proxy) any of `ranges` while a move brings
     /// keys of it into this cell.
     pub fn refuse_arriving(&self, ranges: &[latchkey_shared::KeyRange]) -> Result<(), ApiError> {
-        self.node.state.read(|s| match s.keys.ownership() {
-            Some(o) if !o.arriving.is_empty() => {
-                ranges.iter().try_for_each(|r| o.check_not_arriving(r))
-            }
-            _ => Ok(()),
-        })
+        self.node
+            .state
+            .read(|s| refuse_arriving_in(&s.keys, ranges))
     }
 
     /// Whether `req` would write if applied to this member's state now.
@@ -161,16 +164,6 @@ fn refuse_arriving_in(
             ranges.iter().try_for_each(|r| o.check_not_arriving(r))
         }
         _ => Ok(()),
-    }
-}
-
-/// A request's key and range end as a range ("\0" for an empty key, as
-/// etcd reads it).
-fn range_of(key: &[u8], end: &[u8]) -> latchkey_shared::KeyRange {
-    if key.is_empty() {
-        latchkey_shared::KeyRange::new(vec![0], end.to_vec())
-    } else {
-        latchkey_shared::KeyRange::new(key.to_vec(), end.to_vec())
     }
 }
 
