@@ -20,6 +20,7 @@ mod binaries;
 mod chaos;
 mod cluster;
 mod compare;
+mod directory_api;
 mod html;
 mod report;
 mod scenario;

@@ -8,8 +8,9 @@
 //! also owns [`SECOND_PREFIX`], where its lease keepers bind their keys.
 
 use super::workload::{self, Recorder};
+use crate::directory_api::{self, call};
 use latchkey_testkit::{Cluster, ProxyProcess};
-use serde_json::{json, Value};
+use serde_json::json;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -23,17 +24,13 @@ pub const LOCK: &str = "chaos%2Flock";
 /// The second cell's members are on 127.0.0.{12,13,14}.
 pub const SECOND_AFTER: u64 = 11;
 
-/// How long one call of the operators' API may take: past a move's own
-/// bound (`MOVE_TIMEOUT`, 120 s) and its clean-up.
-const CALL_TIMEOUT: Duration = Duration::from_secs(150);
-
 /// Names the second cell in the directory through the proxy and gives it
 /// [`SECOND_PREFIX`].
 pub async fn set_up(proxy: &ProxyProcess, second: &Cluster) -> Result<(), String> {
     let endpoints: Vec<String> = second.members.iter().map(|m| m.client.clone()).collect();
     let (status, body) = call(
         &proxy.http,
-        "PUT",
+        reqwest::Method::PUT,
         &format!("/v1/admin/directory/cells/{SECOND}"),
         Some(json!({ "endpoints": endpoints })),
     )
@@ -43,7 +40,7 @@ pub async fn set_up(proxy: &ProxyProcess, second: &Cluster) -> Result<(), String
     }
     let (status, body) = call(
         &proxy.http,
-        "PUT",
+        reqwest::Method::PUT,
         "/v1/admin/directory/prefixes",
         Some(json!({ "prefix": SECOND_PREFIX, "cell": SECOND })),
     )
@@ -52,35 +49,6 @@ pub async fn set_up(proxy: &ProxyProcess, second: &Cluster) -> Result<(), String
         return Err(format!("assigning {SECOND_PREFIX}: {status} {body}"));
     }
     Ok(())
-}
-
-async fn call(
-    http: &str,
-    method: &str,
-    path: &str,
-    body: Option<Value>,
-) -> Result<(u16, Value), String> {
-    let client = reqwest::Client::builder()
-        .timeout(CALL_TIMEOUT)
-        .build()
-        .map_err(|e| e.to_string())?;
-    let url = format!("http://{http}{path}");
-    let request = match method {
-        "PUT" => client.put(url),
-        "POST" => client.post(url),
-        _ => client.get(url),
-    };
-    let request = match body {
-        Some(b) => request.json(&b),
-        None => request,
-    };
-    let resp = request
-        .send()
-        .await
-        .map_err(|e| format!("{method} {path}: {e}"))?;
-    let status = resp.status().as_u16();
-    let body = resp.json().await.unwrap_or(Value::Null);
-    Ok((status, body))
 }
 
 /// One move the mover asked for, on the recorder's clock.
@@ -115,7 +83,7 @@ impl Mover {
                 }
                 let to = if owner == SECOND { "home" } else { SECOND };
                 let at_us = rec.now_us();
-                let outcome = move_to(&http, to).await;
+                let outcome = directory_api::move_prefix(&http, workload::KEY_PREFIX, to).await;
                 let ended_us = rec.now_us();
                 match &outcome {
                     Ok(pause) => {
@@ -155,9 +123,12 @@ impl Mover {
     /// Stops it (a move in flight ends first) and returns what it did.
     pub async fn stop(self) -> Vec<MoveDone> {
         self.stop.store(true, Ordering::Relaxed);
-        if tokio::time::timeout(CALL_TIMEOUT + Duration::from_secs(10), self.task)
-            .await
-            .is_err()
+        if tokio::time::timeout(
+            directory_api::CALL_TIMEOUT + Duration::from_secs(10),
+            self.task,
+        )
+        .await
+        .is_err()
         {
             println!("chaos: the mover did not end within its bound");
         }
@@ -166,35 +137,10 @@ impl Mover {
     }
 }
 
-async fn move_to(http: &str, to: &str) -> Result<Duration, String> {
-    let (status, body) = call(
-        http,
-        "POST",
-        "/v1/admin/directory/moves",
-        Some(json!({ "prefix": workload::KEY_PREFIX, "cell": to })),
-    )
-    .await?;
-    match (status, body["pause_ms"].as_u64()) {
-        (200, Some(ms)) => Ok(Duration::from_millis(ms)),
-        _ => Err(format!(
-            "{status} {}",
-            body["message"].as_str().unwrap_or("?")
-        )),
-    }
-}
-
 /// The cell the directory gives the workload's prefix now.
 async fn owner_of_prefix(http: &str) -> Option<String> {
-    let (status, body) = call(http, "GET", "/v1/admin/directory", None).await.ok()?;
-    if status != 200 {
-        return None;
-    }
-    let assigned = body["prefixes"].as_array()?.iter().find_map(|a| {
-        (a["prefix"].as_str() == Some(workload::KEY_PREFIX))
-            .then(|| a["cell"].as_str().map(str::to_string))
-            .flatten()
-    });
-    Some(assigned.unwrap_or_else(|| "home".to_string()))
+    let directory = directory_api::directory(http).await.ok()?;
+    Some(directory_api::owner_of(&directory, workload::KEY_PREFIX))
 }
 
 /// The moves' write pauses, fastest first.

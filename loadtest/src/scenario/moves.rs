@@ -17,6 +17,7 @@ use super::load::{connect_all, within};
 use super::locks::{grant, Contender, Referee};
 use super::recorder::{Latency, Progress, Recorder};
 use super::{drive, Common, Endpoints, Outcome, Target};
+use crate::directory_api;
 use etcd_client::{Client, GetOptions, PutOptions};
 use std::collections::BTreeSet;
 use std::process::ExitCode;
@@ -64,10 +65,6 @@ pub async fn main(args: MoveArgs) -> ExitCode {
     })
     .await
 }
-
-/// How long one call of the operators' API may take: past a move's own
-/// bound (120 s) and its clean-up.
-const ADMIN_TIMEOUT: Duration = Duration::from_secs(150);
 
 /// One move as asked and answered.
 struct Moved {
@@ -253,7 +250,9 @@ async fn run(args: &MoveArgs, endpoints: &Endpoints) -> Result<Outcome, String> 
         tokio::time::sleep_until((started + at).into()).await;
         let target = if i % 2 == 0 { &to } else { &home };
         let began = Instant::now();
-        let outcome = move_prefix(http, &prefix, target).await;
+        let outcome = directory_api::move_prefix(http, &prefix, target)
+            .await
+            .map_err(|e| format!("to {target}: {e}"));
         moves.push(Moved {
             started: began,
             ended: Instant::now(),
@@ -464,42 +463,11 @@ async fn keys_under(
         .collect())
 }
 
-async fn admin(
-    http: &str,
-    method: reqwest::Method,
-    path: &str,
-    body: Option<serde_json::Value>,
-) -> Result<(u16, serde_json::Value), String> {
-    let client = reqwest::Client::builder()
-        .timeout(ADMIN_TIMEOUT)
-        .build()
-        .map_err(|e| e.to_string())?;
-    let mut request = client.request(method, format!("{}{path}", super::url(http)));
-    if let Some(body) = body {
-        request = request.json(&body);
-    }
-    let resp = request.send().await.map_err(|e| format!("{path}: {e}"))?;
-    let status = resp.status().as_u16();
-    Ok((status, resp.json().await.unwrap_or(serde_json::Value::Null)))
-}
-
 /// The cell that owns `prefix` now and the one to move it to (`to`, or
 /// the first other cell the directory names).
 async fn cells_of(http: &str, prefix: &str, to: Option<&str>) -> Result<(String, String), String> {
-    let (status, directory) =
-        admin(http, reqwest::Method::GET, "/v1/admin/directory", None).await?;
-    if status != 200 {
-        return Err(format!("reading the directory: {status} {directory}"));
-    }
-    let owner = directory["prefixes"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|a| a["prefix"].as_str().is_some_and(|p| prefix.starts_with(p)))
-        .max_by_key(|a| a["prefix"].as_str().map_or(0, str::len))
-        .and_then(|a| a["cell"].as_str())
-        .unwrap_or("home")
-        .to_string();
+    let directory = directory_api::directory(http).await?;
+    let owner = directory_api::owner_of(&directory, prefix);
     let others: Vec<String> = directory["cells"]
         .as_array()
         .into_iter()
@@ -521,23 +489,4 @@ async fn cells_of(http: &str, prefix: &str, to: Option<&str>) -> Result<(String,
             .ok_or("the directory names one cell: start two (`cluster up --cell-groups 2`)")?,
     };
     Ok((owner, to))
-}
-
-/// Moves `prefix` to cell `to`: the write pause the proxy reported.
-async fn move_prefix(http: &str, prefix: &str, to: &str) -> Result<Duration, String> {
-    let body = serde_json::json!({ "prefix": prefix, "cell": to });
-    let (status, answer) = admin(
-        http,
-        reqwest::Method::POST,
-        "/v1/admin/directory/moves",
-        Some(body),
-    )
-    .await?;
-    match (status, answer["pause_ms"].as_u64()) {
-        (200, Some(ms)) => Ok(Duration::from_millis(ms)),
-        _ => Err(format!(
-            "to {to}: {status} {}",
-            answer["message"].as_str().unwrap_or("?")
-        )),
-    }
 }
