@@ -216,6 +216,11 @@ impl CellClient {
     /// Waits (within [`IDENTITY_WAIT`]) until the proxy's identity here is
     /// settled.
     async fn identity(&self) {
+        // Settled once and for good: every call after the first ones
+        // passes here without a subscription or a timer.
+        if *self.identity_settled.borrow() {
+            return;
+        }
         let mut settled = self.identity_settled.subscribe();
         let wait = IDENTITY_WAIT.min(self.request_timeout);
         let _ = tokio::time::timeout(wait, settled.wait_for(|s| *s)).await;
